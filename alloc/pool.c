@@ -1,0 +1,246 @@
+/* The pool: creation, and the object API (malloc, free, read, write). */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zsalloc-internal.h"
+
+void
+zs_pool_config_init (struct zs_pool_config *config)
+{
+  config->chain_pages = ZS_CHAIN_DEFAULT;
+  config->mem_limit = 0;
+  config->lock_mode = ZS_LOCK_CLASS;
+  config->free_mode = ZS_FREE_BATCHED;
+}
+
+static bool
+config_is_valid (const struct zs_pool_config *config)
+{
+  return config->chain_pages >= ZS_CHAIN_MIN
+    && config->chain_pages <= ZS_CHAIN_MAX
+    && (config->lock_mode == ZS_LOCK_CLASS || config->lock_mode == ZS_LOCK_POOL)
+    && (config->free_mode == ZS_FREE_BATCHED
+        || config->free_mode == ZS_FREE_IMMEDIATE);
+}
+
+struct zs_pool *
+zs_pool_create (const struct zs_pool_config *config)
+{
+  struct zs_pool *pool = calloc (1, sizeof *pool);
+  if (!pool) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (config)
+    pool->config = *config;
+  else
+    zs_pool_config_init (&pool->config);
+  if (!config_is_valid (&pool->config)) {
+    free (pool);
+    errno = EINVAL;
+    return NULL;
+  }
+
+  page_source_init (&pool->pages);
+  pthread_mutex_init (&pool->pool_lock, NULL);
+  if (size_classes_init (pool) == -1)
+    goto fail_classes;
+  if (free_batches_init (pool) == -1)
+    goto fail_batches;
+  return pool;
+
+ fail_batches:
+  size_classes_destroy (pool);
+ fail_classes:
+  pthread_mutex_destroy (&pool->pool_lock);
+  page_source_destroy (&pool->pages);
+  free (pool);
+  errno = ENOMEM;
+  return NULL;
+}
+
+void
+zs_pool_destroy (struct zs_pool *pool)
+{
+  if (!pool)
+    return;
+  free_batches_destroy (pool);
+  for (unsigned c = 0; c < pool->distinct_classes; c++) {
+    class_destroy_zspages (pool, &pool->classes[c]);
+    cells_destroy (&pool->classes[c]);
+  }
+  size_classes_destroy (pool);
+  page_source_destroy (&pool->pages);
+  pthread_mutex_destroy (&pool->pool_lock);
+  free (pool);
+}
+
+/* Reserve pages against the memory limit.  The add comes first, so
+ * racing allocators can never together exceed the limit.
+ */
+static bool
+pages_reserve (struct zs_pool *pool, unsigned pages)
+{
+  uint64_t used = atomic_fetch_add (&pool->pages_used, pages) + pages;
+
+  if (pool->config.mem_limit && used * ZS_PAGE_SIZE > pool->config.mem_limit) {
+    atomic_fetch_sub (&pool->pages_used, pages);
+    return false;
+  }
+  uint64_t max = atomic_load_explicit (&pool->pages_used_max, memory_order_relaxed);
+  while (used > max
+         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max, used))
+    ;
+  return true;
+}
+
+/* Slow path, no lock held: a new zspage for the class, or NULL with
+ * errno.  Pending frees are drained before the limit refuses.
+ * Returns NULL with errno EAGAIN after the one flush it may do: the flush
+ * may have freed slots in the class, so the caller looks again.
+ */
+static struct zspage *
+zspage_new (struct zs_pool *pool, struct size_class *class, bool *flushed)
+{
+  if (!pages_reserve (pool, class->pages_per_zspage)) {
+    if (!*flushed && pool->config.free_mode == ZS_FREE_BATCHED) {
+      *flushed = true;
+      zs_pool_flush (pool);
+      errno = EAGAIN;
+      return NULL;
+    }
+    atomic_fetch_add (&pool->limit_hits, 1);
+    errno = ENOSPC;
+    return NULL;
+  }
+  struct zspage *zspage = zspage_create (pool, class);
+  if (!zspage)
+    atomic_fetch_sub (&pool->pages_used, class->pages_per_zspage);
+  return zspage;
+}
+
+zs_handle_t
+zs_malloc (struct zs_pool *pool, size_t size)
+{
+  if (size == 0 || size > ZS_MAX_OBJECT_SIZE) {
+    errno = EINVAL;
+    return 0;
+  }
+
+  struct size_class *class = class_for_size (pool, size);
+  struct zspage *zspage;
+  bool flushed = false;
+
+  pthread_mutex_lock (class->lock);
+  while (!(zspage = class_fullest_zspage (class))) {
+    pthread_mutex_unlock (class->lock);
+    zspage = zspage_new (pool, class, &flushed);
+    if (!zspage && errno != EAGAIN)
+      return 0;
+    pthread_mutex_lock (class->lock);
+    if (zspage) {
+      /* Take from the new zspage itself, even if a racing thread made a
+       * fuller one meanwhile: never leave an empty zspage behind.
+       */
+      zspage_insert (class, zspage);
+      break;
+    }
+  }
+
+  _Atomic uint64_t *cell = cell_alloc (pool, class);
+  if (!cell) {
+    pthread_mutex_unlock (class->lock);
+    return 0;
+  }
+  unsigned index = zspage_take_object (class, zspage);
+  class->objs_used++;
+  class->bytes_stored += size;
+  atomic_store_explicit (cell, cell_encode (zspage, index, size),
+                         memory_order_release);
+  pthread_mutex_unlock (class->lock);
+  return (zs_handle_t) cell;
+}
+
+struct zspage *
+object_free_locked (struct size_class *class, zs_handle_t handle)
+{
+  _Atomic uint64_t *cell = (_Atomic uint64_t *) handle;
+  uint64_t location = atomic_load_explicit (cell, memory_order_relaxed);
+  struct zspage *zspage = cell_zspage (location);
+
+  class->objs_used--;
+  class->bytes_stored -= cell_object_size (location);
+  cell_release (class, cell);
+  if (zspage_put_object (class, zspage, cell_object_index (location)))
+    return zspage;
+  return NULL;
+}
+
+void
+zs_free (struct zs_pool *pool, zs_handle_t handle)
+{
+  if (!handle)
+    return;
+  if (pool->config.free_mode == ZS_FREE_BATCHED)
+    free_batch_add (pool, handle);
+  else
+    free_handles (pool, &handle, 1);
+}
+
+static inline unsigned char *
+object_address (struct zs_pool *pool, uint64_t location)
+{
+  struct size_class *class = class_for_size (pool, cell_object_size (location));
+  return cell_zspage (location)->base
+    + (size_t) cell_object_index (location) * class->size;
+}
+
+const void *
+zs_read_begin (struct zs_pool *pool, zs_handle_t handle, void *local_copy)
+{
+  return object_address (pool, handle_load (handle));
+}
+
+void
+zs_read_end (struct zs_pool *pool, zs_handle_t handle, const void *mem)
+{
+}
+
+int
+zs_read_needs_copy (const struct zs_pool *pool)
+{
+  return 0;
+}
+
+int
+zs_write (struct zs_pool *pool, zs_handle_t handle, const void *buf, size_t len)
+{
+  uint64_t location = handle_load (handle);
+
+  if (len > cell_object_size (location)) {
+    errno = EINVAL;
+    return -1;
+  }
+  memcpy (object_address (pool, location), buf, len);
+  return 0;
+}
+
+size_t
+zs_object_size (struct zs_pool *pool, zs_handle_t handle)
+{
+  return cell_object_size (handle_load (handle));
+}
+
+size_t
+zs_huge_class_size (const struct zs_pool *pool)
+{
+  return pool->huge_class_size;
+}
+
+void
+zs_pool_get_config (const struct zs_pool *pool, struct zs_pool_config *config)
+{
+  *config = pool->config;
+}

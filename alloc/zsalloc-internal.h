@@ -1,0 +1,259 @@
+/* zsalloc internals: the whole design, then the data structures.
+ *
+ * SIZE CLASSES
+ *   Object sizes 1..4096 map to 256 raw classes, one every 16 bytes
+ *   (raw index = (size - 1) / 16, slot size = 16 * (index + 1)).  Each
+ *   class picks the zspage length in 1..chain pages that wastes the least
+ *   ((pages * 4096) % slot size, ties to fewer pages).  A raw class whose
+ *   (pages per zspage, objects per zspage) equal the next larger class's
+ *   is merged into it: both raw indexes point at one struct size_class.
+ *   The "huge" class is the one with one object per one-page zspage; the
+ *   smallest size that lands there is zs_huge_class_size().
+ *   Because a slot size 16*k with k odd divides k pages exactly, the least
+ *   waste never needs more than 256 objects per zspage: an object index
+ *   fits in 8 bits.
+ *
+ * ZSPAGES
+ *   A zspage is a run of 1..16 virtually contiguous pages from the page
+ *   source (page-source.h), so every object - even one straddling a page
+ *   boundary - is one contiguous range: read_begin returns a direct
+ *   pointer and write is one memcpy; no bounce buffer ever.  Its
+ *   descriptor (struct zspage) lives outside the pages.  Free slots form
+ *   an intrusive list (a free slot's first two bytes hold the next free
+ *   index); slots never used yet are handed out in order from
+ *   `never_used`, so a new zspage touches its pages only as objects fill
+ *   them and RSS follows what is stored.
+ *   zspages sit on one of ZS_FULLNESS_GROUPS lists per class by how full
+ *   they are; allocation takes from the fullest non-full group (bitmap of
+ *   non-empty groups, one count-leading-zeros).  An empty zspage is
+ *   unlinked under the class lock and its pages given back to the page
+ *   source after the lock is dropped.
+ *
+ * HANDLES
+ *   A handle is the address of an 8-byte cell owned by the allocator
+ *   (handle-cell.c).  The cell holds the object's current location:
+ *
+ *     bits 63..20  zspage descriptor address >> 6 (descriptors are 64-byte
+ *                  aligned and below 2^48)
+ *     bits 19..12  object index in the zspage
+ *     bits 11..0   object size - 1, whose top 8 bits are the raw class
+ *                  index: free finds its class from the cell alone, with
+ *                  no pool-wide lock (seed 000), and the exact size makes
+ *                  bytes_stored exact.
+ *
+ *   Cells come from per-class cell blocks, allocated and freed under the
+ *   class lock.  Cell blocks are kept until the pool is destroyed.
+ *
+ * MOVING OBJECTS (compaction, a later issue; the plan the layout allows)
+ *   The mover holds the class lock, copies an object to its new slot and
+ *   rewrites the cell with one atomic store; the caller's handle (the
+ *   cell's address) never changes.  A deferred free holds the cell, not a
+ *   location, and the drain re-reads the cell under the class lock, so it
+ *   frees wherever the object lives by then (design-hazards.md #1).
+ *   Readers will take the read side of a per-class migration rwlock in
+ *   read_begin and drop it in read_end; the mover write-trylocks it and
+ *   skips a busy class instead of waiting (hazard #4), so a reader never
+ *   sees a half-moved object and a zspage descriptor is never freed under
+ *   a reader.  To find an object's cell the mover needs a back pointer per
+ *   slot; compaction adds it to struct zspage.
+ *
+ * FREES: IMMEDIATE OR BATCHED (free-batch.c, seed 002)
+ *   In batched mode zs_free appends the handle to the calling thread's
+ *   batch (ZS_FREE_BATCH_SIZE handles) under the batch's own lock, which
+ *   nobody else takes except a pool-wide flush: no pool or class lock,
+ *   no contention.  A full batch is counting-sorted by class and drained
+ *   holding each class lock once per run of same-class handles; emptied
+ *   zspages are released after the class lock is dropped.
+ *   Memory still comes back promptly: zs_pool_flush drains every batch,
+ *   statistics flush first, an allocation about to be refused for the
+ *   memory limit flushes and retries, and a thread's batch drains when the
+ *   thread exits (pthread key destructor).
+ *
+ * MEMORY LIMIT
+ *   pages_used is reserved with an atomic add before a zspage is created
+ *   and given back if the reservation crosses the limit, so the limit is
+ *   never exceeded even by racing allocators.
+ *
+ * LOCKS, what each guards, and the ONE lock order
+ *   pool->batch_registry_lock  the list of all threads' batches.
+ *   free_batch->lock           that batch's handles and count.
+ *   size_class->lock           points to the class's own mutex (lock=class)
+ *                              or to pool->pool_lock (lock=pool); guards the
+ *                              class's fullness lists, every zspage's free
+ *                              list, in-use count and group, the class's
+ *                              counters and its cell free list.
+ *   page_source->lock          the chunk lists of one run length.
+ *
+ *   Order: batch_registry_lock -> free_batch->lock -> size_class->lock.
+ *   page_source locks are leaves and are never taken while a class lock
+ *   is held (zspages are created and released outside the class lock).
+ *   No path holds two class locks.  Pool-wide counters are atomics.
+ */
+
+#ifndef ZSALLOC_INTERNAL_H
+#define ZSALLOC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zsalloc.h"
+#include "page-source.h"
+
+#define ZS_SIZE_CLASS_DELTA 16
+#define ZS_RAW_CLASSES (ZS_MAX_OBJECT_SIZE / ZS_SIZE_CLASS_DELTA) /* 256 */
+#define ZS_MAX_OBJS_PER_ZSPAGE 256
+#define ZS_FREE_BATCH_SIZE 512   /* one page of handles, as the kernel's */
+#define ZS_NO_OBJECT 0xffff      /* end of a zspage's free list */
+#define ZS_GROUP_FULL (ZS_FULLNESS_GROUPS - 1)
+
+/* Cell encoding, see HANDLES above. */
+#define CELL_SIZE_BITS 12
+#define CELL_INDEX_BITS 8
+#define CELL_ZSPAGE_SHIFT (CELL_SIZE_BITS + CELL_INDEX_BITS)
+#define ZSPAGE_ALIGN 64
+
+struct size_class;
+
+/* One zspage's descriptor.  Every field is guarded by its class's lock,
+ * except base, chunk and class_index which never change after creation.
+ */
+struct zspage {
+  struct zspage *prev, *next;     /* fullness group list links */
+  unsigned char *base;            /* first byte of the page run */
+  struct page_chunk *chunk;       /* where the run came from */
+  uint16_t inuse;                 /* live objects */
+  uint16_t free_head;             /* first recycled free slot or ZS_NO_OBJECT */
+  uint16_t never_used;            /* slots >= this were never handed out */
+  uint8_t group;                  /* fullness group it is linked on */
+} __attribute__ ((aligned (ZSPAGE_ALIGN)));
+
+/* A block of handle cells; see handle-cell.c. */
+struct cell_block;
+
+struct size_class {
+  pthread_mutex_t *lock;          /* own_lock or the pool lock, see above */
+  /* Immutable after pool creation: */
+  unsigned size;                  /* slot size */
+  unsigned min_size;              /* smallest object size served */
+  unsigned pages_per_zspage;
+  unsigned objs_per_zspage;
+  unsigned index;                 /* raw index of the largest size served */
+  /* Guarded by *lock: */
+  struct zspage *groups[ZS_FULLNESS_GROUPS]; /* list heads */
+  uint64_t group_counts[ZS_FULLNESS_GROUPS];
+  uint32_t nonempty_groups;       /* bit g set: groups[g] != NULL */
+  uint64_t zspages;
+  uint64_t objs_used;
+  uint64_t bytes_stored;
+  _Atomic uint64_t *free_cells;   /* free list threaded through the cells */
+  struct cell_block *cell_blocks; /* every block, for destroy */
+  uint64_t cell_blocks_count;
+  pthread_mutex_t own_lock;
+} __attribute__ ((aligned (64)));
+
+/* A thread's batch of deferred frees. */
+struct free_batch {
+  pthread_mutex_t lock;           /* guards count and handles; taken by the
+                                     owner and by pool flushes only */
+  struct free_batch *prev, *next; /* registry links (batch_registry_lock) */
+  struct zs_pool *pool;
+  unsigned count;
+  zs_handle_t handles[ZS_FREE_BATCH_SIZE];
+};
+
+struct zs_pool {
+  struct zs_pool_config config;
+  unsigned huge_class_size;
+  unsigned distinct_classes;
+  struct size_class *class_by_index[ZS_RAW_CLASSES]; /* raw index -> class */
+  struct size_class *classes;     /* distinct classes, increasing size */
+  struct page_source pages;
+  pthread_mutex_t pool_lock;      /* the class lock of every class in
+                                     lock=pool mode; unused otherwise */
+
+  pthread_key_t batch_key;        /* this thread's struct free_batch */
+  pthread_mutex_t batch_registry_lock; /* guards batches list */
+  struct free_batch *batches;
+
+  /* Pool-wide counters: atomics, no lock. */
+  _Atomic uint64_t pages_used;
+  _Atomic uint64_t pages_used_max;
+  _Atomic uint64_t pages_freed;
+  _Atomic uint64_t limit_hits;
+  _Atomic uint64_t metadata_bytes;
+};
+
+/* size-class.c */
+extern int size_classes_init (struct zs_pool *pool);
+extern void size_classes_destroy (struct zs_pool *pool);
+static inline unsigned
+raw_class_index (size_t size)
+{
+  return (size - 1) / ZS_SIZE_CLASS_DELTA;
+}
+static inline struct size_class *
+class_for_size (struct zs_pool *pool, size_t size)
+{
+  return pool->class_by_index[raw_class_index (size)];
+}
+
+/* Cell encoding. */
+static inline uint64_t
+cell_encode (struct zspage *zspage, unsigned index, size_t size)
+{
+  return ((uint64_t) (uintptr_t) zspage / ZSPAGE_ALIGN) << CELL_ZSPAGE_SHIFT
+    | (uint64_t) index << CELL_SIZE_BITS | (uint64_t) (size - 1);
+}
+static inline struct zspage *
+cell_zspage (uint64_t cell)
+{
+  return (struct zspage *) (uintptr_t) ((cell >> CELL_ZSPAGE_SHIFT) * ZSPAGE_ALIGN);
+}
+static inline unsigned
+cell_object_index (uint64_t cell)
+{
+  return (cell >> CELL_SIZE_BITS) & ((1u << CELL_INDEX_BITS) - 1);
+}
+static inline size_t
+cell_object_size (uint64_t cell)
+{
+  return (cell & ((1u << CELL_SIZE_BITS) - 1)) + 1;
+}
+static inline uint64_t
+handle_load (zs_handle_t handle)
+{
+  return atomic_load_explicit ((_Atomic uint64_t *) handle, memory_order_acquire);
+}
+
+/* handle-cell.c: under the class lock. */
+extern _Atomic uint64_t *cell_alloc (struct zs_pool *pool, struct size_class *class);
+extern void cell_release (struct size_class *class, _Atomic uint64_t *cell);
+extern void cells_destroy (struct size_class *class);
+
+/* zspage.c */
+extern struct zspage *zspage_create (struct zs_pool *pool, struct size_class *class);
+extern void zspage_release (struct zs_pool *pool, struct size_class *class,
+                            struct zspage *zspage);
+extern struct zspage *class_fullest_zspage (struct size_class *class);
+extern void zspage_insert (struct size_class *class, struct zspage *zspage);
+extern unsigned zspage_take_object (struct size_class *class, struct zspage *zspage);
+extern bool zspage_put_object (struct size_class *class, struct zspage *zspage,
+                               unsigned index);
+extern void class_destroy_zspages (struct zs_pool *pool, struct size_class *class);
+
+/* pool.c: free one object; the class lock is held.  Returns the zspage
+ * if it became empty (already unlinked: release it after unlocking).
+ */
+extern struct zspage *object_free_locked (struct size_class *class,
+                                          zs_handle_t handle);
+
+/* free-batch.c */
+extern int free_batches_init (struct zs_pool *pool);
+extern void free_batches_destroy (struct zs_pool *pool);
+extern void free_batch_add (struct zs_pool *pool, zs_handle_t handle);
+extern void free_handles (struct zs_pool *pool, zs_handle_t *handles, unsigned n);
+extern uint64_t free_batches_pending (struct zs_pool *pool);
+
+#endif /* ZSALLOC_INTERNAL_H */

@@ -1,0 +1,194 @@
+/* zsalloc: a user-space zsmalloc for compressed pages.
+ *
+ * A pool stores objects of 1..4096 bytes (typically the compressed form of
+ * one 4 KiB page) packed into "zspages": runs of 1..chain contiguous pages,
+ * each dedicated to one size class.  Callers get an opaque handle per
+ * object, never a pointer: the allocator owns the indirection so it may
+ * move objects later (compaction) without telling the caller.
+ *
+ * Object access follows the kernel's 2025 mapping API:
+ *
+ *   zs_handle_t h = zs_malloc (pool, len);     // 0 and errno on failure
+ *   zs_write (pool, h, buf, len);              // fill it
+ *   const void *p = zs_read_begin (pool, h, local_copy);
+ *   ... use p[0..len) ...
+ *   zs_read_end (pool, h, p);
+ *   zs_free (pool, h);                         // may be deferred (batched)
+ *
+ * Thread safety: every function may be called from any number of threads
+ * at once on one pool, except zs_pool_destroy, which must be the last call.
+ * The caller serialises the uses of ONE handle: no zs_free (or zs_write)
+ * of a handle while another thread reads or writes that same handle.
+ *
+ * Errors: functions that can fail return 0 / NULL / -1 and set errno:
+ *   EINVAL  bad size or configuration value,
+ *   ENOSPC  the pool's memory limit would be exceeded (after draining every
+ *           deferred free, so pending frees never cause a refusal),
+ *   ENOMEM  the operating system refused memory.
+ * A failure never touches objects already stored.
+ *
+ * The design (size classes, handles, locks and their order) is described
+ * in alloc/zsalloc-internal.h.  The manual is man/zsalloc.3.
+ */
+
+#ifndef ZSALLOC_H
+#define ZSALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest object, and the page size the pool is built on. */
+#define ZS_PAGE_SIZE 4096
+#define ZS_MAX_OBJECT_SIZE ZS_PAGE_SIZE
+
+/* Range of the zspage chain limit (pages per zspage at most). */
+#define ZS_CHAIN_MIN 1
+#define ZS_CHAIN_MAX 16
+#define ZS_CHAIN_DEFAULT 8
+
+/* Number of fullness groups: empty, 1-10 %, 11-20 %, ..., 81-90 %,
+ * 91-99 %, full.  zs_fullness_group_name gives their column names.
+ */
+#define ZS_FULLNESS_GROUPS 12
+
+/* An object handle.  0 is never a valid handle. */
+typedef uintptr_t zs_handle_t;
+
+enum zs_lock_mode {
+  ZS_LOCK_CLASS = 0,          /* one lock per size class (default) */
+  ZS_LOCK_POOL,               /* one pool-wide lock, for A/B benchmarks only */
+};
+
+enum zs_free_mode {
+  ZS_FREE_BATCHED = 0,        /* per-thread batches of deferred frees (default) */
+  ZS_FREE_IMMEDIATE,          /* every zs_free frees at once, for A/B benchmarks */
+};
+
+struct zs_pool_config {
+  unsigned chain_pages;           /* zspage chain limit, 1..16, default 8 */
+  uint64_t mem_limit;             /* bytes of pool pages, 0 = no limit */
+  enum zs_lock_mode lock_mode;
+  enum zs_free_mode free_mode;
+};
+
+struct zs_pool;
+
+/* Fill *config with the defaults. */
+extern void zs_pool_config_init (struct zs_pool_config *config);
+
+/* Create a pool.  config may be NULL for the defaults.  Returns NULL and
+ * sets errno (EINVAL for a bad config value, ENOMEM) on failure.
+ */
+extern struct zs_pool *zs_pool_create (const struct zs_pool_config *config);
+
+/* Destroy a pool, freeing every object still stored and every page.
+ * No other call on the pool may be running or follow.
+ */
+extern void zs_pool_destroy (struct zs_pool *pool);
+
+/* Allocate an object of size bytes (1..ZS_MAX_OBJECT_SIZE).  Its content
+ * is undefined until written.  Returns 0 and sets errno on failure.
+ */
+extern zs_handle_t zs_malloc (struct zs_pool *pool, size_t size);
+
+/* Free an object.  In batched mode the object joins the calling thread's
+ * batch and its memory is reclaimed when the batch drains (batch full,
+ * zs_pool_flush, statistics, memory limit, or thread exit).
+ * The handle must not be used again either way.  zs_free of 0 is a no-op.
+ */
+extern void zs_free (struct zs_pool *pool, zs_handle_t handle);
+
+/* Drain every thread's batch of deferred frees, returning empty zspages'
+ * pages to the operating system.
+ */
+extern void zs_pool_flush (struct zs_pool *pool);
+
+/* Begin reading an object: returns a pointer to its bytes, valid until
+ * zs_read_end.  local_copy is a caller buffer of the object's size that
+ * the allocator may copy the object into; this implementation keeps each
+ * zspage virtually contiguous so it never needs to, but callers must
+ * still pass one (or NULL when they know the pool never copies: see
+ * zs_read_needs_copy).
+ */
+extern const void *zs_read_begin (struct zs_pool *pool, zs_handle_t handle,
+                                  void *local_copy);
+extern void zs_read_end (struct zs_pool *pool, zs_handle_t handle,
+                         const void *mem);
+
+/* Non-zero when zs_read_begin may use local_copy.  Always 0 here. */
+extern int zs_read_needs_copy (const struct zs_pool *pool);
+
+/* Copy len bytes (at most the object's size) into the object.
+ * Returns 0, or -1 with errno EINVAL when len is too big.
+ */
+extern int zs_write (struct zs_pool *pool, zs_handle_t handle,
+                     const void *buf, size_t len);
+
+/* The size that was passed to zs_malloc for this handle. */
+extern size_t zs_object_size (struct zs_pool *pool, zs_handle_t handle);
+
+/* Objects of this size or larger land in the huge class: one object per
+ * one-page zspage.  zram stores pages that compress to this size or more
+ * uncompressed.
+ */
+extern size_t zs_huge_class_size (const struct zs_pool *pool);
+
+/* The configuration the pool was created with. */
+extern void zs_pool_get_config (const struct zs_pool *pool,
+                                struct zs_pool_config *config);
+
+/* Pool statistics.  zs_pool_stats drains deferred frees first, so the
+ * numbers are exact at the moment of the call.
+ */
+struct zs_pool_stats {
+  uint64_t pages_used;        /* pages in zspages now */
+  uint64_t pages_used_max;    /* high-water mark of pages_used */
+  uint64_t bytes_stored;      /* sum of the sizes of live objects */
+  uint64_t objects;           /* live objects */
+  uint64_t pages_freed;       /* pages returned to the OS since creation */
+  uint64_t limit_hits;        /* allocations refused for mem_limit */
+  uint64_t mem_limit;         /* configured limit in bytes, 0 = none */
+  uint64_t metadata_bytes;    /* zspage descriptors, handle cells, batches */
+  uint64_t frees_pending;     /* deferred frees not yet drained (0 after
+                                 the flush zs_pool_stats does) */
+};
+extern void zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats);
+
+/* Per size-class statistics, zsmalloc's debugfs columns.  Classes are
+ * numbered 0..zs_class_count()-1 in increasing size; merged classes are
+ * reported once, under their largest size.
+ */
+struct zs_class_stats {
+  unsigned size;              /* object slot size in bytes */
+  unsigned min_size;          /* smallest object size this class serves */
+  unsigned pages_per_zspage;
+  unsigned objs_per_zspage;
+  uint64_t objs_allocated;    /* object slots in this class's zspages */
+  uint64_t objs_used;         /* live objects */
+  uint64_t zspages[ZS_FULLNESS_GROUPS]; /* zspages per fullness group */
+  uint64_t pages_used;        /* zspages x pages_per_zspage */
+};
+extern unsigned zs_class_count (const struct zs_pool *pool);
+extern int zs_class_stats (struct zs_pool *pool, unsigned class_number,
+                           struct zs_class_stats *stats);
+
+/* Column name of a fullness group: "empty", "10", "20", ..., "90", "99",
+ * "full".
+ */
+extern const char *zs_fullness_group_name (unsigned group);
+
+/* Print the pool and class statistics as a table (like zsmalloc's
+ * debugfs "classes" file), skipping classes with no zspages.
+ */
+extern void zs_pool_print_stats (struct zs_pool *pool, FILE *fp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZSALLOC_H */

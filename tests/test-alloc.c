@@ -1,0 +1,1369 @@
+/* Unit tests for the zsalloc allocator (alloc/zsalloc.h).
+ *
+ * Every test builds its own pool(s) and asserts on object contents, on
+ * the public statistics and, where the design fixes it, on exact page
+ * counts.  Run under ASan/LSan by CI, so every test also frees what it
+ * allocates.
+ */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "zsalloc.h"
+
+#define PAGE ZS_PAGE_SIZE
+#define MAX_CLASSES (ZS_MAX_OBJECT_SIZE / 16)
+
+/* ---------------------------------------------------------------------- */
+/* Helpers                                                                */
+
+static uint64_t
+xorshift64 (uint64_t *s)
+{
+  uint64_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+/* Uniform-ish integer in lo..hi inclusive. */
+static size_t
+rnd_range (uint64_t *s, size_t lo, size_t hi)
+{
+  return lo + (size_t) (xorshift64 (s) % (hi - lo + 1));
+}
+
+/* A per-object key derived from the handle. */
+static uint64_t
+handle_key (zs_handle_t h)
+{
+  return ((uint64_t) h * 0x9E3779B97F4A7C15ULL) >> 40;
+}
+
+/* Byte i of an object of this size and key. */
+static uint8_t
+pattern_byte (size_t i, size_t size, uint64_t key)
+{
+  return (uint8_t) ((i * 31 + size + key) & 0xff);
+}
+
+static void
+fill_pattern (uint8_t *buf, size_t size, uint64_t key)
+{
+  for (size_t i = 0; i < size; i++)
+    buf[i] = pattern_byte (i, size, key);
+}
+
+static void
+write_pattern (struct zs_pool *pool, zs_handle_t h, size_t size, uint64_t key)
+{
+  uint8_t buf[PAGE];
+
+  fill_pattern (buf, size, key);
+  assert_int_equal (zs_write (pool, h, buf, size), 0);
+}
+
+/* Allocate an object and write its pattern (keyed by key). */
+static zs_handle_t
+alloc_written (struct zs_pool *pool, size_t size, uint64_t key)
+{
+  zs_handle_t h = zs_malloc (pool, size);
+
+  if (h == 0)
+    print_error ("zs_malloc (%zu) failed: %s\n", size, strerror (errno));
+  assert_true (h != 0);
+  write_pattern (pool, h, size, key);
+  return h;
+}
+
+/* True when the object has this size and its content is the pattern.
+ * Prints the first difference otherwise.
+ */
+static bool
+object_ok (struct zs_pool *pool, zs_handle_t h, size_t size, uint64_t key)
+{
+  uint8_t local[PAGE];
+  size_t got_size = zs_object_size (pool, h);
+  bool ok = true;
+
+  if (got_size != size) {
+    print_error ("handle %#jx: zs_object_size %zu, expected %zu\n",
+                 (uintmax_t) h, got_size, size);
+    return false;
+  }
+  const uint8_t *p = zs_read_begin (pool, h, local);
+  if (p == NULL) {
+    print_error ("handle %#jx: zs_read_begin returned NULL\n", (uintmax_t) h);
+    return false;
+  }
+  for (size_t i = 0; i < size; i++) {
+    if (p[i] != pattern_byte (i, size, key)) {
+      print_error ("handle %#jx size %zu: byte %zu is %#x, expected %#x\n",
+                   (uintmax_t) h, size, i, p[i], pattern_byte (i, size, key));
+      ok = false;
+      break;
+    }
+  }
+  zs_read_end (pool, h, p);
+  return ok;
+}
+
+static struct zs_pool *
+make_pool (unsigned chain, uint64_t limit, enum zs_lock_mode lock_mode,
+           enum zs_free_mode free_mode)
+{
+  struct zs_pool_config config;
+
+  zs_pool_config_init (&config);
+  config.chain_pages = chain;
+  config.mem_limit = limit;
+  config.lock_mode = lock_mode;
+  config.free_mode = free_mode;
+  struct zs_pool *pool = zs_pool_create (&config);
+  if (pool == NULL)
+    print_error ("zs_pool_create: %s\n", strerror (errno));
+  assert_non_null (pool);
+  return pool;
+}
+
+static struct zs_pool *
+default_pool (void)
+{
+  return make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+}
+
+struct class_table {
+  unsigned n;
+  struct zs_class_stats cs[MAX_CLASSES];
+};
+
+static void
+get_classes (struct zs_pool *pool, struct class_table *t)
+{
+  t->n = zs_class_count (pool);
+  assert_in_range (t->n, 1, MAX_CLASSES);
+  for (unsigned k = 0; k < t->n; k++) {
+    memset (&t->cs[k], 0xa5, sizeof t->cs[k]);
+    assert_int_equal (zs_class_stats (pool, k, &t->cs[k]), 0);
+  }
+}
+
+/* The class serving objects of this size (class 0 serves 1..its size). */
+static unsigned
+class_of (const struct class_table *t, size_t size)
+{
+  for (unsigned k = 0; k < t->n; k++)
+    if (size <= t->cs[k].size && (k == 0 || size >= t->cs[k].min_size))
+      return k;
+  fail_msg ("no class serves size %zu", size);
+  return 0;
+}
+
+static void
+get_stats (struct zs_pool *pool, struct zs_pool_stats *st)
+{
+  memset (st, 0xa5, sizeof *st);
+  zs_pool_stats (pool, st);
+}
+
+/* The pool and per-class statistics agree with each other. */
+static void
+check_stats_consistent (struct zs_pool *pool)
+{
+  struct zs_pool_stats st;
+  struct class_table *t = malloc (sizeof *t);
+
+  assert_non_null (t);
+  get_stats (pool, &st);
+  get_classes (pool, t);
+  uint64_t pages = 0, objs = 0;
+  for (unsigned k = 0; k < t->n; k++) {
+    const struct zs_class_stats *c = &t->cs[k];
+    uint64_t zspages = 0;
+    for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
+      zspages += c->zspages[g];
+    assert_int_equal (c->pages_used, zspages * c->pages_per_zspage);
+    assert_int_equal (c->objs_allocated, zspages * c->objs_per_zspage);
+    assert_true (c->objs_used <= c->objs_allocated);
+    /* A full zspage holds objs_per_zspage objects, a non-empty one >= 1. */
+    assert_true (c->objs_used >= c->zspages[ZS_FULLNESS_GROUPS - 1]
+                 * c->objs_per_zspage);
+    pages += c->pages_used;
+    objs += c->objs_used;
+  }
+  assert_int_equal (st.pages_used, pages);
+  assert_int_equal (st.objects, objs);
+  assert_true (st.pages_used_max >= st.pages_used);
+  assert_int_equal (st.frees_pending, 0);
+  free (t);
+}
+
+/* Pointer range of a live object, for overlap checks. */
+struct range {
+  uintptr_t start;
+  size_t len;
+};
+
+static int
+range_cmp (const void *a, const void *b)
+{
+  const struct range *x = a, *y = b;
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* No two objects share a byte. */
+static void
+check_no_overlap (struct range *r, size_t n)
+{
+  qsort (r, n, sizeof *r, range_cmp);
+  for (size_t i = 1; i < n; i++) {
+    if (r[i - 1].start + r[i - 1].len > r[i].start)
+      fail_msg ("objects overlap: [%#jx, +%zu) and [%#jx, +%zu)",
+                (uintmax_t) r[i - 1].start, r[i - 1].len,
+                (uintmax_t) r[i].start, r[i].len);
+  }
+}
+
+static struct range
+object_range (struct zs_pool *pool, zs_handle_t h, size_t size)
+{
+  uint8_t local[PAGE];
+  const void *p = zs_read_begin (pool, h, local);
+
+  assert_non_null (p);
+  /* This implementation never copies: the pointer is into the zspage. */
+  assert_true (p != (const void *) local);
+  zs_read_end (pool, h, p);
+  return (struct range) { .start = (uintptr_t) p, .len = size };
+}
+
+static int
+handle_cmp (const void *a, const void *b)
+{
+  zs_handle_t x = *(const zs_handle_t *) a, y = *(const zs_handle_t *) b;
+  return x < y ? -1 : x > y;
+}
+
+static void
+check_handles_unique (const zs_handle_t *h, size_t n)
+{
+  zs_handle_t *copy = malloc (n * sizeof *copy);
+
+  assert_non_null (copy);
+  memcpy (copy, h, n * sizeof *copy);
+  qsort (copy, n, sizeof *copy, handle_cmp);
+  for (size_t i = 0; i < n; i++)
+    assert_true (copy[i] != 0);
+  for (size_t i = 1; i < n; i++)
+    if (copy[i] == copy[i - 1])
+      fail_msg ("handle %#jx returned twice", (uintmax_t) copy[i]);
+  free (copy);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 1. Every size 1..4096 round-trips, all objects alive at once.          */
+
+static void
+test_roundtrip_all_sizes (void **state)
+{
+  (void) state;
+  struct zs_pool *pool = default_pool ();
+  zs_handle_t *h = calloc (PAGE + 1, sizeof *h);
+  struct range *r = calloc (PAGE, sizeof *r);
+  struct zs_pool_stats st;
+  uint64_t total = 0;
+
+  assert_non_null (h);
+  assert_non_null (r);
+  assert_int_equal (zs_read_needs_copy (pool), 0);
+
+  for (size_t size = 1; size <= PAGE; size++) {
+    h[size] = zs_malloc (pool, size);
+    assert_true (h[size] != 0);
+    assert_int_equal (zs_object_size (pool, h[size]), size);
+    write_pattern (pool, h[size], size, handle_key (h[size]));
+    assert_true (object_ok (pool, h[size], size, handle_key (h[size])));
+    total += size;
+  }
+  check_handles_unique (h + 1, PAGE);
+
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, PAGE);
+  assert_int_equal (st.bytes_stored, total);
+  check_stats_consistent (pool);
+
+  /* Verify all again after every other object was written, and check
+   * that no two objects share memory.
+   */
+  for (size_t size = 1; size <= PAGE; size++) {
+    assert_true (object_ok (pool, h[size], size, handle_key (h[size])));
+    r[size - 1] = object_range (pool, h[size], size);
+  }
+  check_no_overlap (r, PAGE);
+
+  /* Reading with a NULL local_copy is allowed when no copy is needed. */
+  for (size_t size = PAGE; size >= 1; size -= 255) {
+    const uint8_t *p = zs_read_begin (pool, h[size], NULL);
+    assert_non_null (p);
+    assert_int_equal (p[size - 1], pattern_byte (size - 1, size,
+                                                 handle_key (h[size])));
+    zs_read_end (pool, h[size], p);
+  }
+
+  /* Free the odd sizes, check the even ones survived, free the rest. */
+  for (size_t size = 1; size <= PAGE; size += 2) {
+    zs_free (pool, h[size]);
+    total -= size;
+  }
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, PAGE / 2);
+  assert_int_equal (st.bytes_stored, total);
+  for (size_t size = 2; size <= PAGE; size += 2)
+    assert_true (object_ok (pool, h[size], size, handle_key (h[size])));
+  for (size_t size = 2; size <= PAGE; size += 2)
+    zs_free (pool, h[size]);
+
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.bytes_stored, 0);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  free (h);
+  free (r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 2. Objects straddling the 4 KiB pages of a multi-page zspage.          */
+
+static void
+test_page_crossing (void **state)
+{
+  (void) state;
+  static const size_t sizes[] = { 1568, 3000, 2730, 4000, 1000, 2500, 3500,
+                                  1200, 2064, 3264 };
+  const size_t per_size = 64;
+  const size_t n = per_size * (sizeof sizes / sizeof sizes[0]);
+  struct zs_pool *pool = default_pool ();
+  zs_handle_t *h = calloc (n, sizeof *h);
+  size_t *sz = calloc (n, sizeof *sz);
+  struct range *r = calloc (n, sizeof *r);
+  size_t crossing = 0;
+
+  assert_non_null (h);
+  assert_non_null (sz);
+  assert_non_null (r);
+
+  /* Interleave sizes so every class's zspages fill up in turn. */
+  for (size_t i = 0; i < n; i++) {
+    sz[i] = sizes[i % (sizeof sizes / sizeof sizes[0])];
+    h[i] = zs_malloc (pool, sz[i]);
+    assert_true (h[i] != 0);
+    write_pattern (pool, h[i], sz[i], handle_key (h[i]));
+  }
+  for (size_t i = 0; i < n; i++) {
+    assert_true (object_ok (pool, h[i], sz[i], handle_key (h[i])));
+    r[i] = object_range (pool, h[i], sz[i]);
+    if (r[i].start % PAGE + sz[i] > PAGE) {
+      crossing++;
+      /* Write and read back a crossing object once more, with a
+       * different key, to exercise memcpy across the boundary.
+       */
+      write_pattern (pool, h[i], sz[i], handle_key (h[i]) + 1);
+      assert_true (object_ok (pool, h[i], sz[i], handle_key (h[i]) + 1));
+      write_pattern (pool, h[i], sz[i], handle_key (h[i]));
+    }
+  }
+  print_message ("%zu of %zu objects cross a page boundary\n", crossing, n);
+  assert_true (crossing >= 1);
+  check_no_overlap (r, n);
+  for (size_t i = 0; i < n; i++)
+    assert_true (object_ok (pool, h[i], sz[i], handle_key (h[i])));
+  check_stats_consistent (pool);
+
+  for (size_t i = 0; i < n; i++)
+    zs_free (pool, h[i]);
+  struct zs_pool_stats st;
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  free (h);
+  free (sz);
+  free (r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3. Size classes and their merging.                                     */
+
+static void
+check_classes_for_chain (unsigned chain)
+{
+  struct zs_pool *pool = make_pool (chain, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_IMMEDIATE);
+  struct class_table *t = malloc (sizeof *t);
+  struct zs_pool_config config;
+  bool merged = false;
+
+  assert_non_null (t);
+  zs_pool_get_config (pool, &config);
+  assert_int_equal (config.chain_pages, chain);
+
+  get_classes (pool, t);
+  print_message ("chain %u: %u classes, huge class from %zu\n",
+                 chain, t->n, zs_huge_class_size (pool));
+  assert_true (t->cs[0].min_size >= 1 && t->cs[0].min_size <= 16);
+  assert_int_equal (t->cs[t->n - 1].size, ZS_MAX_OBJECT_SIZE);
+
+  for (unsigned k = 0; k < t->n; k++) {
+    const struct zs_class_stats *c = &t->cs[k];
+
+    assert_int_equal (c->size % 16, 0);
+    assert_true (c->min_size <= c->size);
+    if (k > 0) {
+      assert_true (c->size > t->cs[k - 1].size);
+      /* Contiguous ranges: every size is served by exactly one class. */
+      assert_int_equal (c->min_size, t->cs[k - 1].size + 1);
+    }
+    if (c->min_size + 15 < c->size)
+      merged = true;
+    assert_in_range (c->pages_per_zspage, 1, chain);
+    assert_int_equal (c->objs_per_zspage,
+                      c->pages_per_zspage * PAGE / c->size);
+    assert_true (c->objs_per_zspage >= 1);
+    /* Fresh pool: nothing allocated. */
+    assert_int_equal (c->objs_used, 0);
+    assert_int_equal (c->objs_allocated, 0);
+    assert_int_equal (c->pages_used, 0);
+    for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
+      assert_int_equal (c->zspages[g], 0);
+    /* A merged class shares its layout with... itself only: distinct
+     * neighbours have a distinct (pages, objs) layout.
+     */
+    if (k > 0)
+      assert_true (c->pages_per_zspage != t->cs[k - 1].pages_per_zspage
+                   || c->objs_per_zspage != t->cs[k - 1].objs_per_zspage);
+  }
+  /* The huge class is the last one, one object per one-page zspage. */
+  const struct zs_class_stats *huge = &t->cs[t->n - 1];
+  assert_int_equal (huge->pages_per_zspage, 1);
+  assert_int_equal (huge->objs_per_zspage, 1);
+  assert_int_equal (huge->min_size, zs_huge_class_size (pool));
+
+  /* Out-of-range class numbers are refused. */
+  struct zs_class_stats dummy;
+  assert_int_not_equal (zs_class_stats (pool, t->n, &dummy), 0);
+
+  if (chain == ZS_CHAIN_DEFAULT) {
+    assert_true (merged);
+    assert_true (t->n < 256);
+  }
+
+  /* Objects of the smallest and the largest size of each class land in
+   * that class, both in one zspage when it holds two.
+   */
+  for (unsigned k = 0; k < t->n; k++) {
+    const struct zs_class_stats *c = &t->cs[k];
+    size_t lo = k == 0 ? 1 : c->min_size;
+    zs_handle_t h1 = alloc_written (pool, lo, 1);
+    zs_handle_t h2 = alloc_written (pool, c->size, 2);
+    struct zs_class_stats now;
+    struct zs_pool_stats st;
+
+    assert_int_equal (zs_class_stats (pool, k, &now), 0);
+    assert_int_equal (now.objs_used, 2);
+    assert_int_equal (now.pages_used,
+                      c->objs_per_zspage >= 2
+                      ? c->pages_per_zspage : 2 * c->pages_per_zspage);
+    get_stats (pool, &st);
+    assert_int_equal (st.pages_used, now.pages_used);
+    assert_int_equal (st.bytes_stored, lo + c->size);
+    assert_true (object_ok (pool, h1, lo, 1));
+    assert_true (object_ok (pool, h2, c->size, 2));
+    zs_free (pool, h1);
+    zs_free (pool, h2);
+    get_stats (pool, &st);
+    assert_int_equal (st.pages_used, 0);
+    assert_int_equal (st.objects, 0);
+  }
+
+  zs_pool_destroy (pool);
+  free (t);
+}
+
+static void
+test_classes (void **state)
+{
+  (void) state;
+  check_classes_for_chain (ZS_CHAIN_DEFAULT);
+  check_classes_for_chain (4);
+  check_classes_for_chain (16);
+  check_classes_for_chain (ZS_CHAIN_MIN);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 4. The huge class.                                                     */
+
+static void
+test_huge_class (void **state)
+{
+  (void) state;
+  struct zs_pool *pool = default_pool ();
+  struct zs_pool_stats st;
+  struct class_table *t = malloc (sizeof *t);
+  size_t huge = zs_huge_class_size (pool);
+
+  assert_non_null (t);
+  print_message ("huge class size %zu\n", huge);
+  assert_true (huge > PAGE / 2 && huge <= PAGE);
+
+  zs_handle_t a = alloc_written (pool, huge, 11);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 1);
+  zs_handle_t b = alloc_written (pool, huge, 12);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 2);
+  zs_handle_t c = alloc_written (pool, PAGE, 13);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 3);
+  assert_int_equal (st.bytes_stored, 2 * huge + PAGE);
+
+  get_classes (pool, t);
+  unsigned hk = class_of (t, huge);
+  assert_int_equal (hk, t->n - 1);
+  assert_int_equal (class_of (t, PAGE), hk);
+  assert_int_equal (t->cs[hk].objs_used, 3);
+  assert_int_equal (t->cs[hk].zspages[ZS_FULLNESS_GROUPS - 1], 3);
+
+  assert_true (object_ok (pool, a, huge, 11));
+  assert_true (object_ok (pool, b, huge, 12));
+  assert_true (object_ok (pool, c, PAGE, 13));
+  zs_free (pool, a);
+  zs_free (pool, b);
+  zs_free (pool, c);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+
+  /* huge - 1 is not huge: two such objects share one zspage. */
+  pool = default_pool ();
+  get_classes (pool, t);
+  unsigned k = class_of (t, huge - 1);
+  assert_true (k < t->n - 1);
+  assert_true (t->cs[k].objs_per_zspage >= 2);
+  a = alloc_written (pool, huge - 1, 21);
+  b = alloc_written (pool, huge - 1, 22);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, t->cs[k].pages_per_zspage);
+  assert_true (object_ok (pool, a, huge - 1, 21));
+  assert_true (object_ok (pool, b, huge - 1, 22));
+  zs_free (pool, a);
+  zs_free (pool, b);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  free (t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 5. Statistics match exactly what was allocated.                        */
+
+static void
+test_stats_exact (void **state)
+{
+  (void) state;
+  enum { N = 1000 };
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_BATCHED);
+  struct class_table *t = malloc (sizeof *t);
+  zs_handle_t h[N];
+  size_t sz[N];
+  uint64_t per_class[MAX_CLASSES] = { 0 };
+  uint64_t seed = 0x1234567887654321ULL;
+  uint64_t total = 0;
+  struct zs_pool_stats st;
+
+  assert_non_null (t);
+  get_classes (pool, t);
+  for (size_t i = 0; i < N; i++) {
+    sz[i] = rnd_range (&seed, 1, PAGE);
+    h[i] = alloc_written (pool, sz[i], i);
+    total += sz[i];
+    per_class[class_of (t, sz[i])]++;
+  }
+
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, N);
+  assert_int_equal (st.bytes_stored, total);
+  assert_int_equal (st.frees_pending, 0);
+  assert_int_equal (st.mem_limit, 0);
+  assert_int_equal (st.limit_hits, 0);
+  assert_int_equal (st.pages_freed, 0);
+  assert_true (st.pages_used > 0);
+  assert_true (st.pages_used_max >= st.pages_used);
+  assert_true (st.metadata_bytes > 0);
+  /* The objects need at least their bytes in pages. */
+  assert_true (st.pages_used * PAGE >= total);
+
+  get_classes (pool, t);
+  uint64_t pages = 0, objs = 0;
+  for (unsigned k = 0; k < t->n; k++) {
+    const struct zs_class_stats *c = &t->cs[k];
+    uint64_t zspages = 0;
+    for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
+      zspages += c->zspages[g];
+    assert_int_equal (c->objs_used, per_class[k]);
+    assert_int_equal (c->objs_allocated, zspages * c->objs_per_zspage);
+    assert_int_equal (c->pages_used, zspages * c->pages_per_zspage);
+    /* Allocation fills zspages in turn and nothing was freed: exactly
+     * the zspages needed, and empty zspages never linger.
+     */
+    assert_int_equal (zspages, (per_class[k] + c->objs_per_zspage - 1)
+                      / c->objs_per_zspage);
+    assert_int_equal (c->zspages[0], 0);
+    pages += c->pages_used;
+    objs += c->objs_used;
+  }
+  assert_int_equal (objs, N);
+  assert_int_equal (pages, st.pages_used);
+  check_stats_consistent (pool);
+
+  /* Free half without flushing: the statistics drain the batch. */
+  uint64_t freed_bytes = 0;
+  for (size_t i = 0; i < N; i += 2) {
+    zs_free (pool, h[i]);
+    freed_bytes += sz[i];
+    per_class[class_of (t, sz[i])]--;
+  }
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, N / 2);
+  assert_int_equal (st.bytes_stored, total - freed_bytes);
+  assert_int_equal (st.frees_pending, 0);
+  get_classes (pool, t);
+  for (unsigned k = 0; k < t->n; k++)
+    assert_int_equal (t->cs[k].objs_used, per_class[k]);
+  check_stats_consistent (pool);
+  for (size_t i = 1; i < N; i += 2)
+    assert_true (object_ok (pool, h[i], sz[i], i));
+
+  for (size_t i = 1; i < N; i += 2)
+    zs_free (pool, h[i]);
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.bytes_stored, 0);
+  assert_int_equal (st.pages_used, 0);
+  assert_int_equal (st.frees_pending, 0);
+  assert_true (st.pages_used_max > 0);
+  assert_true (st.pages_freed >= st.pages_used_max);
+  get_classes (pool, t);
+  for (unsigned k = 0; k < t->n; k++) {
+    assert_int_equal (t->cs[k].objs_used, 0);
+    assert_int_equal (t->cs[k].objs_allocated, 0);
+    assert_int_equal (t->cs[k].pages_used, 0);
+  }
+  zs_pool_destroy (pool);
+  free (t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 6. Memory limit.                                                       */
+
+static void
+test_mem_limit_huge (void **state)
+{
+  (void) state;
+  enum { LIMIT_PAGES = 64 };
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT,
+                                    (uint64_t) LIMIT_PAGES * PAGE,
+                                    ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+  zs_handle_t h[LIMIT_PAGES + 1];
+  struct zs_pool_stats st;
+  size_t n = 0;
+
+  for (;;) {
+    errno = 0;
+    zs_handle_t x = zs_malloc (pool, PAGE);
+    if (x == 0) {
+      assert_int_equal (errno, ENOSPC);
+      break;
+    }
+    assert_true (n < LIMIT_PAGES);
+    h[n] = x;
+    write_pattern (pool, x, PAGE, n);
+    n++;
+  }
+  assert_int_equal (n, LIMIT_PAGES);
+  get_stats (pool, &st);
+  assert_int_equal (st.mem_limit, (uint64_t) LIMIT_PAGES * PAGE);
+  assert_int_equal (st.limit_hits, 1);   /* one allocation was refused */
+  assert_int_equal (st.pages_used, LIMIT_PAGES);
+  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  assert_int_equal (st.objects, LIMIT_PAGES);
+  for (size_t i = 0; i < n; i++)
+    assert_true (object_ok (pool, h[i], PAGE, i));
+
+  /* A pending (unflushed) free must not cause a refusal. */
+  zs_free (pool, h[5]);
+  errno = 0;
+  h[5] = zs_malloc (pool, PAGE);
+  if (h[5] == 0)
+    print_error ("zs_malloc after a batched free: %s\n", strerror (errno));
+  assert_true (h[5] != 0);
+  write_pattern (pool, h[5], PAGE, 5);
+
+  /* Full again. */
+  errno = 0;
+  assert_true (zs_malloc (pool, PAGE) == 0);
+  assert_int_equal (errno, ENOSPC);
+  errno = 0;
+  assert_true (zs_malloc (pool, 1) == 0);
+  assert_int_equal (errno, ENOSPC);
+  get_stats (pool, &st);
+  assert_int_equal (st.limit_hits, 3);
+  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  for (size_t i = 0; i < n; i++)
+    assert_true (object_ok (pool, h[i], PAGE, i));
+
+  for (size_t i = 0; i < n; i++)
+    zs_free (pool, h[i]);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+}
+
+static void
+test_mem_limit_small (void **state)
+{
+  (void) state;
+  enum { LIMIT_PAGES = 64, SIZE = 100 };
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT,
+                                    (uint64_t) LIMIT_PAGES * PAGE,
+                                    ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+  struct class_table *t = malloc (sizeof *t);
+  size_t cap = LIMIT_PAGES * PAGE / 16;
+  zs_handle_t *h = calloc (cap, sizeof *h);
+  struct zs_pool_stats st;
+  size_t n = 0;
+
+  assert_non_null (t);
+  assert_non_null (h);
+  get_classes (pool, t);
+  const struct zs_class_stats *c = &t->cs[class_of (t, SIZE)];
+  size_t expect = (LIMIT_PAGES / c->pages_per_zspage) * c->objs_per_zspage;
+
+  for (;;) {
+    errno = 0;
+    zs_handle_t x = zs_malloc (pool, SIZE);
+    if (x == 0) {
+      assert_int_equal (errno, ENOSPC);
+      break;
+    }
+    assert_true (n < cap);
+    h[n] = x;
+    write_pattern (pool, x, SIZE, n);
+    n++;
+  }
+  print_message ("%zu objects of %d bytes fit in %d pages\n",
+                 n, SIZE, LIMIT_PAGES);
+  assert_int_equal (n, expect);
+  get_stats (pool, &st);
+  assert_int_equal (st.limit_hits, 1);
+  assert_true (st.pages_used <= LIMIT_PAGES);
+  assert_true (st.pages_used_max <= LIMIT_PAGES);
+
+  /* Free 10 spread over several zspages, without flushing: 10 new
+   * objects fit in their slots, the 11th does not.
+   */
+  for (size_t j = 0; j < 10; j++) {
+    size_t i = j * (n / 10);
+    zs_free (pool, h[i]);
+    h[i] = 0;
+  }
+  for (size_t j = 0; j < 10; j++) {
+    size_t i = j * (n / 10);
+    errno = 0;
+    h[i] = zs_malloc (pool, SIZE);
+    if (h[i] == 0)
+      print_error ("allocation %zu after 10 batched frees: %s\n",
+                   j, strerror (errno));
+    assert_true (h[i] != 0);
+    write_pattern (pool, h[i], SIZE, i);
+  }
+  errno = 0;
+  assert_true (zs_malloc (pool, SIZE) == 0);
+  assert_int_equal (errno, ENOSPC);
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, n);
+  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  for (size_t i = 0; i < n; i++)
+    assert_true (object_ok (pool, h[i], SIZE, i));
+
+  for (size_t i = 0; i < n; i++)
+    zs_free (pool, h[i]);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  free (h);
+  free (t);
+}
+
+/* A pending free in ANOTHER (still running) thread's batch must be
+ * drained before an allocation is refused.
+ */
+struct other_free {
+  struct zs_pool *pool;
+  zs_handle_t h;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int step;                     /* 1: freed, 2: may exit */
+};
+
+static void *
+other_free_thread (void *arg)
+{
+  struct other_free *o = arg;
+
+  zs_free (o->pool, o->h);
+  pthread_mutex_lock (&o->lock);
+  o->step = 1;
+  pthread_cond_broadcast (&o->cond);
+  while (o->step != 2)
+    pthread_cond_wait (&o->cond, &o->lock);
+  pthread_mutex_unlock (&o->lock);
+  return NULL;
+}
+
+static void
+test_mem_limit_other_thread_batch (void **state)
+{
+  (void) state;
+  enum { LIMIT_PAGES = 16 };
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT,
+                                    (uint64_t) LIMIT_PAGES * PAGE,
+                                    ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+  zs_handle_t h[LIMIT_PAGES];
+  struct other_free o = { .pool = pool, .step = 0 };
+  pthread_t thread;
+  struct zs_pool_stats st;
+
+  for (size_t i = 0; i < LIMIT_PAGES; i++)
+    h[i] = alloc_written (pool, PAGE, i);
+  errno = 0;
+  assert_true (zs_malloc (pool, PAGE) == 0);
+  assert_int_equal (errno, ENOSPC);
+
+  pthread_mutex_init (&o.lock, NULL);
+  pthread_cond_init (&o.cond, NULL);
+  o.h = h[3];
+  assert_int_equal (pthread_create (&thread, NULL, other_free_thread, &o), 0);
+  pthread_mutex_lock (&o.lock);
+  while (o.step != 1)
+    pthread_cond_wait (&o.cond, &o.lock);
+  pthread_mutex_unlock (&o.lock);
+
+  /* The other thread is alive, its free is (probably) still pending. */
+  errno = 0;
+  h[3] = zs_malloc (pool, PAGE);
+  if (h[3] == 0)
+    print_error ("zs_malloc with another thread's pending free: %s\n",
+                 strerror (errno));
+  assert_true (h[3] != 0);
+  write_pattern (pool, h[3], PAGE, 3);
+
+  pthread_mutex_lock (&o.lock);
+  o.step = 2;
+  pthread_cond_broadcast (&o.cond);
+  pthread_mutex_unlock (&o.lock);
+  assert_int_equal (pthread_join (thread, NULL), 0);
+
+  for (size_t i = 0; i < LIMIT_PAGES; i++)
+    assert_true (object_ok (pool, h[i], PAGE, i));
+  for (size_t i = 0; i < LIMIT_PAGES; i++)
+    zs_free (pool, h[i]);
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.pages_used, 0);
+  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  zs_pool_destroy (pool);
+  pthread_mutex_destroy (&o.lock);
+  pthread_cond_destroy (&o.cond);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 7. Batched and immediate frees give the same results.                  */
+
+struct twin {
+  zs_handle_t hb, hi;           /* batched pool, immediate pool */
+  size_t size;
+  uint64_t key;
+};
+
+static void
+compare_pools (struct zs_pool *pb, struct zs_pool *pi, bool exact_layout)
+{
+  struct zs_pool_stats sb, si;
+  struct class_table *tb = malloc (sizeof *tb);
+  struct class_table *ti = malloc (sizeof *ti);
+
+  assert_non_null (tb);
+  assert_non_null (ti);
+  zs_pool_flush (pb);
+  zs_pool_flush (pi);
+  get_stats (pb, &sb);
+  get_stats (pi, &si);
+  print_message ("batched: %ju objects %ju bytes %ju pages; "
+                 "immediate: %ju objects %ju bytes %ju pages\n",
+                 (uintmax_t) sb.objects, (uintmax_t) sb.bytes_stored,
+                 (uintmax_t) sb.pages_used, (uintmax_t) si.objects,
+                 (uintmax_t) si.bytes_stored, (uintmax_t) si.pages_used);
+  assert_int_equal (sb.objects, si.objects);
+  assert_int_equal (sb.bytes_stored, si.bytes_stored);
+  assert_int_equal (sb.frees_pending, 0);
+  assert_int_equal (si.frees_pending, 0);
+  if (exact_layout)
+    assert_int_equal (sb.pages_used, si.pages_used);
+
+  get_classes (pb, tb);
+  get_classes (pi, ti);
+  assert_int_equal (tb->n, ti->n);
+  for (unsigned k = 0; k < tb->n; k++) {
+    assert_int_equal (tb->cs[k].size, ti->cs[k].size);
+    assert_int_equal (tb->cs[k].objs_used, ti->cs[k].objs_used);
+    if (exact_layout) {
+      assert_int_equal (tb->cs[k].objs_allocated, ti->cs[k].objs_allocated);
+      assert_int_equal (tb->cs[k].pages_used, ti->cs[k].pages_used);
+      for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
+        assert_int_equal (tb->cs[k].zspages[g], ti->cs[k].zspages[g]);
+    }
+  }
+  check_stats_consistent (pb);
+  check_stats_consistent (pi);
+  free (tb);
+  free (ti);
+}
+
+static void
+test_batched_vs_immediate (void **state)
+{
+  (void) state;
+  enum { OPS = 20000, MAX_LIVE = 3000 };
+  struct zs_pool *pb = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                  ZS_FREE_BATCHED);
+  struct zs_pool *pi = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                  ZS_FREE_IMMEDIATE);
+  struct twin *live = calloc (MAX_LIVE, sizeof *live);
+  size_t n = 0;
+  uint64_t seed = 0xC0FFEE123456789ULL;
+
+  assert_non_null (live);
+
+  /* Phase A: allocations, then frees of a random subset, then a flush.
+   * Both pools see the same allocations from the same (empty) state, so
+   * they lay objects out identically, and the same set of objects then
+   * remains in each zspage whatever order the frees are applied in: the
+   * layouts must be identical.
+   */
+  for (n = 0; n < MAX_LIVE / 2; n++) {
+    live[n].size = rnd_range (&seed, 1, PAGE);
+    live[n].key = n;
+    live[n].hb = alloc_written (pb, live[n].size, n);
+    live[n].hi = alloc_written (pi, live[n].size, n);
+  }
+  for (size_t i = 0; i < n;) {
+    if (xorshift64 (&seed) % 3 == 0) {
+      zs_free (pb, live[i].hb);
+      zs_free (pi, live[i].hi);
+      live[i] = live[--n];
+    }
+    else
+      i++;
+  }
+  compare_pools (pb, pi, true);
+
+  /* Phase B: a random interleaving of allocations, writes and frees.
+   * Deferred frees change which slots later allocations get, so the page
+   * counts may legitimately differ; the objects may not.
+   */
+  for (size_t op = 0; op < OPS; op++) {
+    uint64_t r = xorshift64 (&seed) % 100;
+    if (n == 0 || (r < 50 && n < MAX_LIVE)) {
+      live[n].size = rnd_range (&seed, 1, PAGE);
+      live[n].key = op + 7;
+      live[n].hb = alloc_written (pb, live[n].size, live[n].key);
+      live[n].hi = alloc_written (pi, live[n].size, live[n].key);
+      n++;
+    }
+    else if (r < 60) {
+      size_t i = xorshift64 (&seed) % n;
+      live[i].key ^= 0x5a;
+      write_pattern (pb, live[i].hb, live[i].size, live[i].key);
+      write_pattern (pi, live[i].hi, live[i].size, live[i].key);
+    }
+    else if (r < 65) {
+      size_t i = xorshift64 (&seed) % n;
+      assert_true (object_ok (pb, live[i].hb, live[i].size, live[i].key));
+      assert_true (object_ok (pi, live[i].hi, live[i].size, live[i].key));
+    }
+    else {
+      size_t i = xorshift64 (&seed) % n;
+      zs_free (pb, live[i].hb);
+      zs_free (pi, live[i].hi);
+      live[i] = live[--n];
+    }
+  }
+  compare_pools (pb, pi, false);
+  for (size_t i = 0; i < n; i++) {
+    assert_true (object_ok (pb, live[i].hb, live[i].size, live[i].key));
+    assert_true (object_ok (pi, live[i].hi, live[i].size, live[i].key));
+  }
+
+  for (size_t i = 0; i < n; i++) {
+    zs_free (pb, live[i].hb);
+    zs_free (pi, live[i].hi);
+  }
+  compare_pools (pb, pi, true);
+  struct zs_pool_stats st;
+  get_stats (pb, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pb);
+  zs_pool_destroy (pi);
+  free (live);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 8. Destroying a pool that still holds objects and pending frees.       */
+
+struct free_some_arg {
+  struct zs_pool *pool;
+  zs_handle_t *h;
+  size_t n;
+};
+
+static void *
+free_some_thread (void *arg)
+{
+  struct free_some_arg *a = arg;
+
+  /* Freed here, drained at this thread's exit. */
+  for (size_t i = 0; i < a->n; i++)
+    zs_free (a->pool, a->h[i]);
+  return NULL;
+}
+
+static void
+test_destroy_with_live_objects (void **state)
+{
+  (void) state;
+  enum { N = 5000 };
+  zs_handle_t *h = calloc (N, sizeof *h);
+  uint64_t seed = 42;
+
+  assert_non_null (h);
+  for (int mode = 0; mode < 2; mode++) {
+    struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0,
+                                      mode ? ZS_LOCK_POOL : ZS_LOCK_CLASS,
+                                      mode ? ZS_FREE_IMMEDIATE
+                                      : ZS_FREE_BATCHED);
+    for (size_t i = 0; i < N; i++)
+      h[i] = alloc_written (pool, rnd_range (&seed, 1, PAGE), i);
+
+    /* Another thread frees 700 objects and exits. */
+    struct free_some_arg arg = { .pool = pool, .h = h, .n = 700 };
+    pthread_t thread;
+    assert_int_equal (pthread_create (&thread, NULL, free_some_thread, &arg),
+                      0);
+    assert_int_equal (pthread_join (thread, NULL), 0);
+
+    /* This thread frees 1300 more (2 batches and a partial one): the
+     * last few hundred stay pending in this thread's batch.
+     */
+    for (size_t i = 700; i < 2000; i++)
+      zs_free (pool, h[i]);
+
+    zs_pool_destroy (pool);
+  }
+
+  /* The allocator is still usable after destroying pools with pending
+   * frees (e.g. no stale per-thread state).
+   */
+  struct zs_pool *pool = default_pool ();
+  for (size_t i = 0; i < 1000; i++)
+    h[i] = alloc_written (pool, rnd_range (&seed, 1, PAGE), i);
+  for (size_t i = 0; i < 1000; i++)
+    assert_true (object_ok (pool, h[i], zs_object_size (pool, h[i]), i));
+  for (size_t i = 0; i < 1000; i++)
+    zs_free (pool, h[i]);
+  struct zs_pool_stats st;
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  free (h);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 9. Bad input.                                                          */
+
+static void
+test_bad_input (void **state)
+{
+  (void) state;
+  struct zs_pool_config config;
+  struct zs_pool_stats st0, st1;
+
+  /* Defaults. */
+  memset (&config, 0xa5, sizeof config);
+  zs_pool_config_init (&config);
+  assert_int_equal (config.chain_pages, ZS_CHAIN_DEFAULT);
+  assert_int_equal (config.mem_limit, 0);
+  assert_int_equal (config.lock_mode, ZS_LOCK_CLASS);
+  assert_int_equal (config.free_mode, ZS_FREE_BATCHED);
+
+  /* Bad chain lengths. */
+  zs_pool_config_init (&config);
+  config.chain_pages = 0;
+  errno = 0;
+  assert_null (zs_pool_create (&config));
+  assert_int_equal (errno, EINVAL);
+  config.chain_pages = ZS_CHAIN_MAX + 1;
+  errno = 0;
+  assert_null (zs_pool_create (&config));
+  assert_int_equal (errno, EINVAL);
+
+  /* Bad modes. */
+  zs_pool_config_init (&config);
+  config.lock_mode = (enum zs_lock_mode) 7;
+  errno = 0;
+  assert_null (zs_pool_create (&config));
+  assert_int_equal (errno, EINVAL);
+  zs_pool_config_init (&config);
+  config.free_mode = (enum zs_free_mode) 7;
+  errno = 0;
+  assert_null (zs_pool_create (&config));
+  assert_int_equal (errno, EINVAL);
+
+  /* NULL config gives the defaults. */
+  struct zs_pool *pool = zs_pool_create (NULL);
+  assert_non_null (pool);
+  memset (&config, 0xa5, sizeof config);
+  zs_pool_get_config (pool, &config);
+  assert_int_equal (config.chain_pages, ZS_CHAIN_DEFAULT);
+  assert_int_equal (config.mem_limit, 0);
+  assert_int_equal (config.lock_mode, ZS_LOCK_CLASS);
+  assert_int_equal (config.free_mode, ZS_FREE_BATCHED);
+
+  /* Bad sizes. */
+  errno = 0;
+  assert_true (zs_malloc (pool, 0) == 0);
+  assert_int_equal (errno, EINVAL);
+  errno = 0;
+  assert_true (zs_malloc (pool, ZS_MAX_OBJECT_SIZE + 1) == 0);
+  assert_int_equal (errno, EINVAL);
+  errno = 0;
+  assert_true (zs_malloc (pool, SIZE_MAX) == 0);
+  assert_int_equal (errno, EINVAL);
+  get_stats (pool, &st0);
+  assert_int_equal (st0.objects, 0);
+  assert_int_equal (st0.pages_used, 0);
+
+  /* Over-long write: refused, object untouched. */
+  zs_handle_t h = alloc_written (pool, 100, 77);
+  uint8_t big[PAGE];
+  memset (big, 0xee, sizeof big);
+  errno = 0;
+  assert_int_equal (zs_write (pool, h, big, 101), -1);
+  assert_int_equal (errno, EINVAL);
+  errno = 0;
+  assert_int_equal (zs_write (pool, h, big, PAGE), -1);
+  assert_int_equal (errno, EINVAL);
+  assert_true (object_ok (pool, h, 100, 77));
+
+  /* A short write changes only the prefix. */
+  assert_int_equal (zs_write (pool, h, big, 10), 0);
+  {
+    uint8_t local[PAGE];
+    const uint8_t *p = zs_read_begin (pool, h, local);
+    assert_non_null (p);
+    for (size_t i = 0; i < 10; i++)
+      assert_int_equal (p[i], 0xee);
+    for (size_t i = 10; i < 100; i++)
+      assert_int_equal (p[i], pattern_byte (i, 100, 77));
+    zs_read_end (pool, h, p);
+  }
+  write_pattern (pool, h, 100, 77);
+
+  /* zs_free (0) is a no-op. */
+  get_stats (pool, &st0);
+  zs_free (pool, 0);
+  zs_pool_flush (pool);
+  get_stats (pool, &st1);
+  assert_int_equal (st1.objects, st0.objects);
+  assert_int_equal (st1.bytes_stored, st0.bytes_stored);
+  assert_int_equal (st1.pages_used, st0.pages_used);
+  assert_int_equal (st1.objects, 1);
+  assert_true (object_ok (pool, h, 100, 77));
+
+  zs_free (pool, h);
+  get_stats (pool, &st1);
+  assert_int_equal (st1.objects, 0);
+  zs_pool_destroy (pool);
+
+  /* An immediate pool: zs_free (0) is a no-op there too. */
+  pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_POOL, ZS_FREE_IMMEDIATE);
+  zs_free (pool, 0);
+  get_stats (pool, &st1);
+  assert_int_equal (st1.objects, 0);
+  zs_pool_destroy (pool);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 10. Names and printing.                                                */
+
+static void
+test_names_and_print (void **state)
+{
+  (void) state;
+  static const char *const expect[ZS_FULLNESS_GROUPS] = {
+    "empty", "10", "20", "30", "40", "50", "60", "70", "80", "90", "99",
+    "full"
+  };
+
+  for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++) {
+    assert_non_null (zs_fullness_group_name (g));
+    assert_string_equal (zs_fullness_group_name (g), expect[g]);
+  }
+
+  struct zs_pool *pool = default_pool ();
+  zs_handle_t a = alloc_written (pool, 4000, 1);
+  zs_handle_t b = alloc_written (pool, 100, 2);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream (&buf, &len);
+  assert_non_null (fp);
+  zs_pool_print_stats (pool, fp);
+  assert_int_equal (fclose (fp), 0);
+  assert_non_null (buf);
+  print_message ("%s", buf);
+  assert_true (len > 0);
+  /* The class table header names its columns. */
+  assert_non_null (strstr (buf, "class"));
+  assert_non_null (strstr (buf, "size"));
+  assert_non_null (strstr (buf, "full"));
+  /* The huge class (4096) is in use so it is printed. */
+  assert_non_null (strstr (buf, "4096"));
+  free (buf);
+
+  zs_free (pool, a);
+  zs_free (pool, b);
+  zs_pool_destroy (pool);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 11. Freed memory goes back to the operating system.                    */
+
+static uint64_t
+rss_bytes (void)
+{
+  FILE *fp = fopen ("/proc/self/statm", "r");
+  unsigned long size, resident;
+
+  assert_non_null (fp);
+  assert_int_equal (fscanf (fp, "%lu %lu", &size, &resident), 2);
+  fclose (fp);
+  return (uint64_t) resident * (uint64_t) sysconf (_SC_PAGESIZE);
+}
+
+static void
+test_memory_returns (void **state)
+{
+  (void) state;
+  enum { SIZE = 2000 };
+  const size_t n = (64u << 20) / SIZE;
+  zs_handle_t *h = calloc (n, sizeof *h);
+  uint8_t buf[SIZE];
+  struct zs_pool_stats st;
+
+  assert_non_null (h);
+  memset (h, 0xff, n * sizeof *h); /* make the array resident first */
+  struct zs_pool *pool = default_pool ();
+
+  uint64_t before = rss_bytes ();
+  for (size_t i = 0; i < n; i++) {
+    h[i] = zs_malloc (pool, SIZE);
+    assert_true (h[i] != 0);
+    memset (buf, (int) (i & 0xff), SIZE);
+    buf[0] = 0x5a;
+    assert_int_equal (zs_write (pool, h[i], buf, SIZE), 0);
+  }
+  uint64_t peak = rss_bytes ();
+  for (size_t i = 0; i < n; i += 997) {
+    uint8_t local[PAGE];
+    const uint8_t *p = zs_read_begin (pool, h[i], local);
+    assert_non_null (p);
+    assert_int_equal (p[0], 0x5a);
+    assert_int_equal (p[SIZE - 1], i & 0xff);
+    zs_read_end (pool, h[i], p);
+  }
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, n);
+  assert_true (st.pages_used * PAGE >= (uint64_t) n * SIZE);
+
+  for (size_t i = 0; i < n; i++)
+    zs_free (pool, h[i]);
+  zs_pool_flush (pool);
+  uint64_t after = rss_bytes ();
+  get_stats (pool, &st);
+
+  print_message ("RSS before %ju KiB, peak %ju KiB, after free %ju KiB\n",
+                 (uintmax_t) before >> 10, (uintmax_t) peak >> 10,
+                 (uintmax_t) after >> 10);
+  assert_int_equal (st.pages_used, 0);
+  assert_int_equal (st.objects, 0);
+  assert_true (peak > before);
+  /* At least 64 MiB were written. */
+  assert_true (peak - before >= (uint64_t) 60 << 20);
+  assert_true (after <= peak);
+  assert_true ((peak - after) * 4 >= (peak - before) * 3);
+
+  zs_pool_destroy (pool);
+  free (h);
+}
+
+/* ---------------------------------------------------------------------- */
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_roundtrip_all_sizes),
+    cmocka_unit_test (test_page_crossing),
+    cmocka_unit_test (test_classes),
+    cmocka_unit_test (test_huge_class),
+    cmocka_unit_test (test_stats_exact),
+    cmocka_unit_test (test_mem_limit_huge),
+    cmocka_unit_test (test_mem_limit_small),
+    cmocka_unit_test (test_mem_limit_other_thread_batch),
+    cmocka_unit_test (test_batched_vs_immediate),
+    cmocka_unit_test (test_destroy_with_live_objects),
+    cmocka_unit_test (test_bad_input),
+    cmocka_unit_test (test_names_and_print),
+    cmocka_unit_test (test_memory_returns),
+  };
+
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
