@@ -1,0 +1,505 @@
+/* The block store: see block-store.h for the design and the locks. */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block-store.h"
+
+struct block_store {
+  uint64_t size;
+  uint64_t blocks;
+  struct zs_pool *pool;
+  struct codec *codec;
+  size_t raw_threshold;           /* compressed size stored raw from here */
+  struct block_table table;
+  pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
+
+  /* Counters, atomics: no lock. */
+  _Atomic uint64_t stored_blocks; /* entries not empty */
+  _Atomic uint64_t compr_bytes;   /* bytes of stored objects */
+  _Atomic uint64_t same_blocks;
+  _Atomic uint64_t raw_blocks;
+  _Atomic uint64_t raw_blocks_since;
+  _Atomic uint64_t failed_reads;
+  _Atomic uint64_t failed_writes;
+  _Atomic uint64_t invalid_io;
+  _Atomic uint64_t notify_free;
+  _Atomic uint64_t reads;
+  _Atomic uint64_t writes;
+};
+
+/* What an entry holds, detached from the table. */
+struct block_content {
+  enum block_kind kind;
+  uint64_t value;
+};
+
+static inline void
+counter_add (_Atomic uint64_t *counter, int64_t delta)
+{
+  atomic_fetch_add_explicit (counter, (uint64_t) delta, memory_order_relaxed);
+}
+
+static inline pthread_mutex_t *
+stripe_for (struct block_store *store, uint64_t block)
+{
+  return &store->stripes[block % STORE_STRIPES];
+}
+
+struct block_store *
+store_create (const struct store_config *config)
+{
+  if (config->size == 0) {
+    errno = EINVAL;
+    return NULL;
+  }
+  struct block_store *store = calloc (1, sizeof *store);
+  if (!store)
+    return NULL;
+  store->size = config->size;
+  store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
+  store->pool = zs_pool_create (&config->pool);
+  if (!store->pool)
+    goto fail;
+  store->codec = codec_create (config->algorithm, config->level);
+  if (!store->codec)
+    goto fail;
+  store->raw_threshold = zs_huge_class_size (store->pool);
+  block_table_init (&store->table, store->blocks);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_init (&store->stripes[i], NULL);
+  return store;
+
+ fail:;
+  int saved = errno;
+  if (store->pool)
+    zs_pool_destroy (store->pool);
+  free (store);
+  errno = saved;
+  return NULL;
+}
+
+void
+store_destroy (struct block_store *store)
+{
+  if (!store)
+    return;
+  /* The pool frees every object at once; the entries need no walk. */
+  zs_pool_destroy (store->pool);
+  block_table_destroy (&store->table);
+  codec_destroy (store->codec);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_destroy (&store->stripes[i]);
+  free (store);
+}
+
+size_t
+store_raw_threshold (const struct block_store *store)
+{
+  return store->raw_threshold;
+}
+
+/* A block that is one 8-byte word repeated. */
+static bool
+block_is_same_filled (const unsigned char *block, uint64_t *word)
+{
+  uint64_t first, next;
+  memcpy (&first, block, sizeof first);
+  for (size_t i = sizeof first; i < STORE_BLOCK_SIZE; i += sizeof next) {
+    memcpy (&next, block + i, sizeof next);
+    if (next != first)
+      return false;
+  }
+  *word = first;
+  return true;
+}
+
+/* Encode a whole block into new content: a fill word, or an object
+ * allocated and written (not yet in the table).  -1 with errno.
+ */
+static int
+block_encode (struct block_store *store, const unsigned char *block,
+              struct block_content *content)
+{
+  unsigned char compressed[STORE_BLOCK_SIZE];
+  const void *payload = compressed;
+
+  if (block_is_same_filled (block, &content->value)) {
+    content->kind = BLOCK_SAME;
+    return 0;
+  }
+
+  int length = codec_compress (store->codec, block, compressed,
+                               store->raw_threshold - 1);
+  if (length == -1)
+    return -1;
+  content->kind = BLOCK_COMPRESSED;
+  if (length == 0) {
+    content->kind = BLOCK_RAW;
+    payload = block;
+    length = STORE_BLOCK_SIZE;
+  }
+
+  zs_handle_t handle = zs_malloc (store->pool, length);
+  if (!handle)
+    return -1;
+  zs_write (store->pool, handle, payload, length);
+  content->value = handle;
+  return 0;
+}
+
+/* Decode stored content into a whole block.  Under the stripe lock. */
+static int
+block_decode (struct block_store *store, const struct block_content *content,
+              unsigned char *block)
+{
+  switch (content->kind) {
+  case BLOCK_EMPTY:
+    memset (block, 0, STORE_BLOCK_SIZE);
+    return 0;
+  case BLOCK_SAME:
+    for (size_t i = 0; i < STORE_BLOCK_SIZE; i += sizeof content->value)
+      memcpy (block + i, &content->value, sizeof content->value);
+    return 0;
+  case BLOCK_RAW:
+  case BLOCK_COMPRESSED:
+    break;
+  }
+
+  unsigned char local_copy[STORE_BLOCK_SIZE];
+  zs_handle_t handle = content->value;
+  size_t length = zs_object_size (store->pool, handle);
+  const void *object = zs_read_begin (store->pool, handle, local_copy);
+  int r = 0;
+  if (content->kind == BLOCK_RAW)
+    memcpy (block, object, STORE_BLOCK_SIZE);
+  else
+    r = codec_decompress (store->codec, object, length, block);
+  zs_read_end (store->pool, handle, object);
+  return r;
+}
+
+static struct block_content
+entry_load (const struct block_entry *entry)
+{
+  struct block_content content = { BLOCK_EMPTY, 0 };
+  if (entry) {
+    content.kind = atomic_load_explicit (&entry->kind, memory_order_relaxed);
+    content.value = atomic_load_explicit (&entry->value, memory_order_relaxed);
+  }
+  return content;
+}
+
+/* Swap new content into an entry under its stripe lock; returns the old
+ * content, to be released after the lock is dropped.
+ */
+static struct block_content
+entry_replace (struct block_store *store, struct block_entry *entry,
+               const struct block_content *content)
+{
+  struct block_content old = entry_load (entry);
+  atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
+  atomic_store_explicit (&entry->kind, content->kind, memory_order_relaxed);
+  return old;
+}
+
+/* Account for content entering (sign 1) or leaving (sign -1) the table,
+ * and free the object of content that left.
+ */
+static void
+content_account (struct block_store *store, const struct block_content *content,
+                 int sign)
+{
+  switch (content->kind) {
+  case BLOCK_EMPTY:
+    return;
+  case BLOCK_SAME:
+    counter_add (&store->same_blocks, sign);
+    break;
+  case BLOCK_RAW:
+    counter_add (&store->raw_blocks, sign);
+    if (sign > 0)
+      counter_add (&store->raw_blocks_since, 1);
+    /* fallthrough */
+  case BLOCK_COMPRESSED:
+    counter_add (&store->compr_bytes,
+                 sign * (int64_t) zs_object_size (store->pool, content->value));
+    if (sign < 0)
+      zs_free (store->pool, content->value);
+    break;
+  }
+  counter_add (&store->stored_blocks, sign);
+}
+
+/* Free content that never made it into the table. */
+static void
+content_discard (struct block_store *store, const struct block_content *content)
+{
+  if (content->kind == BLOCK_RAW || content->kind == BLOCK_COMPRESSED)
+    zs_free (store->pool, content->value);
+}
+
+/* Install content for a block.  The entry's leaf is made first (lock
+ * free); the stripe lock is held only for the swap.
+ */
+static int
+block_install (struct block_store *store, uint64_t block,
+               struct block_content *content)
+{
+  struct block_entry *entry;
+
+  if (content->kind == BLOCK_EMPTY) {
+    entry = block_table_lookup (&store->table, block, false);
+    if (!entry)
+      return 0;                 /* no leaf: already empty */
+  }
+  else if (!(entry = block_table_lookup (&store->table, block, true))) {
+    content_discard (store, content);
+    errno = ENOMEM;
+    return -1;
+  }
+
+  content_account (store, content, 1);
+  pthread_mutex_lock (stripe_for (store, block));
+  struct block_content old = entry_replace (store, entry, content);
+  pthread_mutex_unlock (stripe_for (store, block));
+  content_account (store, &old, -1);
+  return 0;
+}
+
+/* Read a whole block into out. */
+static int
+block_read (struct block_store *store, uint64_t block, unsigned char *out)
+{
+  struct block_entry *entry = block_table_lookup (&store->table, block, false);
+  int r;
+
+  pthread_mutex_lock (stripe_for (store, block));
+  struct block_content content = entry_load (entry);
+  r = block_decode (store, &content, out);
+  pthread_mutex_unlock (stripe_for (store, block));
+  return r;
+}
+
+/* Rewrite part of a block, [from, from+length), with data (or zeros when
+ * data is NULL), all under the stripe lock.
+ */
+static int
+block_patch (struct block_store *store, uint64_t block, const void *data,
+             size_t from, size_t length)
+{
+  unsigned char buffer[STORE_BLOCK_SIZE];
+  struct block_content content;
+  struct block_entry *entry = block_table_lookup (&store->table, block, true);
+  if (!entry) {
+    errno = ENOMEM;
+    return -1;
+  }
+
+  pthread_mutex_lock (stripe_for (store, block));
+  struct block_content old = entry_load (entry);
+  int r = block_decode (store, &old, buffer);
+  if (r == 0) {
+    if (data)
+      memcpy (buffer + from, data, length);
+    else
+      memset (buffer + from, 0, length);
+    r = block_encode (store, buffer, &content);
+  }
+  if (r == -1) {
+    pthread_mutex_unlock (stripe_for (store, block));
+    return -1;
+  }
+  content_account (store, &content, 1);
+  entry_replace (store, entry, &content);
+  pthread_mutex_unlock (stripe_for (store, block));
+  content_account (store, &old, -1);
+  return 0;
+}
+
+/* Loop over [offset, offset+count) one block at a time: block is the
+ * block number, from the first byte of it in the range, length how many
+ * bytes of it (STORE_BLOCK_SIZE for a whole block).
+ */
+#define FOR_EACH_BLOCK_PIECE(offset, count, block, from, length)        \
+  for (uint64_t _pos = (offset), _end = (offset) + (count),             \
+         block, from, length;                                           \
+       _pos < _end                                                      \
+         && (block = _pos / STORE_BLOCK_SIZE,                           \
+             from = _pos % STORE_BLOCK_SIZE,                            \
+             length = STORE_BLOCK_SIZE - from < _end - _pos             \
+               ? STORE_BLOCK_SIZE - from : _end - _pos, 1);             \
+       _pos += length)
+
+int
+store_read (struct block_store *store, void *buf, uint64_t count,
+            uint64_t offset)
+{
+  unsigned char *out = buf;
+  unsigned char buffer[STORE_BLOCK_SIZE];
+
+  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    int r;
+    if (length == STORE_BLOCK_SIZE)
+      r = block_read (store, block, out);
+    else if ((r = block_read (store, block, buffer)) == 0)
+      memcpy (out, buffer + from, length);
+    if (r == -1) {
+      counter_add (&store->failed_reads, 1);
+      return -1;
+    }
+    counter_add (&store->reads, 1);
+    out += length;
+  }
+  return 0;
+}
+
+int
+store_write (struct block_store *store, const void *buf, uint64_t count,
+             uint64_t offset)
+{
+  const unsigned char *in = buf;
+
+  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    int r;
+    if (length == STORE_BLOCK_SIZE) {
+      struct block_content content;
+      r = block_encode (store, in, &content);
+      if (r == 0)
+        r = block_install (store, block, &content);
+    }
+    else
+      r = block_patch (store, block, in, from, length);
+    if (r == -1) {
+      counter_add (&store->failed_writes, 1);
+      return -1;
+    }
+    counter_add (&store->writes, 1);
+    in += length;
+  }
+  return 0;
+}
+
+int
+store_trim (struct block_store *store, uint64_t count, uint64_t offset)
+{
+  static const struct block_content empty = { BLOCK_EMPTY, 0 };
+
+  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    if (length == STORE_BLOCK_SIZE) {
+      struct block_content content = empty;
+      block_install (store, block, &content);
+      counter_add (&store->notify_free, 1);
+    }
+  }
+  return 0;
+}
+
+int
+store_zero (struct block_store *store, uint64_t count, uint64_t offset,
+            bool may_trim)
+{
+  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    int r;
+    if (length == STORE_BLOCK_SIZE) {
+      struct block_content content = { may_trim ? BLOCK_EMPTY : BLOCK_SAME, 0 };
+      r = block_install (store, block, &content);
+      counter_add (&store->notify_free, 1);
+    }
+    else
+      r = block_patch (store, block, NULL, from, length);
+    if (r == -1) {
+      counter_add (&store->failed_writes, 1);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static enum store_extent
+extent_type (const struct block_entry *entry)
+{
+  struct block_content content = entry_load (entry);
+  switch (content.kind) {
+  case BLOCK_EMPTY: return STORE_EXTENT_HOLE;
+  case BLOCK_SAME: return content.value == 0 ? STORE_EXTENT_ZERO
+                                              : STORE_EXTENT_DATA;
+  default: return STORE_EXTENT_DATA;
+  }
+}
+
+/* Extents read entries without stripe locks: a block changing meanwhile
+ * may be reported either way, as with any concurrent write.
+ */
+int
+store_extents (struct block_store *store, uint64_t count, uint64_t offset,
+               store_extent_fn add, void *opaque)
+{
+  uint64_t end = offset + count;
+  uint64_t run_start = offset;
+  enum store_extent run_type = STORE_EXTENT_HOLE;
+  uint64_t pos = offset;
+
+  /* Emit the run so far if the next piece differs in type. */
+#define EXTENT_PIECE(type, piece_end)                                   \
+  do {                                                                  \
+    if ((type) != run_type && pos > run_start) {                        \
+      if (add (opaque, run_start, pos - run_start, run_type) == -1)     \
+        return -1;                                                      \
+      run_start = pos;                                                  \
+    }                                                                   \
+    run_type = (type);                                                  \
+    pos = (piece_end) < end ? (piece_end) : end;                        \
+  } while (0)
+
+  while (pos < end) {
+    uint64_t block = pos / STORE_BLOCK_SIZE;
+    uint64_t leaf_block = block;
+    struct block_entry *leaf = block_table_next_leaf (&store->table, &leaf_block);
+
+    if (!leaf) {
+      EXTENT_PIECE (STORE_EXTENT_HOLE, end);
+      break;
+    }
+    if (leaf_block > block) {   /* a gap with no leaf: one hole */
+      EXTENT_PIECE (STORE_EXTENT_HOLE, leaf_block * STORE_BLOCK_SIZE);
+      continue;
+    }
+    for (unsigned i = block - leaf_block;
+         i < BLOCK_TABLE_FANOUT && pos < end; i++)
+      EXTENT_PIECE (extent_type (&leaf[i]),
+                    (leaf_block + i + 1) * STORE_BLOCK_SIZE);
+  }
+  if (pos > run_start)
+    return add (opaque, run_start, pos - run_start, run_type);
+  return 0;
+#undef EXTENT_PIECE
+}
+
+void
+store_stats (struct block_store *store, struct store_stats *stats)
+{
+  struct zs_pool_stats pool;
+  zs_pool_stats (store->pool, &pool);
+
+  memset (stats, 0, sizeof *stats);
+  stats->orig_data_size = atomic_load (&store->stored_blocks) * STORE_BLOCK_SIZE;
+  stats->compr_data_size = atomic_load (&store->compr_bytes);
+  stats->mem_used_total = pool.pages_used * ZS_PAGE_SIZE;
+  stats->mem_limit = pool.mem_limit;
+  stats->mem_used_max = pool.pages_used_max * ZS_PAGE_SIZE;
+  stats->same_pages = atomic_load (&store->same_blocks);
+  stats->pages_compacted = 0;
+  stats->huge_pages = atomic_load (&store->raw_blocks);
+  stats->huge_pages_since = atomic_load (&store->raw_blocks_since);
+  stats->failed_reads = atomic_load (&store->failed_reads);
+  stats->failed_writes = atomic_load (&store->failed_writes);
+  stats->invalid_io = atomic_load (&store->invalid_io);
+  stats->notify_free = atomic_load (&store->notify_free);
+  stats->reads = atomic_load (&store->reads);
+  stats->writes = atomic_load (&store->writes);
+  stats->table_bytes = atomic_load (&store->table.bytes);
+  stats->metadata_bytes = pool.metadata_bytes;
+  stats->codec_bytes = codec_memory (store->codec);
+}

@@ -1,0 +1,109 @@
+/* The block store: a virtual disk of 4 KiB blocks kept compressed in a
+ * zsalloc pool.  It knows nothing of nbdkit, so tests can drive it
+ * directly; plugin/zram.c forwards nbdkit's callbacks here.
+ *
+ * Each block is one entry of the block table (block-table.h): empty
+ * (reads as zeros), same-filled (one 8-byte word, no object: zram's
+ * ZRAM_SAME), compressed, or raw (compressed size would reach the pool's
+ * huge class, so the 4096 bytes are stored as they are).
+ *
+ * LOCKS, what each guards, and the ONE lock order
+ *   stripe lock  stripes[block % STORE_STRIPES] guards the entries of the
+ *                blocks that hash to it, and the objects those entries
+ *                hold: a reader decompresses under it so the object
+ *                cannot be freed beneath it; a partial write reads,
+ *                patches and re-stores the block under it, so two partial
+ *                writes of one block never lose each other's bytes.
+ *   allocator locks (alloc/zsalloc-internal.h).
+ *
+ *   Order: stripe lock -> allocator locks.  Only one stripe lock is held
+ *   at a time.  Full-block writes compress and allocate before taking the
+ *   stripe lock and hold it only to swap the entry; every write frees the
+ *   old object after dropping it (design-hazards.md #2, #3).
+ *
+ * A write allocates and fills the new object before touching the entry,
+ * so a write refused for memory (ENOSPC) leaves the old block readable.
+ */
+
+#ifndef ZRAM_BLOCK_STORE_H
+#define ZRAM_BLOCK_STORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zsalloc.h"
+#include "block-table.h"
+#include "codec.h"
+
+#define STORE_BLOCK_SIZE 4096
+#define STORE_STRIPES 1024
+
+struct store_config {
+  uint64_t size;                  /* device size in bytes, >= 1 */
+  enum codec_algorithm algorithm;
+  int level;
+  struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
+};
+
+/* zram's mm_stat and io_stat, plus what a user of this store wants. */
+struct store_stats {
+  uint64_t orig_data_size;        /* bytes of blocks stored (same incl.) */
+  uint64_t compr_data_size;       /* bytes of stored objects */
+  uint64_t mem_used_total;        /* pool pages x 4096 */
+  uint64_t mem_limit;
+  uint64_t mem_used_max;
+  uint64_t same_pages;
+  uint64_t pages_compacted;
+  uint64_t huge_pages;            /* blocks stored raw now */
+  uint64_t huge_pages_since;      /* blocks stored raw, ever */
+  uint64_t failed_reads;
+  uint64_t failed_writes;
+  uint64_t invalid_io;
+  uint64_t notify_free;           /* blocks freed by trim or zero */
+  uint64_t reads, writes;         /* block reads and writes done */
+  uint64_t table_bytes;           /* block table */
+  uint64_t metadata_bytes;        /* allocator metadata */
+  uint64_t codec_bytes;           /* compression contexts */
+};
+
+struct block_store;
+
+/* NULL with errno on failure. */
+extern struct block_store *store_create (const struct store_config *config);
+extern void store_destroy (struct block_store *store);
+
+/* Byte-range operations; any offset and length within the device.
+ * 0, or -1 with errno (ENOSPC when memory is full, ENOMEM, EIO).
+ */
+extern int store_read (struct block_store *store, void *buf, uint64_t count,
+                       uint64_t offset);
+extern int store_write (struct block_store *store, const void *buf,
+                        uint64_t count, uint64_t offset);
+/* Free whole blocks in the range; partial head and tail are left. */
+extern int store_trim (struct block_store *store, uint64_t count,
+                       uint64_t offset);
+/* Make the range read as zeros: whole blocks become holes (may_trim) or
+ * same-filled zero blocks; partial head and tail are rewritten.
+ */
+extern int store_zero (struct block_store *store, uint64_t count,
+                       uint64_t offset, bool may_trim);
+
+/* Extents: calls add for runs of blocks in [offset, offset+count), in
+ * order, each typed STORE_EXTENT_HOLE (never written or trimmed: also
+ * zero), STORE_EXTENT_ZERO (stored zeros) or STORE_EXTENT_DATA.
+ * Stops early if add returns -1 (and returns -1).
+ */
+enum store_extent { STORE_EXTENT_DATA, STORE_EXTENT_ZERO, STORE_EXTENT_HOLE };
+typedef int (*store_extent_fn) (void *opaque, uint64_t offset,
+                                uint64_t length, enum store_extent type);
+extern int store_extents (struct block_store *store, uint64_t count,
+                          uint64_t offset, store_extent_fn add, void *opaque);
+
+/* Exact statistics (drains deferred frees first). */
+extern void store_stats (struct block_store *store, struct store_stats *stats);
+
+extern size_t store_raw_threshold (const struct block_store *store);
+
+#endif /* ZRAM_BLOCK_STORE_H */

@@ -1,0 +1,46 @@
+/* Compression of 4 KiB blocks with lz4 or zstd.
+ *
+ * Each thread gets its own context (created on first use, freed when the
+ * thread exits), so compressions never wait on each other or on a lock
+ * (design-hazards.md #5).  zstd contexts are sized for 4 KiB inputs by
+ * compressing with a known source size.  codec_memory() reports what all
+ * live contexts hold, for the memory figures.
+ */
+
+#ifndef ZRAM_CODEC_H
+#define ZRAM_CODEC_H
+
+#include <stddef.h>
+
+#define CODEC_BLOCK_SIZE 4096
+
+enum codec_algorithm { CODEC_LZ4, CODEC_ZSTD };
+
+struct codec;
+
+/* Level: lz4 acceleration 1..65537 (1 = best compression), zstd level
+ * ZSTD_minCLevel()..ZSTD_maxCLevel() (not 0).  Returns NULL with errno.
+ */
+extern struct codec *codec_create (enum codec_algorithm algorithm, int level);
+extern void codec_destroy (struct codec *codec);
+
+extern const char *codec_name (enum codec_algorithm algorithm);
+extern int codec_default_level (enum codec_algorithm algorithm);
+extern int codec_level_is_valid (enum codec_algorithm algorithm, int level,
+                                 int *min, int *max);
+
+/* Compress one block into dst (capacity bytes).  Returns the compressed
+ * size, or 0 if it would not fit in capacity (store it raw then), or -1
+ * with errno on failure.
+ */
+extern int codec_compress (struct codec *codec, const void *block,
+                           void *dst, size_t capacity);
+
+/* Decompress src (length bytes) into one block.  0 or -1 (errno EIO). */
+extern int codec_decompress (struct codec *codec, const void *src,
+                             size_t length, void *block);
+
+/* Bytes held by the live per-thread contexts. */
+extern size_t codec_memory (struct codec *codec);
+
+#endif /* ZRAM_CODEC_H */

@@ -1,0 +1,26 @@
+/* The stats= file: zram's mm_stat and io_stat lines, then one
+ * "key: value" per line, rewritten atomically (temporary file + rename)
+ * every second by a background thread and once more at exit.
+ */
+
+#ifndef ZRAM_STATS_FILE_H
+#define ZRAM_STATS_FILE_H
+
+#include <stdio.h>
+
+#include "block-store.h"
+
+/* Print the statistics in the stats file format. */
+extern void stats_print (struct block_store *store, FILE *fp);
+
+/* Write the file now: 0, or -1 with errno. */
+extern int stats_file_write (struct block_store *store, const char *path);
+
+/* Start / stop the thread that rewrites the file every second.  Start it
+ * after nbdkit forks (threads do not survive a fork); stop writes the
+ * file one last time.
+ */
+extern int stats_writer_start (struct block_store *store, const char *path);
+extern void stats_writer_stop (void);
+
+#endif /* ZRAM_STATS_FILE_H */

@@ -1,0 +1,378 @@
+/* nbdkit-zram-plugin: a compressed RAM block device.
+ *
+ * This file parses the parameters (man/nbdkit-zram-plugin.pod is the
+ * specification; zram_config_help mirrors it) and forwards each request
+ * to the block store (block-store.h), which does the work.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lz4.h>
+#include <zstd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "block-store.h"
+#include "stats-file.h"
+
+/* The largest request we accept, as nbdkit's memory plugin. */
+#define ZRAM_MAX_REQUEST (32u << 20)
+
+static struct store_config config;
+static bool size_given, level_given;
+static char *stats_path;
+static struct block_store *store;
+
+static void
+zram_load (void)
+{
+  config.algorithm = CODEC_LZ4;
+  zs_pool_config_init (&config.pool);
+}
+
+static void
+zram_unload (void)
+{
+  store_destroy (store);
+  free (stats_path);
+}
+
+/* Parse a value from a fixed list, naming the parameter on error. */
+static int
+parse_choice (const char *key, const char *value, const char *const *names,
+              int count, int *result)
+{
+  for (int i = 0; i < count; i++)
+    if (strcmp (value, names[i]) == 0) {
+      *result = i;
+      return 0;
+    }
+  char accepted[128] = "";
+  for (int i = 0; i < count; i++)
+    snprintf (accepted + strlen (accepted), sizeof accepted - strlen (accepted),
+              "%s%s", i ? "|" : "", names[i]);
+  nbdkit_error ("%s: '%s' is not one of %s", key, value, accepted);
+  return -1;
+}
+
+static int
+zram_config (const char *key, const char *value)
+{
+  static const char *const algorithms[] = { "lz4", "zstd" };
+  static const char *const lock_modes[] = { "class", "pool" };
+  static const char *const free_modes[] = { "batched", "immediate" };
+  int choice;
+
+  if (strcmp (key, "size") == 0) {
+    int64_t size = nbdkit_parse_size (value);
+    if (size == -1)
+      return -1;
+    if (size == 0) {
+      nbdkit_error ("size: the device must be at least 1 byte");
+      return -1;
+    }
+    config.size = size;
+    size_given = true;
+  }
+  else if (strcmp (key, "comp") == 0) {
+    if (parse_choice (key, value, algorithms, 2, &choice) == -1)
+      return -1;
+    config.algorithm = choice;
+  }
+  else if (strcmp (key, "level") == 0) {
+    if (nbdkit_parse_int ("level", value, &config.level) == -1)
+      return -1;
+    level_given = true;
+  }
+  else if (strcmp (key, "mem_limit") == 0) {
+    int64_t limit = nbdkit_parse_size (value);
+    if (limit == -1)
+      return -1;
+    config.pool.mem_limit = limit;
+  }
+  else if (strcmp (key, "stats") == 0) {
+    free (stats_path);
+    stats_path = nbdkit_absolute_path (value);
+    if (!stats_path)
+      return -1;
+  }
+  else if (strcmp (key, "chain") == 0) {
+    if (nbdkit_parse_unsigned ("chain", value, &config.pool.chain_pages) == -1)
+      return -1;
+    if (config.pool.chain_pages < ZS_CHAIN_MIN
+        || config.pool.chain_pages > ZS_CHAIN_MAX) {
+      nbdkit_error ("chain: %u is out of range %d..%d",
+                    config.pool.chain_pages, ZS_CHAIN_MIN, ZS_CHAIN_MAX);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "lock") == 0) {
+    if (parse_choice (key, value, lock_modes, 2, &choice) == -1)
+      return -1;
+    config.pool.lock_mode = choice == 0 ? ZS_LOCK_CLASS : ZS_LOCK_POOL;
+  }
+  else if (strcmp (key, "free") == 0) {
+    if (parse_choice (key, value, free_modes, 2, &choice) == -1)
+      return -1;
+    config.pool.free_mode = choice == 0 ? ZS_FREE_BATCHED : ZS_FREE_IMMEDIATE;
+  }
+  else {
+    nbdkit_error ("unknown parameter '%s' (see nbdkit-zram-plugin(1))", key);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+zram_config_complete (void)
+{
+  int min, max;
+
+  if (!size_given) {
+    nbdkit_error ("size: you must give the device size, e.g. 'nbdkit zram 8G'");
+    return -1;
+  }
+  if (!level_given)
+    config.level = codec_default_level (config.algorithm);
+  else if (!codec_level_is_valid (config.algorithm, config.level, &min, &max)) {
+    nbdkit_error ("level: %d is not a valid %s level (%d..%d%s)",
+                  config.level, codec_name (config.algorithm), min, max,
+                  config.algorithm == CODEC_ZSTD ? ", not 0" : "");
+    return -1;
+  }
+  return 0;
+}
+
+#define zram_config_help \
+  "[size=]SIZE               (required) Device size, e.g. 8G.\n" \
+  "comp=lz4|zstd             Compression algorithm (default lz4).\n" \
+  "level=N                   lz4 acceleration 1..65537, zstd level (default 1).\n" \
+  "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
+  "stats=PATH                Write zram-style statistics to PATH every second.\n" \
+  "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
+  "lock=class|pool           Tuning: allocator locking (default class).\n" \
+  "free=batched|immediate    Tuning: allocator free mode (default batched)."
+
+/* Create the store before nbdkit forks, so errors reach the user. */
+static int
+zram_get_ready (void)
+{
+  store = store_create (&config);
+  if (!store) {
+    nbdkit_error ("cannot create the compressed store: %m");
+    return -1;
+  }
+  nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
+                "raw from %zu bytes",
+                config.size, codec_name (config.algorithm), config.level,
+                config.pool.chain_pages, store_raw_threshold (store));
+  return 0;
+}
+
+/* Threads do not survive nbdkit's fork: start the writer after it. */
+static int
+zram_after_fork (void)
+{
+  if (stats_path && stats_writer_start (store, stats_path) == -1) {
+    nbdkit_error ("stats: cannot start the statistics writer: %m");
+    return -1;
+  }
+  return 0;
+}
+
+static void
+zram_cleanup (void)
+{
+  stats_writer_stop ();
+  if (store) {
+    char *text = NULL;
+    size_t length = 0;
+    FILE *fp = open_memstream (&text, &length);
+    if (fp) {
+      stats_print (store, fp);
+      fclose (fp);
+      for (char *line = strtok (text, "\n"); line; line = strtok (NULL, "\n"))
+        nbdkit_debug ("zram: %s", line);
+      free (text);
+    }
+  }
+}
+
+static void
+zram_dump_plugin (void)
+{
+  printf ("zram_lz4=yes\n");
+  printf ("zram_lz4_version=%s\n", LZ4_versionString ());
+  printf ("zram_zstd=yes\n");
+  printf ("zram_zstd_version=%s\n", ZSTD_versionString ());
+  printf ("zram_chain_default=%d\n", ZS_CHAIN_DEFAULT);
+}
+
+static void *
+zram_open (int readonly)
+{
+  return NBDKIT_HANDLE_NOT_NEEDED;
+}
+
+static int64_t
+zram_get_size (void *handle)
+{
+  return config.size;
+}
+
+static int
+zram_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
+                 uint32_t *maximum)
+{
+  *minimum = 1;
+  *preferred = STORE_BLOCK_SIZE;
+  *maximum = ZRAM_MAX_REQUEST;
+  return 0;
+}
+
+static int
+zram_can_true (void *handle)
+{
+  return 1;
+}
+
+static int
+zram_can_fua (void *handle)
+{
+  return NBDKIT_FUA_NATIVE;     /* RAM: every write is as durable as it gets */
+}
+
+static int
+zram_can_cache (void *handle)
+{
+  return NBDKIT_CACHE_NATIVE;   /* all data is already in memory */
+}
+
+/* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
+ * ENOSPC on the wire, ENOMEM and EIO pass through.
+ */
+static int
+request_failed (const char *what, uint64_t count, uint64_t offset)
+{
+  int err = errno;
+  nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
+                what, count, offset,
+                err == ENOSPC ? "out of memory (mem_limit reached)"
+                : strerror (err));
+  nbdkit_set_error (err);
+  return -1;
+}
+
+static int
+zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+            uint32_t flags)
+{
+  if (store_read (store, buf, count, offset) == -1)
+    return request_failed ("read", count, offset);
+  return 0;
+}
+
+static int
+zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
+             uint32_t flags)
+{
+  if (store_write (store, buf, count, offset) == -1)
+    return request_failed ("write", count, offset);
+  return 0;
+}
+
+static int
+zram_flush (void *handle, uint32_t flags)
+{
+  return 0;                     /* RAM: nothing to flush */
+}
+
+static int
+zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  if (store_trim (store, count, offset) == -1)
+    return request_failed ("trim", count, offset);
+  return 0;
+}
+
+/* Zeroing is always cheap here (whole blocks just drop their object), so
+ * NBDKIT_FLAG_FAST_ZERO needs no special case.
+ */
+static int
+zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  if (store_zero (store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM) == -1)
+    return request_failed ("zero", count, offset);
+  return 0;
+}
+
+static int
+add_extent (void *opaque, uint64_t offset, uint64_t length,
+            enum store_extent type)
+{
+  static const uint32_t nbdkit_types[] = {
+    [STORE_EXTENT_DATA] = 0,
+    [STORE_EXTENT_ZERO] = NBDKIT_EXTENT_ZERO,
+    [STORE_EXTENT_HOLE] = NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO,
+  };
+  return nbdkit_add_extent (opaque, offset, length, nbdkit_types[type]);
+}
+
+static int
+zram_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+              struct nbdkit_extents *extents)
+{
+  return store_extents (store, count, offset, add_extent, extents);
+}
+
+static int
+zram_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  return 0;
+}
+
+static struct nbdkit_plugin plugin = {
+  .name              = "zram",
+  .version           = PACKAGE_VERSION,
+  .longname          = "nbdkit compressed RAM plugin",
+  .description       = "A compressed RAM disk (lz4 or zstd, zsmalloc-style)",
+  .load              = zram_load,
+  .unload            = zram_unload,
+  .config            = zram_config,
+  .config_complete   = zram_config_complete,
+  .config_help       = zram_config_help,
+  .magic_config_key  = "size",
+  .get_ready         = zram_get_ready,
+  .after_fork        = zram_after_fork,
+  .cleanup           = zram_cleanup,
+  .dump_plugin       = zram_dump_plugin,
+  .open              = zram_open,
+  .get_size          = zram_get_size,
+  .block_size        = zram_block_size,
+  .can_write         = zram_can_true,
+  .can_flush         = zram_can_true,
+  .can_trim          = zram_can_true,
+  .can_zero          = zram_can_true,
+  .can_fast_zero     = zram_can_true,
+  .can_extents       = zram_can_true,
+  .can_multi_conn    = zram_can_true,
+  .can_fua           = zram_can_fua,
+  .can_cache         = zram_can_cache,
+  .pread             = zram_pread,
+  .pwrite            = zram_pwrite,
+  .flush             = zram_flush,
+  .trim              = zram_trim,
+  .zero              = zram_zero,
+  .extents           = zram_extents,
+  .cache             = zram_cache,
+  .errno_is_preserved = 1,
+};
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+NBDKIT_REGISTER_PLUGIN (plugin)
