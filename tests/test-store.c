@@ -1,0 +1,449 @@
+/* Block store tests: the plugin's core without nbdkit, so that the
+ * sanitizers see every thread.  Concurrency first: partial writes of one
+ * block must not lose each other's bytes, and a read must never return
+ * another block's data or freed data whatever runs beside it.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block-store.h"
+
+#define BS STORE_BLOCK_SIZE
+
+static struct block_store *
+make_store (uint64_t size, enum codec_algorithm algorithm, uint64_t mem_limit)
+{
+  struct store_config config = { .size = size, .algorithm = algorithm,
+                                 .level = 1 };
+  zs_pool_config_init (&config.pool);
+  config.pool.mem_limit = mem_limit;
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+  return store;
+}
+
+static uint64_t
+xorshift (uint64_t *state)
+{
+  uint64_t x = *state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *state = x;
+}
+
+/* A block whose bytes say which block and which version they are:
+ * word 0 = block, word 1 = version, the rest a function of both, half of
+ * it compressible.  block_check tells whether a buffer is such a block
+ * (or all zeros) for the expected block number.
+ */
+static void
+block_fill (unsigned char *buf, uint64_t block, uint64_t version)
+{
+  uint64_t *words = (uint64_t *) buf;
+  uint64_t state = block * 0x9e3779b97f4a7c15ull + version + 1;
+  words[0] = block;
+  words[1] = version;
+  for (size_t i = 2; i < BS / 8; i++)
+    words[i] = i < BS / 16 ? xorshift (&state) : block ^ version;
+}
+
+static bool
+block_check (const unsigned char *buf, uint64_t block)
+{
+  static const unsigned char zeros[BS];
+  if (memcmp (buf, zeros, BS) == 0)
+    return true;
+  unsigned char expected[BS];
+  uint64_t version;
+  memcpy (&version, buf + 8, 8);
+  block_fill (expected, block, version);
+  return memcmp (buf, expected, BS) == 0;
+}
+
+static void
+test_round_trip_both_codecs (void **state)
+{
+  (void) state;
+  for (int algorithm = CODEC_LZ4; algorithm <= CODEC_ZSTD; algorithm++) {
+    struct block_store *store = make_store (1 << 20, algorithm, 0);
+    unsigned char in[3 * BS + 100], out[sizeof in];
+    for (size_t i = 0; i < sizeof in; i++)
+      in[i] = i % 251 < 100 ? 'a' : (unsigned char) (i * 7);
+    assert_int_equal (store_write (store, in, sizeof in, 4000), 0);
+    assert_int_equal (store_read (store, out, sizeof out, 4000), 0);
+    assert_memory_equal (in, out, sizeof in);
+    /* Before the write: zeros. */
+    assert_int_equal (store_read (store, out, 4000, 0), 0);
+    for (size_t i = 0; i < 4000; i++)
+      assert_int_equal (out[i], 0);
+    store_destroy (store);
+  }
+}
+
+static void
+test_kinds_and_stats (void **state)
+{
+  (void) state;
+  struct block_store *store = make_store (64 * BS, CODEC_LZ4, 0);
+  unsigned char buf[BS];
+  uint64_t state_rng = 42;
+
+  memset (buf, 0, BS);                  /* block 0: zeros -> same */
+  assert_int_equal (store_write (store, buf, BS, 0), 0);
+  for (size_t i = 0; i < BS; i += 8)    /* block 1: one word -> same */
+    memcpy (buf + i, "ABCDEFGH", 8);
+  assert_int_equal (store_write (store, buf, BS, BS), 0);
+  for (size_t i = 0; i < BS; i += 8) {  /* block 2: random -> raw */
+    uint64_t r = xorshift (&state_rng);
+    memcpy (buf + i, &r, 8);
+  }
+  assert_int_equal (store_write (store, buf, BS, 2 * BS), 0);
+  memset (buf, 'x', BS);                /* block 3: text -> compressed */
+  memcpy (buf, "header", 6);
+  assert_int_equal (store_write (store, buf, BS, 3 * BS), 0);
+
+  struct store_stats s;
+  store_stats (store, &s);
+  assert_int_equal (s.orig_data_size, 4 * BS);
+  assert_int_equal (s.same_pages, 2);
+  assert_int_equal (s.huge_pages, 1);
+  assert_true (s.compr_data_size > BS && s.compr_data_size < 2 * BS);
+  assert_true (s.mem_used_total >= s.compr_data_size);
+
+  /* Overwrite the raw block with a same-filled one: counters follow. */
+  memset (buf, 7, BS);
+  assert_int_equal (store_write (store, buf, BS, 2 * BS), 0);
+  store_stats (store, &s);
+  assert_int_equal (s.same_pages, 3);
+  assert_int_equal (s.huge_pages, 0);
+  assert_int_equal (s.huge_pages_since, 1);
+
+  /* Trim everything: nothing stored, reads are zeros. */
+  assert_int_equal (store_trim (store, 64 * BS, 0), 0);
+  store_stats (store, &s);
+  assert_int_equal (s.orig_data_size, 0);
+  assert_int_equal (s.compr_data_size, 0);
+  assert_int_equal (s.mem_used_total, 0);
+  assert_int_equal (store_read (store, buf, BS, 3 * BS), 0);
+  for (size_t i = 0; i < BS; i++)
+    assert_int_equal (buf[i], 0);
+  store_destroy (store);
+}
+
+struct extent_log {
+  unsigned n;
+  uint64_t offset[16], length[16];
+  enum store_extent type[16];
+};
+
+static int
+log_extent (void *opaque, uint64_t offset, uint64_t length,
+            enum store_extent type)
+{
+  struct extent_log *log = opaque;
+  assert_true (log->n < 16);
+  log->offset[log->n] = offset;
+  log->length[log->n] = length;
+  log->type[log->n++] = type;
+  return 0;
+}
+
+static void
+test_extents (void **state)
+{
+  (void) state;
+  /* Far apart blocks in a huge device: leaves between are skipped. */
+  uint64_t size = INT64_MAX;
+  struct block_store *store = make_store (size, CODEC_LZ4, 0);
+  unsigned char buf[BS];
+  memset (buf, 'q', BS);
+  buf[0] = 1;
+  uint64_t far = (uint64_t) 1 << 50;
+  assert_int_equal (store_write (store, buf, BS, BS), 0);
+  memset (buf, 0, BS);
+  assert_int_equal (store_write (store, buf, BS, 2 * BS), 0);
+  assert_int_equal (store_zero (store, BS, far, false), 0);
+
+  struct extent_log log = { 0 };
+  assert_int_equal (store_extents (store, far + BS, 0, log_extent, &log), 0);
+  assert_int_equal (log.n, 5);
+  assert_int_equal (log.type[0], STORE_EXTENT_HOLE);
+  assert_int_equal (log.length[0], BS);
+  assert_int_equal (log.type[1], STORE_EXTENT_DATA);
+  assert_int_equal (log.offset[1], BS);
+  assert_int_equal (log.type[2], STORE_EXTENT_ZERO);
+  assert_int_equal (log.offset[2], 2 * BS);
+  assert_int_equal (log.type[3], STORE_EXTENT_HOLE);
+  assert_int_equal (log.offset[3], 3 * BS);
+  assert_int_equal (log.length[3], far - 3 * BS);
+  assert_int_equal (log.type[4], STORE_EXTENT_ZERO);
+  assert_int_equal (log.offset[4], far);
+  assert_int_equal (log.length[4], BS);
+
+  /* Zero with may_trim makes a hole. */
+  assert_int_equal (store_zero (store, BS, far, true), 0);
+  log.n = 0;
+  assert_int_equal (store_extents (store, BS, far, log_extent, &log), 0);
+  assert_int_equal (log.n, 1);
+  assert_int_equal (log.type[0], STORE_EXTENT_HOLE);
+
+  /* The last bytes of a 2^63-1 device. */
+  unsigned char tail[511], back[511];
+  memset (tail, 0x5c, sizeof tail);
+  assert_int_equal (store_write (store, tail, sizeof tail, size - sizeof tail), 0);
+  assert_int_equal (store_read (store, back, sizeof back, size - sizeof back), 0);
+  assert_memory_equal (tail, back, sizeof tail);
+  store_destroy (store);
+}
+
+static void
+test_enospc_keeps_old_block (void **state)
+{
+  (void) state;
+  struct block_store *store = make_store (1024 * BS, CODEC_LZ4, 64 * BS);
+  unsigned char known[BS], buf[BS], back[BS];
+  uint64_t rng = 7;
+
+  block_fill (known, 0, 1);
+  assert_int_equal (store_write (store, known, BS, 0), 0);
+
+  /* Fill with incompressible blocks until the limit refuses. */
+  uint64_t block;
+  int r = 0;
+  for (block = 1; block < 1024 && r == 0; block++) {
+    for (size_t i = 0; i < BS; i += 8) {
+      uint64_t x = xorshift (&rng);
+      memcpy (buf + i, &x, 8);
+    }
+    r = store_write (store, buf, BS, block * BS);
+  }
+  assert_int_equal (r, -1);
+  assert_int_equal (errno, ENOSPC);
+  assert_true (block < 80);
+
+  /* Overwriting the known block with incompressible data fails too, and
+   * the old content stays.
+   */
+  assert_int_equal (store_write (store, buf, BS, 0), -1);
+  assert_int_equal (errno, ENOSPC);
+  assert_int_equal (store_read (store, back, BS, 0), 0);
+  assert_memory_equal (known, back, BS);
+
+  /* Trims free memory; writes work again. */
+  assert_int_equal (store_trim (store, 16 * BS, BS), 0);
+  assert_int_equal (store_write (store, buf, BS, 0), 0);
+  assert_int_equal (store_read (store, back, BS, 0), 0);
+  assert_memory_equal (buf, back, BS);
+
+  struct store_stats s;
+  store_stats (store, &s);
+  assert_true (s.failed_writes >= 2);
+  assert_true (s.mem_used_max <= 64 * BS);
+  store_destroy (store);
+}
+
+/* ---- concurrency ---------------------------------------------------- */
+
+#define THREADS 4
+#define SHARED_BLOCKS 4
+
+struct partial_args {
+  struct block_store *store;
+  unsigned id;
+  unsigned rounds;
+};
+
+/* Each thread owns a slice of every shared block and rewrites it over
+ * and over with partial writes, reading its slice back each time: nobody
+ * else writes it, so it must always hold the thread's last pattern.  A
+ * lost update (another thread's read-modify-write putting back an older
+ * copy) shows as a slice that went back in time.
+ */
+static void *
+partial_writer (void *arg)
+{
+  struct partial_args *a = arg;
+  const size_t slice = BS / THREADS;
+  unsigned char pattern[BS / THREADS], back[BS / THREADS];
+
+  for (unsigned round = 1; round <= a->rounds; round++) {
+    memset (pattern, (a->id << 6) | (round & 63), slice);
+    for (uint64_t block = 0; block < SHARED_BLOCKS; block++) {
+      uint64_t offset = block * BS + a->id * slice;
+      if (store_write (a->store, pattern, slice, offset) == -1)
+        return (void *) 1;
+      uint64_t previous = (block + SHARED_BLOCKS - 1) % SHARED_BLOCKS;
+      uint64_t check = previous * BS + a->id * slice;
+      if (store_read (a->store, back, slice, check) == -1)
+        return (void *) 1;
+      unsigned char expect = block == 0 ? ((a->id << 6) | ((round - 1) & 63))
+                                        : pattern[0];
+      if (round == 1 && block == 0)
+        continue;
+      for (size_t i = 0; i < slice; i++)
+        if (back[i] != expect)
+          return (void *) 2;
+    }
+  }
+  return NULL;
+}
+
+static void
+test_concurrent_partial_writes (void **state)
+{
+  (void) state;
+  struct block_store *store = make_store (SHARED_BLOCKS * BS, CODEC_LZ4, 0);
+  pthread_t threads[THREADS];
+  struct partial_args args[THREADS];
+  unsigned rounds = 2000;
+
+  for (unsigned t = 0; t < THREADS; t++) {
+    args[t] = (struct partial_args) { store, t, rounds };
+    pthread_create (&threads[t], NULL, partial_writer, &args[t]);
+  }
+  for (unsigned t = 0; t < THREADS; t++) {
+    void *result;
+    pthread_join (threads[t], &result);
+    assert_null (result);
+  }
+
+  unsigned char buf[BS];
+  for (uint64_t block = 0; block < SHARED_BLOCKS; block++) {
+    assert_int_equal (store_read (store, buf, BS, block * BS), 0);
+    for (unsigned t = 0; t < THREADS; t++)
+      for (size_t i = 0; i < BS / THREADS; i++)
+        assert_int_equal (buf[t * (BS / THREADS) + i],
+                          (t << 6) | (rounds & 63));
+  }
+  store_destroy (store);
+}
+
+#define MIXED_BLOCKS 256
+
+struct mixed_args {
+  struct block_store *store;
+  uint64_t seed;
+  unsigned operations;
+  atomic_uint *bad_reads;
+};
+
+/* Writers, readers, trimmers and zeroers on a small set of blocks: every
+ * read must be all zeros or a whole, consistent version of that block.
+ */
+static void *
+mixed_worker (void *arg)
+{
+  struct mixed_args *a = arg;
+  unsigned char buf[BS];
+  uint64_t rng = a->seed;
+
+  for (unsigned i = 0; i < a->operations; i++) {
+    uint64_t r = xorshift (&rng);
+    uint64_t block = r % MIXED_BLOCKS;
+    switch ((r >> 20) % 8) {
+    case 0: case 1: case 2:
+      block_fill (buf, block, r >> 32);
+      if (store_write (a->store, buf, BS, block * BS) == -1)
+        return (void *) 1;
+      break;
+    case 3:
+      store_trim (a->store, BS, block * BS);
+      break;
+    case 4:
+      store_zero (a->store, BS, block * BS, (r >> 40) & 1);
+      break;
+    default:
+      if (store_read (a->store, buf, BS, block * BS) == -1)
+        return (void *) 1;
+      if (!block_check (buf, block))
+        atomic_fetch_add (a->bad_reads, 1);
+      break;
+    }
+  }
+  return NULL;
+}
+
+static void
+run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode)
+{
+  struct store_config config = { .size = MIXED_BLOCKS * BS,
+                                 .algorithm = CODEC_LZ4, .level = 1 };
+  zs_pool_config_init (&config.pool);
+  config.pool.free_mode = free_mode;
+  config.pool.lock_mode = lock_mode;
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+
+  atomic_uint bad_reads = 0;
+  pthread_t threads[THREADS];
+  struct mixed_args args[THREADS];
+  for (unsigned t = 0; t < THREADS; t++) {
+    args[t] = (struct mixed_args) { store, t * 7919 + 1, 20000, &bad_reads };
+    pthread_create (&threads[t], NULL, mixed_worker, &args[t]);
+  }
+  for (unsigned t = 0; t < THREADS; t++) {
+    void *result;
+    pthread_join (threads[t], &result);
+    assert_null (result);
+  }
+  assert_int_equal (atomic_load (&bad_reads), 0);
+
+  /* Afterwards every block is consistent and the accounting balances. */
+  unsigned char buf[BS];
+  uint64_t stored = 0;
+  for (uint64_t block = 0; block < MIXED_BLOCKS; block++) {
+    assert_int_equal (store_read (store, buf, BS, block * BS), 0);
+    assert_true (block_check (buf, block));
+  }
+  struct store_stats s;
+  store_stats (store, &s);
+  assert_true (s.orig_data_size <= MIXED_BLOCKS * BS);
+  stored = s.orig_data_size;
+  assert_int_equal (store_trim (store, MIXED_BLOCKS * BS, 0), 0);
+  store_stats (store, &s);
+  assert_int_equal (s.orig_data_size, 0);
+  assert_int_equal (s.compr_data_size, 0);
+  assert_int_equal (s.mem_used_total, 0);
+  (void) stored;
+  store_destroy (store);
+}
+
+static void
+test_concurrent_mixed_batched (void **state)
+{
+  (void) state;
+  run_mixed (ZS_FREE_BATCHED, ZS_LOCK_CLASS);
+}
+
+static void
+test_concurrent_mixed_immediate_pool_lock (void **state)
+{
+  (void) state;
+  run_mixed (ZS_FREE_IMMEDIATE, ZS_LOCK_POOL);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_round_trip_both_codecs),
+    cmocka_unit_test (test_kinds_and_stats),
+    cmocka_unit_test (test_extents),
+    cmocka_unit_test (test_enospc_keeps_old_block),
+    cmocka_unit_test (test_concurrent_partial_writes),
+    cmocka_unit_test (test_concurrent_mixed_batched),
+    cmocka_unit_test (test_concurrent_mixed_immediate_pool_lock),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
