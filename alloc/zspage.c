@@ -17,7 +17,12 @@ fullness_group (const struct size_class *class, unsigned inuse)
     return 0;
   if (inuse == class->objs_per_zspage)
     return ZS_GROUP_FULL;
-  return (100 * inuse / class->objs_per_zspage + 9) / 10;
+  /* Percent rounded up, so that 1 of 256 objects is in "10", not "empty",
+   * and 255 of 256 in "99", not "full".
+   */
+  unsigned percent = (100 * inuse + class->objs_per_zspage - 1)
+    / class->objs_per_zspage;
+  return (percent + 9) / 10;
 }
 
 static void

@@ -318,7 +318,7 @@ test_roundtrip_all_sizes (void **state)
   check_no_overlap (r, PAGE);
 
   /* Reading with a NULL local_copy is allowed when no copy is needed. */
-  for (size_t size = PAGE; size >= 1; size -= 255) {
+  for (size_t size = 1; size <= PAGE; size += 255) {
     const uint8_t *p = zs_read_begin (pool, h[size], NULL);
     assert_non_null (p);
     assert_int_equal (p[size - 1], pattern_byte (size - 1, size,
@@ -635,7 +635,11 @@ test_stats_exact (void **state)
      */
     assert_int_equal (zspages, (per_class[k] + c->objs_per_zspage - 1)
                       / c->objs_per_zspage);
-    assert_int_equal (c->zspages[0], 0);
+    if (c->zspages[0] != 0)
+      fail_msg ("class %u (size %u, %u objects per zspage, %ju in use): "
+                "%ju zspage(s) in the \"empty\" group while nothing was freed",
+                k, c->size, c->objs_per_zspage, (uintmax_t) c->objs_used,
+                (uintmax_t) c->zspages[0]);
     pages += c->pages_used;
     objs += c->objs_used;
   }
@@ -678,6 +682,71 @@ test_stats_exact (void **state)
   }
   zs_pool_destroy (pool);
   free (t);
+}
+
+/* Fullness groups: "empty" (0) is for zspages with no object at all,
+ * group 1 is "1-10 %", ..., group 10 "91-99 %", 11 "full".  Uses the
+ * 16-byte class: 256 objects in one page.
+ */
+static void
+test_fullness_groups (void **state)
+{
+  (void) state;
+  /* inuse -> expected group, for 256 objects per zspage. */
+  static const struct { unsigned inuse, group; } steps[] = {
+    { 1, 1 },                   /* 0.4 %: not empty, "10" */
+    { 2, 1 },                   /* 0.8 % */
+    { 3, 1 },                   /* 1.2 % */
+    { 25, 1 },                  /* 9.8 % */
+    { 54, 3 },                  /* 21.1 % */
+    { 128, 5 },                 /* 50 % */
+    { 200, 8 },                 /* 78.1 % */
+    { 233, 10 },                /* 91.0 % */
+    { 255, 10 },                /* 99.6 %: "99", not full */
+    { 256, 11 },                /* full */
+  };
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_IMMEDIATE);
+  zs_handle_t h[256];
+  unsigned n = 0;
+  struct zs_class_stats c;
+
+  assert_int_equal (zs_class_stats (pool, 0, &c), 0);
+  assert_int_equal (c.size, 16);
+  assert_int_equal (c.pages_per_zspage, 1);
+  assert_int_equal (c.objs_per_zspage, 256);
+
+  for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+    while (n < steps[s].inuse) {
+      h[n] = alloc_written (pool, 16, n);
+      n++;
+    }
+    assert_int_equal (zs_class_stats (pool, 0, &c), 0);
+    assert_int_equal (c.objs_used, n);
+    for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++) {
+      uint64_t expect = g == steps[s].group;
+      if (c.zspages[g] != expect)
+        fail_msg ("%u of 256 objects in use: zspages[%u] (\"%s\") is %ju, "
+                  "expected %ju (the zspage belongs in group %u \"%s\")",
+                  n, g, zs_fullness_group_name (g), (uintmax_t) c.zspages[g],
+                  (uintmax_t) expect, steps[s].group,
+                  zs_fullness_group_name (steps[s].group));
+    }
+  }
+  for (unsigned i = 0; i < n; i++)
+    assert_true (object_ok (pool, h[i], 16, i));
+
+  /* And back down: free until one object is left. */
+  while (n > 1)
+    zs_free (pool, h[--n]);
+  assert_int_equal (zs_class_stats (pool, 0, &c), 0);
+  assert_int_equal (c.zspages[0], 0);
+  assert_int_equal (c.zspages[1], 1);
+  zs_free (pool, h[0]);
+  assert_int_equal (zs_class_stats (pool, 0, &c), 0);
+  assert_int_equal (c.zspages[0], 0);   /* an empty zspage is released */
+  assert_int_equal (c.pages_used, 0);
+  zs_pool_destroy (pool);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1355,6 +1424,7 @@ main (void)
     cmocka_unit_test (test_classes),
     cmocka_unit_test (test_huge_class),
     cmocka_unit_test (test_stats_exact),
+    cmocka_unit_test (test_fullness_groups),
     cmocka_unit_test (test_mem_limit_huge),
     cmocka_unit_test (test_mem_limit_small),
     cmocka_unit_test (test_mem_limit_other_thread_batch),
