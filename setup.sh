@@ -3,7 +3,7 @@
 # install the packages that are missing, generate and configure the build,
 # compile, then run a job.
 #
-#   ./setup.sh run      set up, then run the main job
+#   ./setup.sh run      set up, then serve a compressed RAM disk (Ctrl-C stops)
 #   ./setup.sh check    set up, then run the whole test suite
 #   ./setup.sh build    set up only
 #
@@ -12,6 +12,10 @@
 #   CONFIGURE_FLAGS   extra ./configure flags, e.g. --enable-werror or
 #                     --enable-sanitizers=address,undefined
 #   JOBS              parallel make jobs (default: nproc)
+#   ZRAM_SIZE         size of the served device (default: 8G)
+#   ZRAM_ARGS         more plugin parameters, e.g. "comp=zstd mem_limit=2G"
+#   ZRAM_SOCKET       Unix socket to serve on (default: $BUILD_DIR/zram.sock)
+#   ZRAM_PORT         serve on this TCP port instead of a Unix socket
 set -euo pipefail
 
 job=${1:-build}
@@ -71,7 +75,29 @@ case "$job" in
     }
     ;;
   run)
-    # Until the plugin lands, the main job is the allocator benchmark.
-    BUILD_DIR="$BUILD_DIR" exec bench/run-alloc-bench.sh
+    plugin="$top/$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so"
+    size=${ZRAM_SIZE:-8G}
+    stats="$top/$BUILD_DIR/zram.stats"
+    if [ -n "${ZRAM_PORT:-}" ]; then
+      listen=(--port "$ZRAM_PORT")
+      uri="nbd://localhost:$ZRAM_PORT"
+    else
+      socket=${ZRAM_SOCKET:-$top/$BUILD_DIR/zram.sock}
+      listen=(--unix "$socket")
+      uri="nbd+unix:///?socket=$socket"
+    fi
+    cat <<EOM
+Serving a $size compressed RAM disk (nbdkit-zram) at
+    $uri
+Try, from another terminal:
+    nbdinfo '$uri'
+    nbdcopy /usr/lib/os-release '$uri'
+    qemu-img info '$uri'
+    cat $stats          # zram-style statistics, rewritten every second
+Ctrl-C stops the server (the data is gone with it).
+EOM
+    # shellcheck disable=SC2086 # ZRAM_ARGS is a list of key=value words
+    exec nbdkit --foreground "${listen[@]}" \
+      "$plugin" "$size" stats="$stats" ${ZRAM_ARGS:-}
     ;;
 esac
