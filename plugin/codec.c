@@ -16,6 +16,7 @@ struct codec_context {
   void *lz4_state;            /* LZ4_sizeofState() bytes */
   ZSTD_CCtx *zstd_compress;
   ZSTD_DCtx *zstd_decompress;
+  size_t accounted;           /* bytes counted in codec->memory */
 };
 
 struct codec {
@@ -66,11 +67,22 @@ context_memory (const struct codec_context *context)
     + ZSTD_sizeof_DCtx (context->zstd_decompress);
 }
 
+/* zstd sizes its workspace on first use: recount after each call. */
+static void
+context_account (struct codec_context *context)
+{
+  size_t now = context_memory (context);
+  if (now != context->accounted) {
+    atomic_fetch_add (&context->codec->memory, now - context->accounted);
+    context->accounted = now;
+  }
+}
+
 static void
 context_free (void *arg)
 {
   struct codec_context *context = arg;
-  atomic_fetch_sub (&context->codec->memory, context_memory (context));
+  atomic_fetch_sub (&context->codec->memory, context->accounted);
   free (context->lz4_state);
   ZSTD_freeCCtx (context->zstd_compress);
   ZSTD_freeDCtx (context->zstd_decompress);
@@ -105,7 +117,7 @@ context_get (struct codec *codec)
     errno = ENOMEM;
     return NULL;
   }
-  atomic_fetch_add (&codec->memory, context_memory (context));
+  context_account (context);
   return context;
 }
 
@@ -159,6 +171,7 @@ codec_compress (struct codec *codec, const void *block, void *dst,
 
   size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
                                 block, CODEC_BLOCK_SIZE, codec->level);
+  context_account (context);
   if (ZSTD_isError (n)) {
     if (ZSTD_getErrorCode (n) == ZSTD_error_dstSize_tooSmall)
       return 0;
@@ -184,6 +197,7 @@ codec_decompress (struct codec *codec, const void *src, size_t length,
   else {
     size_t n = ZSTD_decompressDCtx (context->zstd_decompress, block,
                                     CODEC_BLOCK_SIZE, src, length);
+    context_account (context);
     if (n == CODEC_BLOCK_SIZE)
       return 0;
   }

@@ -83,6 +83,13 @@ test_round_trip_both_codecs (void **state)
     assert_int_equal (store_write (store, in, sizeof in, 4000), 0);
     assert_int_equal (store_read (store, out, sizeof out, 4000), 0);
     assert_memory_equal (in, out, sizeof in);
+    /* This thread's context is counted, and sized for 4 KiB blocks
+     * (design-hazards.md #5: a default-sized zstd context is 0.6 MiB+).
+     */
+    struct store_stats s;
+    store_stats (store, &s);
+    assert_true (s.codec_bytes > 0);
+    assert_true (s.codec_bytes < 400 * 1024);
     /* Before the write: zeros. */
     assert_int_equal (store_read (store, out, 4000, 0), 0);
     for (size_t i = 0; i < 4000; i++)
