@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include "dlist.h"
 #include "zsalloc-internal.h"
 
 static inline unsigned
@@ -85,17 +86,6 @@ batch_drain (struct zs_pool *pool, struct free_batch *batch)
 }
 
 static void
-batch_unregister (struct zs_pool *pool, struct free_batch *batch)
-{
-  if (batch->prev)
-    batch->prev->next = batch->next;
-  else
-    pool->batches = batch->next;
-  if (batch->next)
-    batch->next->prev = batch->prev;
-}
-
-static void
 batch_free (struct zs_pool *pool, struct free_batch *batch)
 {
   pthread_mutex_destroy (&batch->lock);
@@ -114,7 +104,7 @@ batch_thread_exit (void *arg)
   pthread_mutex_lock (&batch->lock);
   batch_drain (pool, batch);
   pthread_mutex_unlock (&batch->lock);
-  batch_unregister (pool, batch);
+  DLIST_REMOVE (pool->batches, batch, prev, next);
   pthread_mutex_unlock (&pool->batch_registry_lock);
   batch_free (pool, batch);
 }
@@ -128,7 +118,6 @@ batch_register (struct zs_pool *pool)
   pthread_mutex_init (&batch->lock, NULL);
   batch->pool = pool;
   batch->count = 0;
-  batch->prev = NULL;
   if (pthread_setspecific (pool->batch_key, batch) != 0) {
     pthread_mutex_destroy (&batch->lock);
     free (batch);
@@ -137,10 +126,7 @@ batch_register (struct zs_pool *pool)
   atomic_fetch_add (&pool->metadata_bytes, sizeof *batch);
 
   pthread_mutex_lock (&pool->batch_registry_lock);
-  batch->next = pool->batches;
-  if (batch->next)
-    batch->next->prev = batch;
-  pool->batches = batch;
+  DLIST_PUSH (pool->batches, batch, prev, next);
   pthread_mutex_unlock (&pool->batch_registry_lock);
   return batch;
 }
@@ -210,7 +196,7 @@ free_batches_destroy (struct zs_pool *pool)
   pthread_key_delete (pool->batch_key);
   while (pool->batches) {
     struct free_batch *batch = pool->batches;
-    batch_unregister (pool, batch);
+    DLIST_REMOVE (pool->batches, batch, prev, next);
     batch_free (pool, batch);
   }
   pthread_mutex_destroy (&pool->batch_registry_lock);

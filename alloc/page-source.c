@@ -4,30 +4,8 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "dlist.h"
 #include "page-source.h"
-
-/* Doubly-linked partial list helpers. */
-static void
-chunk_link (struct page_run_list *list, struct page_chunk *chunk)
-{
-  chunk->prev = NULL;
-  chunk->next = list->partial;
-  if (list->partial)
-    list->partial->prev = chunk;
-  list->partial = chunk;
-}
-
-static void
-chunk_unlink (struct page_run_list *list, struct page_chunk *chunk)
-{
-  if (chunk->prev)
-    chunk->prev->next = chunk->next;
-  else
-    list->partial = chunk->next;
-  if (chunk->next)
-    chunk->next->prev = chunk->prev;
-  chunk->prev = chunk->next = NULL;
-}
 
 void
 page_source_init (struct page_source *source)
@@ -45,18 +23,6 @@ chunk_unmap (struct page_chunk *chunk)
 {
   munmap (chunk->base, PAGE_CHUNK_BYTES);
   free (chunk);
-}
-
-/* Remove a chunk from the list of all chunks, before unmapping it. */
-static void
-chunk_forget (struct page_run_list *list, struct page_chunk *chunk)
-{
-  if (chunk->all_prev)
-    chunk->all_prev->all_next = chunk->all_next;
-  else
-    list->all = chunk->all_next;
-  if (chunk->all_next)
-    chunk->all_next->all_prev = chunk->all_prev;
 }
 
 void
@@ -91,7 +57,6 @@ chunk_map (unsigned run_pages)
 #ifdef MADV_NOHUGEPAGE
   madvise (base, PAGE_CHUNK_BYTES, MADV_NOHUGEPAGE);
 #endif
-  chunk->prev = chunk->next = NULL;
   chunk->base = base;
   chunk->run_pages = run_pages;
   chunk->runs = runs;
@@ -119,12 +84,8 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
       pthread_mutex_unlock (&list->lock);
       return NULL;
     }
-    chunk->all_prev = NULL;
-    chunk->all_next = list->all;
-    if (list->all)
-      list->all->all_prev = chunk;
-    list->all = chunk;
-    chunk_link (list, chunk);
+    DLIST_PUSH (list->all, chunk, all_prev, all_next);
+    DLIST_PUSH (list->partial, chunk, prev, next);
     list->empty_chunks++;
   }
   if (chunk->free_count == chunk->runs)
@@ -134,7 +95,7 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
   else
     index = chunk->never_used++;
   if (--chunk->free_count == 0)
-    chunk_unlink (list, chunk);
+    DLIST_REMOVE (list->partial, chunk, prev, next);
   pthread_mutex_unlock (&list->lock);
 
   *chunk_out = chunk;
@@ -155,13 +116,13 @@ page_run_free (struct page_source *source, struct page_chunk *chunk, void *run)
   pthread_mutex_lock (&list->lock);
   chunk->free_stack[chunk->free_top++] = index;
   if (chunk->free_count++ == 0)
-    chunk_link (list, chunk);
+    DLIST_PUSH (list->partial, chunk, prev, next);
   if (chunk->free_count == chunk->runs) {
     if (list->empty_chunks == 0)
       list->empty_chunks++;     /* keep it as the spare */
     else {
-      chunk_unlink (list, chunk);
-      chunk_forget (list, chunk);
+      DLIST_REMOVE (list->partial, chunk, prev, next);
+      DLIST_REMOVE (list->all, chunk, all_prev, all_next);
       unmap = chunk;
     }
   }

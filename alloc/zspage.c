@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "dlist.h"
 #include "zsalloc-internal.h"
 
 /* 0 = empty, 1..10 = up to 10 %, 20 %, ..., 90 %, 99 %, 11 = full. */
@@ -29,11 +30,7 @@ static void
 group_link (struct size_class *class, struct zspage *zspage, unsigned group)
 {
   zspage->group = group;
-  zspage->prev = NULL;
-  zspage->next = class->groups[group];
-  if (zspage->next)
-    zspage->next->prev = zspage;
-  class->groups[group] = zspage;
+  DLIST_PUSH (class->groups[group], zspage, prev, next);
   class->group_counts[group]++;
   class->nonempty_groups |= 1u << group;
 }
@@ -43,12 +40,7 @@ group_unlink (struct size_class *class, struct zspage *zspage)
 {
   unsigned group = zspage->group;
 
-  if (zspage->prev)
-    zspage->prev->next = zspage->next;
-  else
-    class->groups[group] = zspage->next;
-  if (zspage->next)
-    zspage->next->prev = zspage->prev;
+  DLIST_REMOVE (class->groups[group], zspage, prev, next);
   class->group_counts[group]--;
   if (!class->groups[group])
     class->nonempty_groups &= ~(1u << group);
@@ -96,7 +88,6 @@ zspage_create (struct zs_pool *pool, struct size_class *class)
     free (zspage);
     return NULL;
   }
-  zspage->prev = zspage->next = NULL;
   zspage->inuse = 0;
   zspage->free_head = ZS_NO_OBJECT;
   zspage->never_used = 0;

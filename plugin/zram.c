@@ -43,6 +43,20 @@ zram_unload (void)
   free (stats_path);
 }
 
+/* Parse a size, naming the parameter on error (nbdkit's own message
+ * does not).
+ */
+static int
+parse_size_parameter (const char *key, const char *value, int64_t *size)
+{
+  *size = nbdkit_parse_size (value);
+  if (*size == -1) {
+    nbdkit_error ("%s: '%s' is not a size (e.g. 512M, 8G)", key, value);
+    return -1;
+  }
+  return 0;
+}
+
 /* Parse a value from a fixed list, naming the parameter on error. */
 static int
 parse_choice (const char *key, const char *value, const char *const *names,
@@ -70,8 +84,8 @@ zram_config (const char *key, const char *value)
   int choice;
 
   if (strcmp (key, "size") == 0) {
-    int64_t size = nbdkit_parse_size (value);
-    if (size == -1)
+    int64_t size;
+    if (parse_size_parameter (key, value, &size) == -1)
       return -1;
     if (size == 0) {
       nbdkit_error ("size: the device must be at least 1 byte");
@@ -91,16 +105,18 @@ zram_config (const char *key, const char *value)
     level_given = true;
   }
   else if (strcmp (key, "mem_limit") == 0) {
-    int64_t limit = nbdkit_parse_size (value);
-    if (limit == -1)
+    int64_t limit;
+    if (parse_size_parameter (key, value, &limit) == -1)
       return -1;
     config.pool.mem_limit = limit;
   }
   else if (strcmp (key, "stats") == 0) {
     free (stats_path);
-    stats_path = nbdkit_absolute_path (value);
-    if (!stats_path)
+    stats_path = *value ? nbdkit_absolute_path (value) : NULL;
+    if (!stats_path) {
+      nbdkit_error ("stats: '%s' is not a usable file name", value);
       return -1;
+    }
   }
   else if (strcmp (key, "chain") == 0) {
     if (nbdkit_parse_unsigned ("chain", value, &config.pool.chain_pages) == -1)
