@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -484,6 +485,7 @@ struct run_result {
   double free_flush_s;  /* start of frees .. zs_pool_flush returned */
   double back_s;        /* start of frees .. stats show pages_used == 0 */
   double free_cpu_s;    /* process CPU time over the free phase */
+  double rss_base;      /* RSS before the pool was created */
   double rss_peak;      /* RSS with every object stored */
   double rss_after;     /* RSS after the flush */
   uint64_t pages_peak;
@@ -503,18 +505,18 @@ run_threads (unsigned nthreads, size_t n, unsigned chain,
   int r;
 
   memset (res, 0, sizeof *res);
-  sh.pool = make_pool (chain, lock, fm);
-  sh.huge = zs_huge_class_size (sh.pool);
-  r = pthread_barrier_init (&sh.barrier, NULL, nthreads + 1);
-  if (r != 0)
-    fatal ("pthread_barrier_init: %s", strerror (r));
-
   for (i = 0; i < nthreads; i++) {
     w[i].sh = &sh;
     w[i].rng = rng_seed (seed, i);
     w[i].t_free_end = 0;
     objset_init (&w[i].os, n);
   }
+  res->rss_base = rss_bytes ();
+  sh.pool = make_pool (chain, lock, fm);
+  sh.huge = zs_huge_class_size (sh.pool);
+  r = pthread_barrier_init (&sh.barrier, NULL, nthreads + 1);
+  if (r != 0)
+    fatal ("pthread_barrier_init: %s", strerror (r));
   for (i = 0; i < nthreads; i++) {
     r = pthread_create (&w[i].tid, NULL, worker_main, &w[i]);
     if (r != 0)
@@ -654,18 +656,21 @@ table_free (void)
           "back = start .. zs_pool_flush returned and zs_pool_stats shows "
           "pages_used == 0;\n"
           "CPU = process user+sys time (getrusage) from start to back, all "
-          "threads;\nRSS = resident MiB with every object stored -> after "
-          "the flush.\n");
+          "threads;\nRSS = resident MiB of the whole process before the pool "
+          "was created / with every\nobject stored -> after the flush "
+          "(before zs_pool_destroy).\n");
   printf ("Median of %u runs, variants alternating immediate,batched,...\n\n",
           repeats);
   printf ("| mode | immediate ms | batched ms | speedup "
           "| immediate: ms until pages back | batched: ms until pages back "
           "| immediate CPU ms | batched CPU ms "
-          "| immediate RSS peak -> after MiB | batched RSS peak -> after MiB |\n");
+          "| immediate RSS base / peak -> after MiB "
+          "| batched RSS base / peak -> after MiB |\n");
   printf ("|-----:|-------------:|-----------:|--------:"
           "|-------------------------------:|-----------------------------:"
           "|-----------------:|---------------:"
-          "|--------------------------------:|------------------------------:|\n");
+          "|---------------------------------------:"
+          "|-------------------------------------:|\n");
   fflush (stdout);
 
   for (pi = 0; pi < sizeof procs / sizeof procs[0]; pi++) {
@@ -673,8 +678,9 @@ table_free (void)
     double it[repeats], bt[repeats], ib[repeats], bb[repeats];
     double ic[repeats], bc[repeats];
     double ipk[repeats], iaf[repeats], bpk[repeats], baf[repeats];
+    double ibs[repeats], bbs[repeats];
     double mi, mb;
-    char where[64], mode[16];
+    char where[64], mode[16], irss[48], brss[48];
 
     for (r = 0; r < repeats; r++) {
       struct run_result res;
@@ -685,6 +691,7 @@ table_free (void)
       it[r] = res.free_s * 1e3;
       ib[r] = res.back_s * 1e3;
       ic[r] = res.free_cpu_s * 1e3;
+      ibs[r] = res.rss_base / MIB;
       ipk[r] = res.rss_peak / MIB;
       iaf[r] = res.rss_after / MIB;
 
@@ -694,18 +701,21 @@ table_free (void)
       bt[r] = res.free_s * 1e3;
       bb[r] = res.back_s * 1e3;
       bc[r] = res.free_cpu_s * 1e3;
+      bbs[r] = res.rss_base / MIB;
       bpk[r] = res.rss_peak / MIB;
       baf[r] = res.rss_after / MIB;
     }
     mi = median (it, repeats);
     mb = median (bt, repeats);
     snprintf (mode, sizeof mode, "%up", p);
+    snprintf (irss, sizeof irss, "%.0f / %.0f -> %.0f", median (ibs, repeats),
+              median (ipk, repeats), median (iaf, repeats));
+    snprintf (brss, sizeof brss, "%.0f / %.0f -> %.0f", median (bbs, repeats),
+              median (bpk, repeats), median (baf, repeats));
     printf ("| %4s | %12.2f | %10.2f | %6.2fx | %30.2f | %28.2f "
-            "| %16.1f | %14.1f | %17.0f -> %-11.0f | %16.0f -> %-10.0f |\n",
+            "| %16.1f | %14.1f | %38s | %36s |\n",
             mode, mi, mb, mi / mb, median (ib, repeats), median (bb, repeats),
-            median (ic, repeats), median (bc, repeats),
-            median (ipk, repeats), median (iaf, repeats),
-            median (bpk, repeats), median (baf, repeats));
+            median (ic, repeats), median (bc, repeats), irss, brss);
     fflush (stdout);
   }
   printf ("\n");
@@ -861,6 +871,47 @@ parse_list (int opt, const char *s, unsigned *out, unsigned min, unsigned max)
   return n;
 }
 
+/* How expensive the kernel's side is here: zspage pages are faulted in on
+ * first use and given back with madvise or munmap, so on a virtual machine
+ * these costs can dominate every table.
+ */
+static void
+print_calibration (void)
+{
+  const size_t bytes = 64u << 20, run = 4 * ZS_PAGE_SIZE;
+  const size_t pages = bytes / ZS_PAGE_SIZE;
+  unsigned char *p;
+  double t0, t1, t2, t3;
+  size_t i;
+
+  p = mmap (NULL, bytes, PROT_READ | PROT_WRITE,
+            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    printf ("- page cost calibration: mmap failed: %s\n", strerror (errno));
+    return;
+  }
+#ifdef MADV_NOHUGEPAGE
+  madvise (p, bytes, MADV_NOHUGEPAGE);
+#endif
+  t0 = now ();
+  for (i = 0; i < bytes; i += ZS_PAGE_SIZE)
+    p[i] = 1;
+  t1 = now ();
+  for (i = 0; i < bytes; i += run)
+    madvise (p + i, run, MADV_DONTNEED);
+  t2 = now ();
+  for (i = 0; i < bytes; i += ZS_PAGE_SIZE)
+    p[i] = 1;
+  t3 = now ();
+  munmap (p, bytes);
+  printf ("- kernel page costs here (64 MiB, one thread): first-touch fault "
+          "%.2f us/page, madvise(MADV_DONTNEED) of 4 pages %.2f us/call, "
+          "re-fault %.2f us/page\n",
+          (t1 - t0) / (double) pages * 1e6,
+          (t2 - t1) / (double) (bytes / run) * 1e6,
+          (t3 - t2) / (double) pages * 1e6);
+}
+
 static void
 print_config (void)
 {
@@ -891,8 +942,18 @@ print_config (void)
   strftime (date, sizeof date, "%Y-%m-%d %H:%M:%S", localtime (&t));
 
   printf ("# zsbench: zsalloc allocator benchmark\n\n");
-  printf ("- date: %s; online CPUs (nproc): %ld\n", date,
-          sysconf (_SC_NPROCESSORS_ONLN));
+  {
+    char load[64] = "?";
+    FILE *fp = fopen ("/proc/loadavg", "r");
+    if (fp) {
+      if (fgets (load, sizeof load, fp) == NULL)
+        strcpy (load, "?");
+      fclose (fp);
+    }
+    load[strcspn (load, "\n")] = '\0';
+    printf ("- date: %s; online CPUs (nproc): %ld; /proc/loadavg at start: "
+            "%s\n", date, sysconf (_SC_NPROCESSORS_ONLN), load);
+  }
   printf ("- sizes: %s\n", dist_source);
   printf ("- huge class size (zs_huge_class_size, chain %u): %zu B; sizes "
           ">= it are stored as 4096 B\n", ZS_CHAIN_DEFAULT, huge);
@@ -910,7 +971,9 @@ print_config (void)
           overhead_mib);
   for (i = 0; i < chain_count; i++)
     printf ("%s%u", i ? "," : "", chain_list[i]);
-  printf ("\n- clock: CLOCK_MONOTONIC; content and statistics are checked "
+  printf ("\n");
+  print_calibration ();
+  printf ("- clock: CLOCK_MONOTONIC; content and statistics are checked "
           "outside the timed phases\n\n");
   fflush (stdout);
   free (sorted);
