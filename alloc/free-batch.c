@@ -158,6 +158,7 @@ zs_pool_flush (struct zs_pool *pool)
     pthread_mutex_unlock (&batch->lock);
   }
   pthread_mutex_unlock (&pool->batch_registry_lock);
+  page_source_purge (&pool->pages);
 }
 
 /* Deferred frees waiting in batches right now. */

@@ -10,10 +10,13 @@
 void
 page_source_init (struct page_source *source)
 {
+  atomic_init (&source->pages_returned, 0);
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
     pthread_mutex_init (&source->lists[len].lock, NULL);
     source->lists[len].partial = NULL;
     source->lists[len].all = NULL;
+    source->lists[len].dirty = NULL;
+    source->lists[len].dirty_count = 0;
     source->lists[len].empty_chunks = 0;
   }
 }
@@ -66,6 +69,29 @@ chunk_map (unsigned run_pages)
   return chunk;
 }
 
+/* Publish a run as free in its chunk; the list lock is held.  Returns
+ * the chunk if it became all free and must be unmapped.
+ */
+static struct page_chunk *
+run_publish (struct page_run_list *list, struct page_chunk *chunk, void *run)
+{
+  size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
+
+  chunk->free_stack[chunk->free_top++] = ((unsigned char *) run - chunk->base)
+    / run_bytes;
+  if (chunk->free_count++ == 0)
+    DLIST_PUSH (list->partial, chunk, prev, next);
+  if (chunk->free_count < chunk->runs)
+    return NULL;
+  if (list->empty_chunks == 0) {
+    list->empty_chunks++;       /* keep it as the spare */
+    return NULL;
+  }
+  DLIST_REMOVE (list->partial, chunk, prev, next);
+  DLIST_REMOVE (list->all, chunk, all_prev, all_next);
+  return chunk;
+}
+
 void *
 page_run_alloc (struct page_source *source, unsigned run_pages,
                 struct page_chunk **chunk_out)
@@ -74,6 +100,15 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
   unsigned index;
 
   pthread_mutex_lock (&list->lock);
+  struct dirty_run *dirty = list->dirty;
+  if (dirty) {                  /* resident already: no fault, no call */
+    list->dirty = dirty->next;
+    list->dirty_count--;
+    *chunk_out = dirty->chunk;
+    pthread_mutex_unlock (&list->lock);
+    return dirty;
+  }
+
   struct page_chunk *chunk = list->partial;
   if (!chunk) {
     /* Mapped under the lock: it is rare (once per 2 MiB of zspages) and
@@ -98,36 +133,127 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     DLIST_REMOVE (list->partial, chunk, prev, next);
   pthread_mutex_unlock (&list->lock);
 
+  unsigned char *run = chunk->base + (size_t) index * run_pages * ZS_PAGE_SIZE;
+#ifdef MADV_POPULATE_WRITE
+  /* One call instead of a fault per page; older kernels refuse it with
+   * EINVAL and the pages fault in as they are touched, as before.
+   */
+  madvise (run, (size_t) run_pages * ZS_PAGE_SIZE, MADV_POPULATE_WRITE);
+#endif
   *chunk_out = chunk;
-  return chunk->base + (size_t) index * run_pages * ZS_PAGE_SIZE;
+  return run;
+}
+
+struct purge_entry {
+  unsigned char *run;
+  struct page_chunk *chunk;
+};
+
+static int
+purge_entry_compare (const void *a, const void *b)
+{
+  const struct purge_entry *x = a, *y = b;
+  return (x->run > y->run) - (x->run < y->run);
+}
+
+/* Purge a detached chain of dirty runs (no lock held): give their pages
+ * back in as few calls as possible, then publish them as free.  A chunk
+ * that these runs leave all free (and is not needed as the spare) is
+ * unmapped whole instead: no madvise for its runs at all, which is what
+ * a mass free mostly meets.
+ */
+static void
+purge_runs (struct page_source *source, struct page_run_list *list,
+            unsigned run_pages, struct dirty_run *chain)
+{
+  struct purge_entry entries[PAGE_DIRTY_MAX_PAGES + 1];
+  struct page_chunk *unmap[PAGE_DIRTY_MAX_PAGES + 1];
+  size_t run_bytes = (size_t) run_pages * ZS_PAGE_SIZE;
+  unsigned n = 0, unmaps = 0;
+
+  for (struct dirty_run *run = chain; run; run = run->next)
+    entries[n++] = (struct purge_entry) { (unsigned char *) run, run->chunk };
+  qsort (entries, n, sizeof entries[0], purge_entry_compare);
+  atomic_fetch_add_explicit (&source->pages_returned, (uint64_t) n * run_pages,
+                             memory_order_relaxed);
+
+  /* Sorted by address, the runs of one chunk are adjacent. */
+  pthread_mutex_lock (&list->lock);
+  for (unsigned i = 0, j; i < n; i = j) {
+    struct page_chunk *chunk = entries[i].chunk;
+    for (j = i + 1; j < n && entries[j].chunk == chunk; j++)
+      ;
+    if (chunk->free_count + (j - i) == chunk->runs && list->empty_chunks > 0) {
+      if (chunk->free_count > 0)
+        DLIST_REMOVE (list->partial, chunk, prev, next);
+      DLIST_REMOVE (list->all, chunk, all_prev, all_next);
+      unmap[unmaps++] = chunk;
+      for (unsigned k = i; k < j; k++)
+        entries[k].run = NULL;
+    }
+  }
+  pthread_mutex_unlock (&list->lock);
+  for (unsigned i = 0; i < unmaps; i++)
+    chunk_unmap (unmap[i]);
+
+  for (unsigned i = 0, j; i < n; i = j) {
+    for (j = i + 1; j < n && entries[i].run
+           && entries[j].run == entries[j - 1].run + run_bytes; j++)
+      ;
+    if (entries[i].run)
+      madvise (entries[i].run, (j - i) * run_bytes, MADV_DONTNEED);
+  }
+
+  unmaps = 0;
+  pthread_mutex_lock (&list->lock);
+  for (unsigned i = 0; i < n; i++) {
+    struct page_chunk *empty = entries[i].run
+      ? run_publish (list, entries[i].chunk, entries[i].run) : NULL;
+    if (empty)
+      unmap[unmaps++] = empty;
+  }
+  pthread_mutex_unlock (&list->lock);
+  for (unsigned i = 0; i < unmaps; i++)
+    chunk_unmap (unmap[i]);
 }
 
 void
 page_run_free (struct page_source *source, struct page_chunk *chunk, void *run)
 {
   struct page_run_list *list = &source->lists[chunk->run_pages];
-  size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
-  unsigned index = ((unsigned char *) run - chunk->base) / run_bytes;
-  struct page_chunk *unmap = NULL;
-
-  /* The run is still ours: give its memory back before publishing it. */
-  madvise (run, run_bytes, MADV_DONTNEED);
+  unsigned limit = PAGE_DIRTY_MAX_PAGES / chunk->run_pages;
+  struct dirty_run *dirty = run, *older = NULL;
 
   pthread_mutex_lock (&list->lock);
-  chunk->free_stack[chunk->free_top++] = index;
-  if (chunk->free_count++ == 0)
-    DLIST_PUSH (list->partial, chunk, prev, next);
-  if (chunk->free_count == chunk->runs) {
-    if (list->empty_chunks == 0)
-      list->empty_chunks++;     /* keep it as the spare */
-    else {
-      DLIST_REMOVE (list->partial, chunk, prev, next);
-      DLIST_REMOVE (list->all, chunk, all_prev, all_next);
-      unmap = chunk;
-    }
+  dirty->chunk = chunk;
+  dirty->next = list->dirty;
+  list->dirty = dirty;
+  if (++list->dirty_count > limit) {
+    /* Keep the newest half resident for reuse; purge the rest. */
+    struct dirty_run *last_kept = list->dirty;
+    for (unsigned i = 1; i < limit / 2; i++)
+      last_kept = last_kept->next;
+    older = last_kept->next;
+    last_kept->next = NULL;
+    list->dirty_count = limit / 2;  /* limit >= 16: never 0 */
   }
   pthread_mutex_unlock (&list->lock);
 
-  if (unmap)
-    chunk_unmap (unmap);
+  if (older)
+    purge_runs (source, list, chunk->run_pages, older);
+}
+
+void
+page_source_purge (struct page_source *source)
+{
+  for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
+    struct page_run_list *list = &source->lists[len];
+    pthread_mutex_lock (&list->lock);
+    struct dirty_run *chain = list->dirty;
+    list->dirty = NULL;
+    list->dirty_count = 0;
+    pthread_mutex_unlock (&list->lock);
+    if (chain)
+      purge_runs (source, list, len, chain);
+  }
 }

@@ -64,7 +64,8 @@
  *   no contention.  A full batch is counting-sorted by class and drained
  *   holding each class lock once per run of same-class handles; emptied
  *   zspages are released after the class lock is dropped.
- *   Memory still comes back promptly: zs_pool_flush drains every batch,
+ *   Memory still comes back promptly: zs_pool_flush drains every batch
+ *   and purges the page source's resident free runs (page-source.h),
  *   statistics flush first, an allocation about to be refused for the
  *   memory limit flushes and retries, and a thread's batch drains when the
  *   thread exits (pthread key destructor).
@@ -180,7 +181,6 @@ struct zs_pool {
   /* Pool-wide counters: atomics, no lock. */
   _Atomic uint64_t pages_used;
   _Atomic uint64_t pages_used_max;
-  _Atomic uint64_t pages_freed;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
 };

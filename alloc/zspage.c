@@ -104,8 +104,6 @@ zspage_release (struct zs_pool *pool, struct size_class *class,
   page_run_free (&pool->pages, zspage->chunk, zspage->base);
   atomic_fetch_sub_explicit (&pool->pages_used, class->pages_per_zspage,
                              memory_order_relaxed);
-  atomic_fetch_add_explicit (&pool->pages_freed, class->pages_per_zspage,
-                             memory_order_relaxed);
   atomic_fetch_sub_explicit (&pool->metadata_bytes, sizeof *zspage,
                              memory_order_relaxed);
   free (zspage);
