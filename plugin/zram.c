@@ -184,6 +184,13 @@ zram_get_ready (void)
     nbdkit_error ("cannot create the compressed store: %m");
     return -1;
   }
+  /* A stats file that cannot be written is a bad parameter: say so now,
+   * not never.
+   */
+  if (stats_path && stats_file_write (store, stats_path) == -1) {
+    nbdkit_error ("stats: cannot write '%s': %m", stats_path);
+    return -1;
+  }
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
                 "raw from %zu bytes",
                 config.size, codec_name (config.algorithm), config.level,

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The files in examples/ are well-formed: shell scripts parse (bash -n),
+# start with a #! line and pass shellcheck (when installed) at warning
+# level; systemd units have [Unit], [Service] and ExecStart= and pass
+# systemd-analyze verify (when installed).  An empty examples/ or a file
+# of another type fails.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+
+examples="$SRCDIR/examples"
+[ -d "$examples" ] || fail "$examples does not exist"
+
+count=0
+errors=0
+bad ()
+{
+    echo "FAIL: $*" >&2
+    errors=$((errors + 1))
+}
+
+shopt -s nullglob dotglob
+for file in "$examples"/*; do
+    name="$(basename "$file")"
+    count=$((count + 1))
+    errors_before=$errors
+    case "$name" in
+        *.sh)
+            [ -f "$file" ] || { bad "$name: not a regular file"; continue; }
+            head -n1 "$file" | grep -q '^#!' || bad "$name: no #! line"
+            bash -n "$file" || bad "$name: bash -n failed"
+            if command -v shellcheck >/dev/null 2>&1; then
+                shellcheck -S warning "$file" || bad "$name: shellcheck warnings"
+            fi
+            [ "$errors" != "$errors_before" ] || echo "ok: $name" ;;
+        *.service)
+            [ -f "$file" ] || { bad "$name: not a regular file"; continue; }
+            grep -qx '\[Unit\]' "$file" || bad "$name: no [Unit] section"
+            grep -qx '\[Service\]' "$file" || bad "$name: no [Service] section"
+            grep -q '^ExecStart=' "$file" || bad "$name: no ExecStart= line"
+            grep '^ExecStart=' "$file" | grep -q nbdkit ||
+                bad "$name: ExecStart= does not run nbdkit"
+            if command -v systemd-analyze >/dev/null 2>&1; then
+                # The documentation (man:) is not installed when testing
+                # from the build tree: that complaint alone is ignored.
+                rc=0
+                out="$(systemd-analyze verify "$file" 2>&1)" || rc=$?
+                problems="$(grep -v "Command 'man " <<<"$out" | grep -v '^$' || :)"
+                if grep -Eq "Failed to (initialize|create|set up|allocate) (the )?manager|not been booted with systemd" <<<"$out"; then
+                    # A container where systemd-analyze cannot work at all.
+                    echo "note: $name: systemd-analyze verify cannot run here:" >&2
+                    echo "$out" | sed 's/^/    /' >&2
+                elif [ -n "$problems" ]; then
+                    echo "$out" | sed 's/^/    /' >&2
+                    bad "$name: systemd-analyze verify reported problems"
+                elif [ "$rc" != 0 ] && ! grep -q "Command 'man " <<<"$out"; then
+                    bad "$name: systemd-analyze verify failed (exit status $rc)"
+                fi
+            fi
+            [ "$errors" != "$errors_before" ] || echo "ok: $name" ;;
+        *)
+            bad "$name: unknown kind of example (expected *.sh or *.service)" ;;
+    esac
+done
+
+[ "$count" -gt 0 ] || fail "$examples is empty"
+[ "$errors" = 0 ] || fail "$errors problem(s) in examples/ (see above)"
+echo "examples ok: $count files"

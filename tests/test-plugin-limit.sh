@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# mem_limit: with mem_limit=4M on a 64M device, random (incompressible)
+# writes fail with ENOSPC once the pool is full; the data written before
+# stays readable; an overwrite refused for memory leaves the old block
+# as it was; same-filled writes and zeroing need no memory and still
+# work; after trims, writes succeed again.  The statistics agree.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+requires nbdsh
+
+for opts in "comp=lz4" "comp=zstd free=immediate lock=pool"; do
+    echo "== test-plugin-limit: $opts"
+    stats="$tmp/stats"
+    rm -f "$stats"
+    zram_nbdsh 64M mem_limit=4M stats="$stats" $opts <<'EOF'
+import errno, os, nbd
+
+B = 4096
+K = 1024
+M = 1024 * 1024
+LIMIT = 4 * M
+
+def expect_enospc(what, fn, *args):
+    try:
+        fn(*args)
+    except nbd.Error as e:
+        assert e.errnum == errno.ENOSPC, \
+            "%s: errno %r (%s), want ENOSPC" % (what, e.errnum, e)
+        return
+    raise AssertionError("%s succeeded past the memory limit" % what)
+
+first = os.urandom(M)
+h.pwrite(first, 0)
+known = (b"a known compressible block %d " % 42) * 200
+known = known[:B]
+h.pwrite(known, 2 * M)
+known_raw = os.urandom(B)
+h.pwrite(known_raw, 2 * M + B)
+
+# Fill with random data until a write fails: it must fail with ENOSPC,
+# and not before about mem_limit bytes of pool memory were used.
+chunks = {}
+off = 4 * M
+failed_at = None
+while off < 64 * M:
+    chunk = os.urandom(256 * K)
+    try:
+        h.pwrite(chunk, off)
+    except nbd.Error as e:
+        assert e.errnum == errno.ENOSPC, "fill: errno %r (%s), want ENOSPC" % (e.errnum, e)
+        failed_at = off
+        break
+    chunks[off] = chunk
+    off += len(chunk)
+assert failed_at is not None, "64M of random data fit in mem_limit=4M"
+stored = M + 2 * B + (failed_at - 4 * M)
+print("first ENOSPC at %d, %d bytes stored before" % (failed_at, stored))
+assert stored >= LIMIT // 2, "ENOSPC after only %d bytes" % stored
+assert stored <= LIMIT + 256 * K, "%d bytes of random data in a %d limit" % (stored, LIMIT)
+
+# Still full: a random 4 KiB block anywhere fails, again and again.
+expect_enospc("write after the limit", h.pwrite, os.urandom(B), 40 * M)
+expect_enospc("write after the limit (again)", h.pwrite, os.urandom(B), 40 * M)
+
+# Overwriting stored blocks is refused and leaves them as they were.
+expect_enospc("overwrite of a compressed block", h.pwrite, os.urandom(B), 2 * M)
+assert h.pread(B, 2 * M) == known, "refused overwrite changed the compressed block"
+expect_enospc("overwrite of a raw block", h.pwrite, os.urandom(B), 2 * M + B)
+assert h.pread(B, 2 * M + B) == known_raw, "refused overwrite changed the raw block"
+expect_enospc("overwrite across two blocks", h.pwrite, os.urandom(2 * B), 2 * M)
+assert h.pread(2 * B, 2 * M) == known + known_raw, "refused overwrite changed the blocks"
+
+# Earlier data reads back intact.
+assert h.pread(M, 0) == first, "first 1 MiB changed"
+for o, c in chunks.items():
+    assert h.pread(len(c), o) == c, "chunk at %d changed" % o
+
+# Same-filled blocks and zeroing need no pool memory.
+h.pwrite(b"\xab" * B, 50 * M)
+assert h.pread(B, 50 * M) == b"\xab" * B
+h.pwrite(bytes(2 * B), 50 * M + B)
+h.zero(B, 51 * M, nbd.CMD_FLAG_NO_HOLE)
+h.zero(B, 51 * M + B)
+assert h.pread(2 * B, 51 * M) == bytes(2 * B)
+
+# Trim the fill: memory comes back and writes succeed again.
+h.trim(failed_at + 256 * K - 4 * M, 4 * M)
+assert h.pread(64 * K, 4 * M) == bytes(64 * K)
+fresh = os.urandom(B)
+h.pwrite(fresh, 2 * M)
+assert h.pread(B, 2 * M) == fresh
+again = os.urandom(2 * M)
+h.pwrite(again, 8 * M)
+assert h.pread(2 * M, 8 * M) == again
+assert h.pread(M, 0) == first
+print("mem_limit ok")
+EOF
+    # The statistics (written at exit) agree: limit, peak below it, and
+    # the failed writes counted.
+    read -r tag _ _ used limit used_max _ < "$stats"
+    [ "$tag" = mm_stat ] || fail "stats: first line is not mm_stat"
+    [ "$limit" = $((4 * 1024 * 1024)) ] || fail "stats: mem_limit $limit, want 4M"
+    [ "$used_max" -le "$limit" ] || fail "stats: mem_used_max $used_max above mem_limit $limit"
+    [ "$used" -le "$limit" ] || fail "stats: mem_used_total $used above mem_limit $limit"
+    [ "$used_max" -ge $((2 * 1024 * 1024)) ] || fail "stats: mem_used_max $used_max: the pool never filled"
+    read -r tag failed_reads failed_writes _ < <(sed -n 2p "$stats")
+    [ "$tag" = io_stat ] || fail "stats: second line is not io_stat"
+    [ "$failed_writes" -ge 6 ] || fail "stats: failed_writes $failed_writes, want >= 6"
+    [ "$failed_reads" = 0 ] || fail "stats: failed_reads $failed_reads"
+done

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Parameters: every bad one makes nbdkit fail at startup with a message
+# naming the parameter; good ones start; --help lists every parameter;
+# --dump-plugin reports the compression libraries.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+
+errors=0
+
+# bad NAME ARGS...: nbdkit with ARGS must fail to start, and an error
+# message must name NAME (as a word: nbdkit's generic "size cannot be
+# negative" names size, but it does not name mem_limit).
+bad ()
+{
+    local name="$1" rc=0
+    shift
+    zram_nbdkit -U - "$PLUGIN" "$@" --run 'echo SERVED' > "$tmp/out" 2>/dev/null || rc=$?
+    if [ "$rc" = 0 ]; then
+        echo "FAIL: nbdkit $* started (exit status 0)" >&2
+        errors=$((errors + 1))
+    elif grep -q SERVED "$tmp/out"; then
+        echo "FAIL: nbdkit $* served before failing" >&2
+        errors=$((errors + 1))
+    elif ! grep -Eq "error:.*\\b$name\\b" "$NBDKIT_STDERR"; then
+        echo "FAIL: nbdkit $*: the error does not name '$name':" >&2
+        sed 's/^/    /' "$NBDKIT_STDERR" >&2
+        errors=$((errors + 1))
+    else
+        echo "ok: nbdkit $*: $(grep -E -m1 "error:.*\\b$name\\b" "$NBDKIT_STDERR")"
+    fi
+}
+
+bad size                             # missing size
+bad size comp=zstd                   # missing size, other keys given
+bad size size=0
+bad size 0
+bad size size=junk
+bad size junk
+bad size size=-1
+bad size size=9223372036854775808    # 2^63
+bad comp 1M comp=lzo
+bad comp 1M comp=
+bad comp 1M comp=LZ4
+bad level 1M comp=zstd level=0
+bad level 1M comp=zstd level=99
+bad level 1M comp=zstd level=23
+bad level 1M level=0                 # lz4 (the default)
+bad level 1M comp=lz4 level=0
+bad level 1M comp=lz4 level=65538
+bad level 1M comp=lz4 level=-1
+bad level 1M level=abc
+bad level 1M level=
+bad mem_limit 1M mem_limit=junk
+bad mem_limit 1M mem_limit=-1
+bad mem_limit 1M mem_limit=
+bad chain 1M chain=0
+bad chain 1M chain=17
+bad chain 1M chain=-1
+bad chain 1M chain=x
+bad lock 1M lock=global
+bad lock 1M lock=
+bad free 1M free=later
+bad free 1M free=
+bad stats 1M stats=
+bad stats 1M stats=/nonexistent/directory/stats
+bad foo 1M foo=bar
+bad Size 1M Size=1M
+
+# Good parameters start and serve (the size is what was asked).
+good ()
+{
+    local want="$1" got
+    shift
+    got="$(zram_nbdkit -U - "$PLUGIN" "$@" --run 'nbdinfo --size "$uri"')" ||
+        fail "nbdkit $* did not start"
+    [ "$got" = "$want" ] || fail "nbdkit $*: size $got, want $want"
+    echo "ok: nbdkit $*: size $got"
+}
+requires nbdinfo
+good 1073741824 size=1G comp=zstd level=3 chain=16 lock=pool free=immediate mem_limit=1G
+good 1048576 1M comp=lz4 level=65537 chain=1 lock=class free=batched mem_limit=0
+good 1048576 1M comp=lz4 level=1
+good 1048576 1M comp=zstd level=22
+good 1048576 1M comp=zstd level=-5
+good 1048576 1024K comp=zstd level=1 stats="$tmp/stats"
+good 4096 4k mem_limit=4k
+[ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
+
+# --help lists every parameter (config_help).
+help="$(zram_nbdkit "$PLUGIN" --help)"
+for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class pool \
+             free= batched immediate; do
+    grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
+done
+
+# --dump-plugin: the plugin's name and its features.
+dump="$(zram_nbdkit "$PLUGIN" --dump-plugin)"
+for line in name=zram zram_lz4=yes zram_zstd=yes; do
+    grep -qx -- "$line" <<<"$dump" || fail "nbdkit --dump-plugin lacks '$line'"
+done
+grep -q '^zram_lz4_version=[0-9]' <<<"$dump" || fail "--dump-plugin: no zram_lz4_version"
+grep -q '^zram_zstd_version=[0-9]' <<<"$dump" || fail "--dump-plugin: no zram_zstd_version"
+grep -q '^thread_model=parallel$' <<<"$dump" || fail "--dump-plugin: thread_model is not parallel"
+[ "$errors" = 0 ] || fail "$errors bad parameter check(s) failed (see above)"
+echo "params ok"
