@@ -299,6 +299,11 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
 
   pthread_mutex_lock (stripe_for (store, block));
   struct block_content old = entry_load (entry);
+  if (!data && old.kind == BLOCK_EMPTY) {
+    /* Zeroing part of a hole: it reads as zeros already, keep the hole. */
+    pthread_mutex_unlock (stripe_for (store, block));
+    return 0;
+  }
   int r = block_decode (store, &old, buffer);
   if (r == 0) {
     if (data)

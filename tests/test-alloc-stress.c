@@ -37,6 +37,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "xorshift.h"
+
 #include "zsalloc.h"
 
 #define PAGE ZS_PAGE_SIZE
@@ -111,16 +113,6 @@ struct run {
   struct queue *queues;         /* one per worker */
   struct worker *workers;
 };
-
-static uint64_t
-xorshift64 (uint64_t *s)
-{
-  uint64_t x = *s;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return *s = x;
-}
 
 /* 1..4096 with 70 % in 200..3000. */
 static uint32_t

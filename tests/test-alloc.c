@@ -24,6 +24,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "xorshift.h"
+
 #include "zsalloc.h"
 
 #define PAGE ZS_PAGE_SIZE
@@ -31,16 +33,6 @@
 
 /* ---------------------------------------------------------------------- */
 /* Helpers                                                                */
-
-static uint64_t
-xorshift64 (uint64_t *s)
-{
-  uint64_t x = *s;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return *s = x;
-}
 
 /* Uniform-ish integer in lo..hi inclusive. */
 static size_t

@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "xorshift.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,16 +34,6 @@ make_store (uint64_t size, enum codec_algorithm algorithm, uint64_t mem_limit)
   return store;
 }
 
-static uint64_t
-xorshift (uint64_t *state)
-{
-  uint64_t x = *state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return *state = x;
-}
-
 /* A block whose bytes say which block and which version they are:
  * word 0 = block, word 1 = version, the rest a function of both, half of
  * it compressible.  block_check tells whether a buffer is such a block
@@ -55,7 +47,7 @@ block_fill (unsigned char *buf, uint64_t block, uint64_t version)
   words[0] = block;
   words[1] = version;
   for (size_t i = 2; i < BS / 8; i++)
-    words[i] = i < BS / 16 ? xorshift (&state) : block ^ version;
+    words[i] = i < BS / 16 ? xorshift64 (&state) : block ^ version;
 }
 
 static bool
@@ -112,7 +104,7 @@ test_kinds_and_stats (void **state)
     memcpy (buf + i, "ABCDEFGH", 8);
   assert_int_equal (store_write (store, buf, BS, BS), 0);
   for (size_t i = 0; i < BS; i += 8) {  /* block 2: random -> raw */
-    uint64_t r = xorshift (&state_rng);
+    uint64_t r = xorshift64 (&state_rng);
     memcpy (buf + i, &r, 8);
   }
   assert_int_equal (store_write (store, buf, BS, 2 * BS), 0);
@@ -230,7 +222,7 @@ test_enospc_keeps_old_block (void **state)
   int r = 0;
   for (block = 1; block < 1024 && r == 0; block++) {
     for (size_t i = 0; i < BS; i += 8) {
-      uint64_t x = xorshift (&rng);
+      uint64_t x = xorshift64 (&rng);
       memcpy (buf + i, &x, 8);
     }
     r = store_write (store, buf, BS, block * BS);
@@ -356,7 +348,7 @@ mixed_worker (void *arg)
   uint64_t rng = a->seed;
 
   for (unsigned i = 0; i < a->operations; i++) {
-    uint64_t r = xorshift (&rng);
+    uint64_t r = xorshift64 (&rng);
     uint64_t block = r % MIXED_BLOCKS;
     switch ((r >> 20) % 8) {
     case 0: case 1: case 2:
