@@ -190,6 +190,13 @@ test_extents (void **state)
   assert_int_equal (log.offset[4], far);
   assert_int_equal (log.length[4], BS);
 
+  /* Zeroing part of a hole keeps it a hole. */
+  assert_int_equal (store_zero (store, 100, far + BS + 10, false), 0);
+  log.n = 0;
+  assert_int_equal (store_extents (store, BS, far + BS, log_extent, &log), 0);
+  assert_int_equal (log.n, 1);
+  assert_int_equal (log.type[0], STORE_EXTENT_HOLE);
+
   /* Zero with may_trim makes a hole. */
   assert_int_equal (store_zero (store, BS, far, true), 0);
   log.n = 0;
