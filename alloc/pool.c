@@ -77,21 +77,26 @@ zs_pool_destroy (struct zs_pool *pool)
   free (pool);
 }
 
-/* Reserve pages against the memory limit.  The add comes first, so
- * racing allocators can never together exceed the limit.
+/* Reserve pages against the memory limit.  A compare-and-swap, so that
+ * pages_used never exceeds the limit, not even for a moment that
+ * zs_pool_stats could observe.
  */
 static bool
 pages_reserve (struct zs_pool *pool, unsigned pages)
 {
-  uint64_t used = atomic_fetch_add (&pool->pages_used, pages) + pages;
+  uint64_t used = atomic_load_explicit (&pool->pages_used, memory_order_relaxed);
+  uint64_t wanted;
 
-  if (pool->config.mem_limit && used * ZS_PAGE_SIZE > pool->config.mem_limit) {
-    atomic_fetch_sub (&pool->pages_used, pages);
-    return false;
-  }
+  do {
+    wanted = used + pages;
+    if (pool->config.mem_limit
+        && wanted * ZS_PAGE_SIZE > pool->config.mem_limit)
+      return false;
+  } while (!atomic_compare_exchange_weak (&pool->pages_used, &used, wanted));
+
   uint64_t max = atomic_load_explicit (&pool->pages_used_max, memory_order_relaxed);
-  while (used > max
-         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max, used))
+  while (wanted > max
+         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max, wanted))
     ;
   return true;
 }

@@ -71,9 +71,9 @@
  *   thread exits (pthread key destructor).
  *
  * MEMORY LIMIT
- *   pages_used is reserved with an atomic add before a zspage is created
- *   and given back if the reservation crosses the limit, so the limit is
- *   never exceeded even by racing allocators.
+ *   pages_used is reserved with a compare-and-swap before a zspage is
+ *   created, so the limit is never exceeded, even for a moment, by racing
+ *   allocators.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   pool->batch_registry_lock  the list of all threads' batches.
