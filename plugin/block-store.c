@@ -483,6 +483,12 @@ store_extents (struct block_store *store, uint64_t count, uint64_t offset,
 }
 
 void
+store_flush (struct block_store *store)
+{
+  zs_pool_flush (store->pool);
+}
+
+void
 store_stats (struct block_store *store, struct store_stats *stats)
 {
   struct zs_pool_stats pool;

@@ -101,6 +101,11 @@ typedef int (*store_extent_fn) (void *opaque, uint64_t offset,
 extern int store_extents (struct block_store *store, uint64_t count,
                           uint64_t offset, store_extent_fn add, void *opaque);
 
+/* Give freed memory back now: drain the allocator's deferred frees and
+ * its resident free pages.
+ */
+extern void store_flush (struct block_store *store);
+
 /* Exact statistics (drains deferred frees first). */
 extern void store_stats (struct block_store *store, struct store_stats *stats);
 

@@ -2,10 +2,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "stats-file.h"
@@ -93,63 +90,4 @@ stats_file_write (struct block_store *store, const char *path)
   }
   free (temporary);
   return r;
-}
-
-/* The writer thread.  lock guards stop; wake signals it. */
-static pthread_mutex_t writer_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t writer_wake = PTHREAD_COND_INITIALIZER;
-static bool writer_stop;
-static bool writer_running;
-static pthread_t writer_thread;
-static struct block_store *writer_store;
-static const char *writer_path;
-
-static void *
-writer_main (void *arg)
-{
-  pthread_mutex_lock (&writer_lock);
-  while (!writer_stop) {
-    pthread_mutex_unlock (&writer_lock);
-    stats_file_write (writer_store, writer_path);
-    pthread_mutex_lock (&writer_lock);
-
-    struct timespec deadline;
-    clock_gettime (CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += 1;
-    while (!writer_stop
-           && pthread_cond_timedwait (&writer_wake, &writer_lock,
-                                      &deadline) != ETIMEDOUT)
-      ;
-  }
-  pthread_mutex_unlock (&writer_lock);
-  return NULL;
-}
-
-int
-stats_writer_start (struct block_store *store, const char *path)
-{
-  writer_store = store;
-  writer_path = path;
-  writer_stop = false;
-  int err = pthread_create (&writer_thread, NULL, writer_main, NULL);
-  if (err) {
-    errno = err;
-    return -1;
-  }
-  writer_running = true;
-  return 0;
-}
-
-void
-stats_writer_stop (void)
-{
-  if (!writer_running)
-    return;
-  pthread_mutex_lock (&writer_lock);
-  writer_stop = true;
-  pthread_cond_signal (&writer_wake);
-  pthread_mutex_unlock (&writer_lock);
-  pthread_join (writer_thread, NULL);
-  writer_running = false;
-  stats_file_write (writer_store, writer_path);
 }

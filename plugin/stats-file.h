@@ -1,6 +1,6 @@
 /* The stats= file: zram's mm_stat and io_stat lines, then one
- * "key: value" per line, rewritten atomically (temporary file + rename)
- * every second by a background thread and once more at exit.
+ * "key: value" per line, rewritten atomically (temporary file + rename);
+ * the housekeeper (housekeeper.h) rewrites it every second and at exit.
  */
 
 #ifndef ZRAM_STATS_FILE_H
@@ -15,12 +15,5 @@ extern void stats_print (struct block_store *store, FILE *fp);
 
 /* Write the file now: 0, or -1 with errno. */
 extern int stats_file_write (struct block_store *store, const char *path);
-
-/* Start / stop the thread that rewrites the file every second.  Start it
- * after nbdkit forks (threads do not survive a fork); stop writes the
- * file one last time.
- */
-extern int stats_writer_start (struct block_store *store, const char *path);
-extern void stats_writer_stop (void);
 
 #endif /* ZRAM_STATS_FILE_H */

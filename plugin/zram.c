@@ -19,6 +19,7 @@
 #include <nbdkit-plugin.h>
 
 #include "block-store.h"
+#include "housekeeper.h"
 #include "stats-file.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
@@ -198,12 +199,12 @@ zram_get_ready (void)
   return 0;
 }
 
-/* Threads do not survive nbdkit's fork: start the writer after it. */
+/* Threads do not survive nbdkit's fork: start the housekeeper after it. */
 static int
 zram_after_fork (void)
 {
-  if (stats_path && stats_writer_start (store, stats_path) == -1) {
-    nbdkit_error ("stats: cannot start the statistics writer: %m");
+  if (housekeeper_start (store, stats_path) == -1) {
+    nbdkit_error ("cannot start the housekeeping thread: %m");
     return -1;
   }
   return 0;
@@ -212,7 +213,7 @@ zram_after_fork (void)
 static void
 zram_cleanup (void)
 {
-  stats_writer_stop ();
+  housekeeper_stop ();
   if (store) {
     char *text = NULL;
     size_t length = 0;

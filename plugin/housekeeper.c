@@ -1,0 +1,77 @@
+/* The housekeeper thread: see housekeeper.h. */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include "housekeeper.h"
+#include "stats-file.h"
+
+#define HOUSEKEEPING_INTERVAL_SECONDS 1
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping */
+static bool stopping;
+static bool running;
+static pthread_t thread;
+static struct block_store *store;
+static const char *stats_path;
+
+static void
+housekeeping_round (void)
+{
+  if (stats_path)
+    stats_file_write (store, stats_path);
+  else
+    store_flush (store);
+}
+
+static void *
+housekeeper_main (void *arg)
+{
+  pthread_mutex_lock (&lock);
+  while (!stopping) {
+    pthread_mutex_unlock (&lock);
+    housekeeping_round ();
+    pthread_mutex_lock (&lock);
+
+    struct timespec deadline;
+    clock_gettime (CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += HOUSEKEEPING_INTERVAL_SECONDS;
+    while (!stopping
+           && pthread_cond_timedwait (&wake, &lock, &deadline) != ETIMEDOUT)
+      ;
+  }
+  pthread_mutex_unlock (&lock);
+  return NULL;
+}
+
+int
+housekeeper_start (struct block_store *the_store, const char *the_stats_path)
+{
+  store = the_store;
+  stats_path = the_stats_path;
+  stopping = false;
+  int err = pthread_create (&thread, NULL, housekeeper_main, NULL);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  running = true;
+  return 0;
+}
+
+void
+housekeeper_stop (void)
+{
+  if (!running)
+    return;
+  pthread_mutex_lock (&lock);
+  stopping = true;
+  pthread_cond_signal (&wake);
+  pthread_mutex_unlock (&lock);
+  pthread_join (thread, NULL);
+  running = false;
+  housekeeping_round ();
+}

@@ -1,0 +1,21 @@
+/* The housekeeper: one background thread that, every second, drains the
+ * allocator's deferred frees and resident free pages (store_flush), so
+ * memory comes back within a second of being freed even when no request
+ * arrives, and rewrites the stats= file when there is one (which flushes
+ * as it reads the statistics).
+ *
+ * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
+ * in .cleanup (design-hazards.md #8).
+ */
+
+#ifndef ZRAM_HOUSEKEEPER_H
+#define ZRAM_HOUSEKEEPER_H
+
+#include "block-store.h"
+
+/* stats_path may be NULL.  0, or -1 with errno. */
+extern int housekeeper_start (struct block_store *store, const char *stats_path);
+/* Stop the thread, then flush and write the stats file one last time. */
+extern void housekeeper_stop (void);
+
+#endif /* ZRAM_HOUSEKEEPER_H */
