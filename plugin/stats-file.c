@@ -70,11 +70,39 @@ stats_print (struct block_store *store, FILE *fp)
            ratio (s.orig_data_size, s.mem_used_total));
 }
 
-int
-stats_file_write (struct block_store *store, const char *path)
+/* The temporary file a write goes through, beside the real one so that
+ * rename() is atomic.  NULL on failure.
+ */
+static char *
+temporary_name (const char *path)
 {
   char *temporary;
   if (asprintf (&temporary, "%s.tmp.%ld", path, (long) getpid ()) == -1)
+    return NULL;
+  return temporary;
+}
+
+int
+stats_file_check (const char *path)
+{
+  char *temporary = temporary_name (path);
+  if (!temporary)
+    return -1;
+  FILE *fp = fopen (temporary, "w");
+  int r = fp ? 0 : -1;
+  if (fp) {
+    fclose (fp);
+    unlink (temporary);
+  }
+  free (temporary);
+  return r;
+}
+
+int
+stats_file_write (struct block_store *store, const char *path)
+{
+  char *temporary = temporary_name (path);
+  if (!temporary)
     return -1;
   FILE *fp = fopen (temporary, "w");
   if (!fp) {

@@ -13,6 +13,11 @@
 /* Print the statistics in the stats file format. */
 extern void stats_print (struct block_store *store, FILE *fp);
 
+/* Whether the file can be written (a file beside it can be created):
+ * 0, or -1 with errno.
+ */
+extern int stats_file_check (const char *path);
+
 /* Write the file now: 0, or -1 with errno. */
 extern int stats_file_write (struct block_store *store, const char *path);
 

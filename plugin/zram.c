@@ -44,6 +44,18 @@ zram_unload (void)
   free (stats_path);
 }
 
+/* An errno's text.  Not strerror: its translation lookup, run in a
+ * process that has the sanitizer runtime preloaded, left glibc's locale
+ * lock held and hung nbdkit at exit; strerrordesc_np (glibc 2.32) needs
+ * no locale.
+ */
+static const char *
+error_text (int err)
+{
+  const char *text = strerrordesc_np (err);
+  return text ? text : "unknown error";
+}
+
 /* Parse a size, naming the parameter on error (nbdkit's own message
  * does not).
  */
@@ -155,6 +167,13 @@ zram_config_complete (void)
     nbdkit_error ("size: you must give the device size, e.g. 'nbdkit zram 8G'");
     return -1;
   }
+  /* A stats file that cannot be written is a bad parameter: say so now,
+   * not never.
+   */
+  if (stats_path && stats_file_check (stats_path) == -1) {
+    nbdkit_error ("stats: cannot write '%s': %s", stats_path, error_text (errno));
+    return -1;
+  }
   if (!level_given)
     config.level = codec_default_level (config.algorithm);
   else if (!codec_level_is_valid (config.algorithm, config.level, &min, &max)) {
@@ -182,14 +201,7 @@ zram_get_ready (void)
 {
   store = store_create (&config);
   if (!store) {
-    nbdkit_error ("cannot create the compressed store: %m");
-    return -1;
-  }
-  /* A stats file that cannot be written is a bad parameter: say so now,
-   * not never.
-   */
-  if (stats_path && stats_file_write (store, stats_path) == -1) {
-    nbdkit_error ("stats: cannot write '%s': %m", stats_path);
+    nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
@@ -204,7 +216,7 @@ static int
 zram_after_fork (void)
 {
   if (housekeeper_start (store, stats_path) == -1) {
-    nbdkit_error ("cannot start the housekeeping thread: %m");
+    nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     return -1;
   }
   return 0;
@@ -288,7 +300,7 @@ request_failed (const char *what, uint64_t count, uint64_t offset)
   nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
                 what, count, offset,
                 err == ENOSPC ? "out of memory (mem_limit reached)"
-                : strerror (err));
+                : error_text (err));
   nbdkit_set_error (err);
   return -1;
 }

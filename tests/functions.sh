@@ -142,6 +142,9 @@ _nbdkit_runs=0
 # test under set -e fails on non-zero); stderr is copied to $NBDKIT_STDERR
 # and to our stderr.  A sanitizer report fails the test whatever the
 # status.  Written without relying on set -e: it may run in an `if`.
+# A hung server (or client) fails the test instead of hanging CI.
+NBDKIT_TIMEOUT=${NBDKIT_TIMEOUT:-300}
+
 zram_nbdkit ()
 {
     local args=() a rc=0 run='' has_run=false
@@ -165,13 +168,14 @@ zram_nbdkit ()
         # command here, as --run would.
         _zram_nbdkit_captive "$run" "${args[@]}" 2>"$NBDKIT_STDERR" || rc=$?
     elif $has_run; then
-        env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} \
+        timeout "$NBDKIT_TIMEOUT" env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} \
             nbdkit "${args[@]}" --run "$NO_PRELOAD $run" \
             2>"$NBDKIT_STDERR" || rc=$?
     else
-        env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} nbdkit "${args[@]}" \
-            2>"$NBDKIT_STDERR" || rc=$?
+        timeout "$NBDKIT_TIMEOUT" env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} \
+            nbdkit "${args[@]}" 2>"$NBDKIT_STDERR" || rc=$?
     fi
+    [ "$rc" != 124 ] || fail "nbdkit ${args[*]}: no exit within ${NBDKIT_TIMEOUT}s"
     cat "$NBDKIT_STDERR" >&2
     if grep -Eq "$SANITIZER_PATTERN" "$NBDKIT_STDERR"; then
         echo "$TEST_NAME: FAIL: sanitizer report from nbdkit (exit status $rc)" >&2
