@@ -291,8 +291,12 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
 {
   unsigned char buffer[STORE_BLOCK_SIZE];
   struct block_content content;
-  struct block_entry *entry = block_table_lookup (&store->table, block, true);
+  /* Zeroing needs no leaf where there is none: that range is a hole. */
+  struct block_entry *entry = block_table_lookup (&store->table, block,
+                                                  data != NULL);
   if (!entry) {
+    if (!data)
+      return 0;
     errno = ENOMEM;
     return -1;
   }

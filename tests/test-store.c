@@ -197,6 +197,13 @@ test_extents (void **state)
   assert_int_equal (log.n, 1);
   assert_int_equal (log.type[0], STORE_EXTENT_HOLE);
 
+  /* ... and where no table leaf exists, makes none. */
+  struct store_stats before, after;
+  store_stats (store, &before);
+  assert_int_equal (store_zero (store, 100, ((uint64_t) 1 << 40) + 10, false), 0);
+  store_stats (store, &after);
+  assert_int_equal (after.table_bytes, before.table_bytes);
+
   /* Zero with may_trim makes a hole. */
   assert_int_equal (store_zero (store, BS, far, true), 0);
   log.n = 0;
