@@ -195,8 +195,7 @@ entry_load (const struct block_entry *entry)
  * content, to be released after the lock is dropped.
  */
 static struct block_content
-entry_replace (struct block_store *store, struct block_entry *entry,
-               const struct block_content *content)
+entry_replace (struct block_entry *entry, const struct block_content *content)
 {
   struct block_content old = entry_load (entry);
   atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
@@ -262,7 +261,7 @@ block_install (struct block_store *store, uint64_t block,
 
   content_account (store, content, 1);
   pthread_mutex_lock (stripe_for (store, block));
-  struct block_content old = entry_replace (store, entry, content);
+  struct block_content old = entry_replace (entry, content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_account (store, &old, -1);
   return 0;
@@ -321,7 +320,7 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
     return -1;
   }
   content_account (store, &content, 1);
-  entry_replace (store, entry, &content);
+  entry_replace (entry, &content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_account (store, &old, -1);
   return 0;
@@ -393,11 +392,9 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
 int
 store_trim (struct block_store *store, uint64_t count, uint64_t offset)
 {
-  static const struct block_content empty = { BLOCK_EMPTY, 0 };
-
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     if (length == STORE_BLOCK_SIZE) {
-      struct block_content content = empty;
+      struct block_content content = { BLOCK_EMPTY, 0 };
       block_install (store, block, &content);
       counter_add (&store->notify_free, 1);
     }
