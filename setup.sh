@@ -8,6 +8,12 @@
 #   ./setup.sh build    set up only
 #
 # Environment:
+#   NBDKIT            which nbdkit to run on: auto (default), system, built
+#                     or /path/to/nbdkit; see tools/nbdkit-select.sh.  auto
+#                     builds nbdkit from Debian 13's source when the
+#                     system's is older than 1.34 (Debian 12: 1.32.5, which
+#                     aborts when a client disconnects mid-request)
+#   NBDKIT_PREFIX     where the built nbdkit lives (default: build/nbdkit)
 #   BUILD_DIR         build directory (default: build)
 #   CONFIGURE_FLAGS   extra ./configure flags, e.g. --enable-werror or
 #                     --enable-sanitizers=address,undefined
@@ -53,16 +59,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The server everything runs on (it says which, and why, on stderr).
+NBDKIT=$(tools/nbdkit-select.sh "${NBDKIT_PREFIX:-$top/build/nbdkit}")
+export NBDKIT
+
 if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
   autoreconf -fi
 fi
 
 mkdir -p "$BUILD_DIR"
 stamp="$BUILD_DIR/.configure-flags"
-if [ ! -f "$BUILD_DIR/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$CONFIGURE_FLAGS" ]; then
+configuration="$CONFIGURE_FLAGS NBDKIT=$NBDKIT"
+if [ ! -f "$BUILD_DIR/Makefile" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$configuration" ]; then
   # shellcheck disable=SC2086
-  (cd "$BUILD_DIR" && "$top/configure" $CONFIGURE_FLAGS)
-  echo "$CONFIGURE_FLAGS" > "$stamp"
+  (cd "$BUILD_DIR" && "$top/configure" $CONFIGURE_FLAGS NBDKIT="$NBDKIT")
+  echo "$configuration" > "$stamp"
 fi
 make -C "$BUILD_DIR" -j"$JOBS"
 
@@ -87,7 +98,7 @@ case "$job" in
       uri="nbd+unix:///?socket=$socket"
     fi
     cat <<EOM
-Serving a $size compressed RAM disk (nbdkit-zram) at
+Serving a $size compressed RAM disk (nbdkit-zram, on $("$NBDKIT" --version)) at
     $uri
 Try, from another terminal:
     nbdinfo '$uri'
@@ -97,7 +108,7 @@ Try, from another terminal:
 Ctrl-C stops the server (the data is gone with it).
 EOM
     # shellcheck disable=SC2086 # ZRAM_ARGS is a list of key=value words
-    exec nbdkit --foreground "${listen[@]}" \
+    exec "$NBDKIT" --foreground "${listen[@]}" \
       "$plugin" "$size" stats="$stats" ${ZRAM_ARGS:-}
     ;;
 esac

@@ -20,6 +20,7 @@
 
 #include "block-store.h"
 #include "housekeeper.h"
+#include "server-check.h"
 #include "stats-file.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
@@ -35,6 +36,7 @@ zram_load (void)
 {
   config.algorithm = CODEC_LZ4;
   zs_pool_config_init (&config.pool);
+  server_check_load ();
 }
 
 static void
@@ -248,11 +250,17 @@ zram_dump_plugin (void)
   printf ("zram_zstd=yes\n");
   printf ("zram_zstd_version=%s\n", ZSTD_versionString ());
   printf ("zram_chain_default=%d\n", ZS_CHAIN_DEFAULT);
+  /* yes: the server survives clients that hang up with requests in
+   * flight (nbdkit 1.34 or later).
+   */
+  printf ("zram_server_disconnect_fix=%s\n",
+          server_has_disconnect_fix ? "yes" : "no");
 }
 
 static void *
 zram_open (int readonly)
 {
+  server_check_open ();
   return NBDKIT_HANDLE_NOT_NEEDED;
 }
 
@@ -309,6 +317,7 @@ static int
 zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
             uint32_t flags)
 {
+  server_check_request ();
   if (store_read (store, buf, count, offset) == -1)
     return request_failed ("read", count, offset);
   return 0;
@@ -318,6 +327,7 @@ static int
 zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
+  server_check_request ();
   if (store_write (store, buf, count, offset) == -1)
     return request_failed ("write", count, offset);
   return 0;
@@ -332,6 +342,7 @@ zram_flush (void *handle, uint32_t flags)
 static int
 zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
+  server_check_request ();
   if (store_trim (store, count, offset) == -1)
     return request_failed ("trim", count, offset);
   return 0;
@@ -343,6 +354,7 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
+  server_check_request ();
   if (store_zero (store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM) == -1)
     return request_failed ("zero", count, offset);
   return 0;

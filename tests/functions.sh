@@ -4,11 +4,11 @@
 #   source "$(dirname "$0")/functions.sh"
 #
 # It sets up:
-#   SRCDIR BUILDDIR PLUGIN SANITIZERS   (from the environment that
+#   SRCDIR BUILDDIR PLUGIN SANITIZERS NBDKIT   (from the environment that
 #                       Makefile.am passes, or defaults for a run by hand)
 #   tmp                 a private temporary directory, removed at exit
 #   requires CMD...     skip the test (exit 77) if a command is missing
-#   zram_nbdkit ARGS... run nbdkit with the plugin's sanitizer runtime
+#   zram_nbdkit ARGS... run $NBDKIT (the server configure chose) with the plugin's sanitizer runtime
 #                       preloaded (sanitizer builds) for nbdkit only; fails
 #                       the test if a sanitizer report shows up
 #   zram_nbdsh ARGS...  serve the plugin with ARGS and run the Python on
@@ -26,7 +26,10 @@ _functions_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${SRCDIR:=$(cd "$_functions_dir/.." && pwd)}"
 : "${BUILDDIR:=$SRCDIR/build}"
 : "${PLUGIN:=$BUILDDIR/plugin/.libs/nbdkit-zram-plugin.so}"
-export SRCDIR BUILDDIR PLUGIN
+# The server to test on; configure's choice (setup.sh: a fixed one).
+: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILDDIR/Makefile" 2>/dev/null || :)}"
+: "${NBDKIT:=nbdkit}"
+export SRCDIR BUILDDIR PLUGIN NBDKIT
 
 TEST_NAME="$(basename "$0" .sh)"
 
@@ -73,7 +76,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- the plugin and the sanitizer runtime --------------------------------
-requires nbdkit
+requires "$NBDKIT"
 [ -f "$PLUGIN" ] || fail "plugin not found: $PLUGIN (build it first, or set PLUGIN)"
 
 # SANITIZERS comes from configure; when run by hand, find out from the
@@ -169,11 +172,11 @@ zram_nbdkit ()
         _zram_nbdkit_captive "$run" "${args[@]}" 2>"$NBDKIT_STDERR" || rc=$?
     elif $has_run; then
         timeout "$NBDKIT_TIMEOUT" env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} \
-            nbdkit "${args[@]}" --run "$NO_PRELOAD $run" \
+            "$NBDKIT" "${args[@]}" --run "$NO_PRELOAD $run" \
             2>"$NBDKIT_STDERR" || rc=$?
     else
         timeout "$NBDKIT_TIMEOUT" env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} \
-            nbdkit "${args[@]}" 2>"$NBDKIT_STDERR" || rc=$?
+            "$NBDKIT" "${args[@]}" 2>"$NBDKIT_STDERR" || rc=$?
     fi
     [ "$rc" != 124 ] || fail "nbdkit ${args[*]}: no exit within ${NBDKIT_TIMEOUT}s"
     cat "$NBDKIT_STDERR" >&2
@@ -249,7 +252,7 @@ _zram_nbdkit_captive ()
     done
     rm -f "$pidfile"
     # nbdkit writes the PID file once it accepts connections.
-    env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} nbdkit -f -P "$pidfile" "${args[@]}" &
+    env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "$NBDKIT" -f -P "$pidfile" "${args[@]}" &
     pid=$!
     _captive_pids+=("$pid")
     for ((i = 0; i < 600; i++)); do

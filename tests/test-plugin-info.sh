@@ -3,7 +3,7 @@
 # and the statistics printed with nbdkit's debug output at exit.
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
-requires nbdkit nbdinfo nbdsh
+requires nbdinfo nbdsh
 
 info="$(zram_nbdkit -U - "$PLUGIN" 16M --run 'nbdinfo "$uri"')"
 for expected in "block_size_minimum: 1" "block_size_preferred: 4096" \

@@ -7,7 +7,7 @@
 # every build.
 set -euo pipefail
 source "$(dirname "$0")/functions.sh"
-requires nbdkit nbdsh
+requires nbdsh
 
 export pidfile="$tmp/nbdkit.pid"
 zram_nbdsh 256M -P "$pidfile" <<'EOF'
