@@ -27,6 +27,9 @@
 #
 # Environment:
 #   BUILD_DIR   build directory holding plugin/.libs/ (default: build)
+#   NBDKIT      the nbdkit server, for both the plugin and the memory
+#               plugin it is compared with (default: the one BUILD_DIR was
+#               configured with, see setup.sh; else nbdkit on PATH)
 #   PLUGIN      the plugin .so (default: $BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so)
 #   REPEATS     repeats, medians printed (default: 3; QUICK: 1)
 #   RUNTIME     seconds per fio randwrite / randread run (default: 10; QUICK: 2)
@@ -204,6 +207,8 @@ if [ "${QUICK:-0}" = 1 ]; then
 fi
 BUILD_DIR=${BUILD_DIR:-build}
 PLUGIN=${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}
+: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
+NBDKIT=${NBDKIT:-nbdkit}
 REPEATS=${REPEATS:-3}
 RUNTIME=${RUNTIME:-10}
 DEV_SIZE=${DEV_SIZE:-1G}
@@ -214,7 +219,7 @@ PARTS=${PARTS:-fio copy}
 SERVERS=${SERVERS:-memory-sparse memory-zstd zram-lz4 zram-zstd}
 VERIFY=${VERIFY:-1}
 
-for prog in nbdkit fio nbdcopy nbdsh cmp awk; do
+for prog in "$NBDKIT" fio nbdcopy nbdsh cmp awk; do
     command -v "$prog" >/dev/null || die "$prog not found"
 done
 [ -x /usr/bin/python3 ] || die "/usr/bin/python3 not found"
@@ -232,7 +237,7 @@ if not m:
 print(int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()])
 ' "$DEV_SIZE")
 
-dump=$(nbdkit "$PLUGIN" --dump-plugin 2>&1) || die "nbdkit cannot load $PLUGIN: $dump"
+dump=$("$NBDKIT" "$PLUGIN" --dump-plugin 2>&1) || die "nbdkit cannot load $PLUGIN: $dump"
 servers=()
 for s in $SERVERS; do
     case $s in
@@ -266,8 +271,8 @@ server_args () {
 serve () {
     local name=$1 size=$2 stats=$3; shift 3
     server_args "$name" "$size" "$stats"
-    if ! timeout -k 10 $((600 + 3 * RUNTIME)) nbdkit -U - "${args[@]}" --run "$*"; then
-        warn "$name: run failed: nbdkit -U - ${args[*]} --run '$*'"
+    if ! timeout -k 10 $((600 + 3 * RUNTIME)) "$NBDKIT" -U - "${args[@]}" --run "$*"; then
+        warn "$name: run failed: $NBDKIT -U - ${args[*]} --run '$*'"
         return 0
     fi
 }
@@ -280,7 +285,7 @@ started=$(date +%s)
 echo "# nbdkit-zram vs nbdkit memory plugin"
 echo
 echo "- $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "- $(nbdkit --version), $(fio --version), $(nbdcopy --version 2>&1 | head -1)"
+echo "- $("$NBDKIT" --version) ($NBDKIT), $(fio --version), $(nbdcopy --version 2>&1 | head -1)"
 echo "- plugin: $PLUGIN"
 echo "- repeats: $REPEATS (medians shown), servers alternated within each repeat"
 

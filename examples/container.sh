@@ -6,10 +6,13 @@
 # Usage: container.sh [SIZE] ['SHELL COMMAND using $uri']
 set -euo pipefail
 PLUGIN=${PLUGIN:-zram}   # or the path of a built nbdkit-zram-plugin.so
+# nbdkit 1.34 or later: older ones abort when a client dies mid-request.
+# On Debian 12, the one ./setup.sh builds: NBDKIT=$PWD/build/nbdkit/sbin/nbdkit
+NBDKIT=${NBDKIT:-nbdkit}
 
 SIZE=${1:-2G}
 # shellcheck disable=SC2016 # $uri is expanded by nbdkit's --run shell
 COMMAND=${2:-'nbdinfo "$uri" && nbdcopy --synchronous /usr/lib/os-release "$uri" && nbdinfo --map "$uri"'}
 
 # -U - picks a private socket; --run stops the server when the command ends.
-exec nbdkit -U - "$PLUGIN" "$SIZE" mem_limit=512M --run "$COMMAND"
+exec "$NBDKIT" -U - "$PLUGIN" "$SIZE" mem_limit=512M --run "$COMMAND"

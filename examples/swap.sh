@@ -6,6 +6,9 @@
 # script (MemorySwapMax=0), and set mem_limit below the RAM you can spare.
 set -euo pipefail
 PLUGIN=${PLUGIN:-zram}   # or the path of a built nbdkit-zram-plugin.so
+# nbdkit 1.34 or later: older ones abort when a client dies mid-request.
+# On Debian 12, the one ./setup.sh builds: NBDKIT=$PWD/build/nbdkit/sbin/nbdkit
+NBDKIT=${NBDKIT:-nbdkit}
 
 SIZE=${SIZE:-4G}
 MEM_LIMIT=${MEM_LIMIT:-1G}
@@ -13,7 +16,7 @@ SOCKET=${SOCKET:-/run/nbdkit-zram.sock}
 DEVICE=${DEVICE:-/dev/nbd0}
 
 modprobe nbd
-nbdkit --unix "$SOCKET" --pidfile /run/nbdkit-zram.pid \
+"$NBDKIT" --unix "$SOCKET" --pidfile /run/nbdkit-zram.pid \
   "$PLUGIN" "$SIZE" mem_limit="$MEM_LIMIT" stats=/run/nbdkit-zram.stats
 nbd-client -unix "$SOCKET" "$DEVICE" -b 4096
 mkswap "$DEVICE"

@@ -24,8 +24,8 @@
 # configuration is left alone, and no root is needed), is configured
 # minimally (no language plugins, no curl/ssh/libvirt/guestfs/gnutls, no
 # man pages) and installed into PREFIX (setup.sh: build/nbdkit, inside
-# the build tree); its source is unpacked beside it, in PREFIX-source,
-# and removed once built.  A later run reuses the server in PREFIX.  A
+# the build tree); its source is unpacked in a temporary folder, removed
+# once built.  A later run reuses the server in PREFIX.  A
 # PREFIX we cannot write (say /usr/local) is installed with sudo: that is
 # the way to install the fixed server for the whole system.
 #
@@ -69,8 +69,8 @@ debian_mirror ()
 # Build nbdkit from $suite's source package into $prefix.
 build_nbdkit ()
 {
-    local work="$prefix-source" apt_options mirror dsc
-    rm -rf "$work"
+    local work apt_options mirror dsc
+    work=$(mktemp -d "${TMPDIR:-/tmp}/nbdkit-source.XXXXXX")
     mkdir -p "$work/lists/partial"
     mirror=$(debian_mirror)
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" \
@@ -79,7 +79,7 @@ build_nbdkit ()
         -o "Dir::Etc::SourceList=$work/sources.list"
         -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$work/lists"
-        -o Debug::NoLocking=1
+        -o Debug::NoLocking=1       # the lists folder is ours alone
     )
     # As root apt downloads as _apt, who cannot write into the build tree.
     [ "$(id -u)" -ne 0 ] || apt_options+=(-o APT::Sandbox::User=root)
