@@ -1,11 +1,10 @@
-/* Freeing objects: immediately, or through per-thread batches of deferred
+/* Freeing objects: immediately, or through the pool's batches of deferred
  * frees drained one class-lock hold per run of same-class handles.
  * See FREES in zsalloc-internal.h.
  */
 
 #include <stdlib.h>
 
-#include "dlist.h"
 #include "zsalloc-internal.h"
 
 static inline unsigned
@@ -85,63 +84,40 @@ batch_drain (struct zs_pool *pool, struct free_batch *batch)
   }
 }
 
-static void
-batch_free (struct zs_pool *pool, struct free_batch *batch)
-{
-  pthread_mutex_destroy (&batch->lock);
-  atomic_fetch_sub (&pool->metadata_bytes, sizeof *batch);
-  free (batch);
-}
+/* The batch this thread tries first, plus one (0: none chosen yet).  A
+ * plain thread-local with no destructor, shared by every pool: it is
+ * only a hint, and a thread's exit runs no allocator code.
+ */
+static __thread unsigned preferred_batch;
+static _Atomic unsigned next_preferred_batch;
 
-/* pthread key destructor: a thread exits, its pending frees drain. */
-static void
-batch_thread_exit (void *arg)
-{
-  struct free_batch *batch = arg;
-  struct zs_pool *pool = batch->pool;
-
-  pthread_mutex_lock (&pool->batch_registry_lock);
-  pthread_mutex_lock (&batch->lock);
-  batch_drain (pool, batch);
-  pthread_mutex_unlock (&batch->lock);
-  DLIST_REMOVE (pool->batches, batch, prev, next);
-  pthread_mutex_unlock (&pool->batch_registry_lock);
-  batch_free (pool, batch);
-}
-
+/* Lock one of the pool's batches: the preferred one if it is free, else
+ * the next free one (which becomes the preferred), else wait for the
+ * preferred one.
+ */
 static struct free_batch *
-batch_register (struct zs_pool *pool)
+batch_lock (struct zs_pool *pool)
 {
-  struct free_batch *batch = malloc (sizeof *batch);
-  if (!batch)
-    return NULL;
-  pthread_mutex_init (&batch->lock, NULL);
-  batch->pool = pool;
-  batch->count = 0;
-  if (pthread_setspecific (pool->batch_key, batch) != 0) {
-    pthread_mutex_destroy (&batch->lock);
-    free (batch);
-    return NULL;
+  if (!preferred_batch)
+    preferred_batch = atomic_fetch_add_explicit (&next_preferred_batch, 1,
+                                                 memory_order_relaxed)
+      % ZS_FREE_BATCHES + 1;
+  unsigned first = preferred_batch - 1;
+  for (unsigned i = 0; i < ZS_FREE_BATCHES; i++) {
+    unsigned n = (first + i) % ZS_FREE_BATCHES;
+    if (pthread_mutex_trylock (&pool->batches[n].lock) == 0) {
+      preferred_batch = n + 1;
+      return &pool->batches[n];
+    }
   }
-  atomic_fetch_add (&pool->metadata_bytes, sizeof *batch);
-
-  pthread_mutex_lock (&pool->batch_registry_lock);
-  DLIST_PUSH (pool->batches, batch, prev, next);
-  pthread_mutex_unlock (&pool->batch_registry_lock);
-  return batch;
+  pthread_mutex_lock (&pool->batches[first].lock);
+  return &pool->batches[first];
 }
 
 void
 free_batch_add (struct zs_pool *pool, zs_handle_t handle)
 {
-  struct free_batch *batch = pthread_getspecific (pool->batch_key);
-
-  if (!batch && !(batch = batch_register (pool))) {
-    /* No memory for a batch: free at once rather than fail. */
-    free_handles (pool, &handle, 1);
-    return;
-  }
-  pthread_mutex_lock (&batch->lock);
+  struct free_batch *batch = batch_lock (pool);
   batch->handles[batch->count++] = handle;
   if (batch->count == ZS_FREE_BATCH_SIZE)
     batch_drain (pool, batch);
@@ -151,13 +127,12 @@ free_batch_add (struct zs_pool *pool, zs_handle_t handle)
 void
 zs_pool_flush (struct zs_pool *pool)
 {
-  pthread_mutex_lock (&pool->batch_registry_lock);
-  for (struct free_batch *batch = pool->batches; batch; batch = batch->next) {
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++) {
+    struct free_batch *batch = &pool->batches[n];
     pthread_mutex_lock (&batch->lock);
     batch_drain (pool, batch);
     pthread_mutex_unlock (&batch->lock);
   }
-  pthread_mutex_unlock (&pool->batch_registry_lock);
   page_source_purge (&pool->pages);
 }
 
@@ -167,38 +142,38 @@ free_batches_pending (struct zs_pool *pool)
 {
   uint64_t pending = 0;
 
-  pthread_mutex_lock (&pool->batch_registry_lock);
-  for (struct free_batch *batch = pool->batches; batch; batch = batch->next) {
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++) {
+    struct free_batch *batch = &pool->batches[n];
     pthread_mutex_lock (&batch->lock);
     pending += batch->count;
     pthread_mutex_unlock (&batch->lock);
   }
-  pthread_mutex_unlock (&pool->batch_registry_lock);
   return pending;
 }
 
 int
 free_batches_init (struct zs_pool *pool)
 {
-  if (pthread_key_create (&pool->batch_key, batch_thread_exit) != 0)
+  pool->batches = aligned_alloc (_Alignof (struct free_batch),
+                                 ZS_FREE_BATCHES * sizeof *pool->batches);
+  if (!pool->batches)
     return -1;
-  pthread_mutex_init (&pool->batch_registry_lock, NULL);
-  pool->batches = NULL;
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++) {
+    pthread_mutex_init (&pool->batches[n].lock, NULL);
+    pool->batches[n].count = 0;
+  }
+  atomic_fetch_add (&pool->metadata_bytes,
+                    ZS_FREE_BATCHES * sizeof *pool->batches);
   return 0;
 }
 
 /* Pool destroy: the objects in the batches go with their pages, so the
- * batches are discarded without draining.  Deleting the key first means
- * no thread's exit destructor can touch them afterwards.
+ * batches are discarded without draining.
  */
 void
 free_batches_destroy (struct zs_pool *pool)
 {
-  pthread_key_delete (pool->batch_key);
-  while (pool->batches) {
-    struct free_batch *batch = pool->batches;
-    DLIST_REMOVE (pool->batches, batch, prev, next);
-    batch_free (pool, batch);
-  }
-  pthread_mutex_destroy (&pool->batch_registry_lock);
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
+    pthread_mutex_destroy (&pool->batches[n].lock);
+  free (pool->batches);
 }

@@ -58,17 +58,27 @@
  *   slot; compaction adds it to struct zspage.
  *
  * FREES: IMMEDIATE OR BATCHED (free-batch.c, seed 002)
- *   In batched mode zs_free appends the handle to the calling thread's
- *   batch (ZS_FREE_BATCH_SIZE handles) under the batch's own lock, which
- *   nobody else takes except a pool-wide flush: no pool or class lock,
- *   no contention.  A full batch is counting-sorted by class and drained
- *   holding each class lock once per run of same-class handles; emptied
- *   zspages are released after the class lock is dropped.
+ *   In batched mode zs_free appends the handle to one of the pool's
+ *   ZS_FREE_BATCHES batches (ZS_FREE_BATCH_SIZE handles each) under that
+ *   batch's own lock: no pool or class lock.  Each thread prefers one
+ *   batch (a thread-local hint) and moves to the next when its batch is
+ *   busy, so threads rarely meet on a batch lock.  A full batch is
+ *   counting-sorted by class and drained holding each class lock once per
+ *   run of same-class handles; emptied zspages are released after the
+ *   class lock is dropped.
  *   Memory still comes back promptly: zs_pool_flush drains every batch
  *   and purges the page source's resident free runs (page-source.h),
- *   statistics flush first, an allocation about to be refused for the
- *   memory limit flushes and retries, and a thread's batch drains when the
- *   thread exits (pthread key destructor).
+ *   statistics flush first, and an allocation about to be refused for the
+ *   memory limit flushes and retries.
+ *
+ * WHO OWNS WHAT
+ *   The pool owns everything it uses: classes, zspages, cells, batches,
+ *   page chunks, from zs_pool_create to zs_pool_destroy.  Threads own
+ *   nothing of it: no pthread key, no thread-exit hook, so a thread that
+ *   exits after zs_pool_destroy - or after the program that holds the
+ *   allocator has been unloaded (nbdkit's detached connection threads,
+ *   design-hazards.md #11) - runs no allocator code.  The only
+ *   thread-local is the batch hint, a plain integer.
  *
  * MEMORY LIMIT
  *   pages_used is reserved with a compare-and-swap before a zspage is
@@ -76,7 +86,6 @@
  *   allocators.
  *
  * LOCKS, what each guards, and the ONE lock order
- *   pool->batch_registry_lock  the list of all threads' batches.
  *   free_batch->lock           that batch's handles and count.
  *   size_class->lock           points to the class's own mutex (lock=class)
  *                              or to pool->pool_lock (lock=pool); guards the
@@ -85,7 +94,8 @@
  *                              counters and its cell free list.
  *   page_source->lock          the chunk lists of one run length.
  *
- *   Order: batch_registry_lock -> free_batch->lock -> size_class->lock.
+ *   Order: free_batch->lock -> size_class->lock.  No path holds two
+ *   batch locks.
  *   page_source locks are leaves and are never taken while a class lock
  *   is held (zspages are created and released outside the class lock).
  *   No path holds two class locks.  Pool-wide counters are atomics.
@@ -106,6 +116,7 @@
 #define ZS_RAW_CLASSES (ZS_MAX_OBJECT_SIZE / ZS_SIZE_CLASS_DELTA) /* 256 */
 #define ZS_MAX_OBJS_PER_ZSPAGE 256
 #define ZS_FREE_BATCH_SIZE 512   /* one page of handles, as the kernel's */
+#define ZS_FREE_BATCHES 16       /* batches per pool, shared by threads */
 #define ZS_NO_OBJECT 0xffff      /* end of a zspage's free list */
 #define ZS_GROUP_FULL (ZS_FULLNESS_GROUPS - 1)
 
@@ -154,15 +165,12 @@ struct size_class {
   pthread_mutex_t own_lock;
 } __attribute__ ((aligned (64)));
 
-/* A thread's batch of deferred frees. */
+/* A batch of deferred frees, one of the pool's ZS_FREE_BATCHES. */
 struct free_batch {
-  pthread_mutex_t lock;           /* guards count and handles; taken by the
-                                     owner and by pool flushes only */
-  struct free_batch *prev, *next; /* registry links (batch_registry_lock) */
-  struct zs_pool *pool;
+  pthread_mutex_t lock;           /* guards count and handles */
   unsigned count;
   zs_handle_t handles[ZS_FREE_BATCH_SIZE];
-};
+} __attribute__ ((aligned (64)));
 
 struct zs_pool {
   struct zs_pool_config config;
@@ -174,9 +182,8 @@ struct zs_pool {
   pthread_mutex_t pool_lock;      /* the class lock of every class in
                                      lock=pool mode; unused otherwise */
 
-  pthread_key_t batch_key;        /* this thread's struct free_batch */
-  pthread_mutex_t batch_registry_lock; /* guards batches list */
-  struct free_batch *batches;
+  struct free_batch *batches;     /* ZS_FREE_BATCHES of them, owned by
+                                     the pool from create to destroy */
 
   /* Pool-wide counters: atomics, no lock. */
   _Atomic uint64_t pages_used;

@@ -65,7 +65,7 @@ enum zs_lock_mode {
 };
 
 enum zs_free_mode {
-  ZS_FREE_BATCHED = 0,        /* per-thread batches of deferred frees (default) */
+  ZS_FREE_BATCHED = 0,        /* batches of deferred frees (default) */
   ZS_FREE_IMMEDIATE,          /* every zs_free frees at once, for A/B benchmarks */
 };
 
@@ -96,14 +96,14 @@ extern void zs_pool_destroy (struct zs_pool *pool);
  */
 extern zs_handle_t zs_malloc (struct zs_pool *pool, size_t size);
 
-/* Free an object.  In batched mode the object joins the calling thread's
- * batch and its memory is reclaimed when the batch drains (batch full,
- * zs_pool_flush, statistics, memory limit, or thread exit).
+/* Free an object.  In batched mode the object joins one of the pool's
+ * batches of deferred frees and its memory is reclaimed when the batch
+ * drains (batch full, zs_pool_flush, statistics, or memory limit).
  * The handle must not be used again either way.  zs_free of 0 is a no-op.
  */
 extern void zs_free (struct zs_pool *pool, zs_handle_t handle);
 
-/* Drain every thread's batch of deferred frees, returning empty zspages'
+/* Drain every batch of deferred frees, returning empty zspages'
  * pages to the operating system.
  */
 extern void zs_pool_flush (struct zs_pool *pool);

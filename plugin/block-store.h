@@ -23,6 +23,16 @@
  *
  * A write allocates and fills the new object before touching the entry,
  * so a write refused for memory (ENOSPC) leaves the old block readable.
+ *
+ * WHO OWNS WHAT
+ *   The store owns its table, its pool (with the pool's batches of
+ *   deferred frees) and its codec (with every compression context), from
+ *   store_create to store_destroy.  Threads own nothing: a call borrows a
+ *   context for its own length, frees go to the pool's batches, and no
+ *   pthread key or thread-exit hook exists.  So nbdkit's threads may exit
+ *   at any time, even after .unload destroyed the store and the plugin
+ *   was unmapped, without running any of its code (design-hazards.md
+ *   #11).  store_destroy requires that no call is running.
  */
 
 #ifndef ZRAM_BLOCK_STORE_H

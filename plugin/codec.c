@@ -1,8 +1,8 @@
-/* Block compression with per-thread contexts: see codec.h. */
+/* Block compression with borrowed contexts: see codec.h. */
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include <lz4.h>
@@ -11,20 +11,37 @@
 
 #include "codec.h"
 
+/* A compression context.  The codec owns it from its creation to
+ * codec_destroy; a call borrows it (busy) for its own length.
+ */
 struct codec_context {
   struct codec *codec;
+  atomic_bool busy;           /* borrowed by a call right now */
+  bool temporary;             /* made for one call: every slot was busy */
   void *lz4_state;            /* LZ4_sizeofState() bytes */
   ZSTD_CCtx *zstd_compress;
   ZSTD_DCtx *zstd_decompress;
   size_t accounted;           /* bytes counted in codec->memory */
 };
 
+/* More calls at once than this borrow temporary contexts. */
+#define CODEC_CONTEXTS 128
+
 struct codec {
   enum codec_algorithm algorithm;
   int level;
-  pthread_key_t context_key;  /* this thread's struct codec_context */
+  /* Contexts fill the slots from the first, as many as calls ever ran
+   * at once; a slot, once set, keeps its context until codec_destroy.
+   */
+  _Atomic (struct codec_context *) contexts[CODEC_CONTEXTS];
   _Atomic size_t memory;      /* bytes of the live contexts */
 };
+
+/* The slot this thread borrowed from last: a hint shared by every codec,
+ * a plain thread-local with no destructor (a thread's exit runs no
+ * plugin code, design-hazards.md #11).
+ */
+static __thread unsigned preferred_context;
 
 const char *
 codec_name (enum codec_algorithm algorithm)
@@ -79,9 +96,8 @@ context_account (struct codec_context *context)
 }
 
 static void
-context_free (void *arg)
+context_free (struct codec_context *context)
 {
-  struct codec_context *context = arg;
   atomic_fetch_sub (&context->codec->memory, context->accounted);
   free (context->lz4_state);
   ZSTD_freeCCtx (context->zstd_compress);
@@ -89,17 +105,15 @@ context_free (void *arg)
   free (context);
 }
 
+/* A new context, already busy. */
 static struct codec_context *
-context_get (struct codec *codec)
+context_new (struct codec *codec)
 {
-  struct codec_context *context = pthread_getspecific (codec->context_key);
-  if (context)
-    return context;
-
-  context = calloc (1, sizeof *context);
+  struct codec_context *context = calloc (1, sizeof *context);
   if (!context)
     return NULL;
   context->codec = codec;
+  atomic_init (&context->busy, true);
   if (codec->algorithm == CODEC_LZ4)
     context->lz4_state = malloc (LZ4_sizeofState ());
   else {
@@ -108,17 +122,64 @@ context_get (struct codec *codec)
   }
   if ((codec->algorithm == CODEC_LZ4 && !context->lz4_state)
       || (codec->algorithm == CODEC_ZSTD
-          && (!context->zstd_compress || !context->zstd_decompress))
-      || pthread_setspecific (codec->context_key, context) != 0) {
-    free (context->lz4_state);
-    ZSTD_freeCCtx (context->zstd_compress);
-    ZSTD_freeDCtx (context->zstd_decompress);
-    free (context);
+          && (!context->zstd_compress || !context->zstd_decompress))) {
+    context_free (context);
     errno = ENOMEM;
     return NULL;
   }
   context_account (context);
   return context;
+}
+
+/* Borrow a context for one call: the one this thread used last if it is
+ * free, else the first free one, else a new one in the first empty slot,
+ * else (every slot busy) a temporary one.
+ */
+static struct codec_context *
+context_borrow (struct codec *codec)
+{
+  struct codec_context *context;
+  unsigned n = preferred_context;
+
+  context = atomic_load_explicit (&codec->contexts[n], memory_order_acquire);
+  if (context && !atomic_exchange_explicit (&context->busy, true,
+                                            memory_order_acquire))
+    return context;
+
+  for (n = 0; n < CODEC_CONTEXTS; n++) {
+    context = atomic_load_explicit (&codec->contexts[n], memory_order_acquire);
+    if (!context) {
+      struct codec_context *empty = NULL;
+      if (!(context = context_new (codec)))
+        return NULL;
+      if (atomic_compare_exchange_strong_explicit (&codec->contexts[n], &empty,
+                                                   context,
+                                                   memory_order_acq_rel,
+                                                   memory_order_acquire)) {
+        preferred_context = n;
+        return context;
+      }
+      context_free (context);   /* another call filled the slot first */
+      context = empty;
+    }
+    if (!atomic_exchange_explicit (&context->busy, true, memory_order_acquire)) {
+      preferred_context = n;
+      return context;
+    }
+  }
+
+  if ((context = context_new (codec)))
+    context->temporary = true;
+  return context;
+}
+
+static void
+context_return (struct codec_context *context)
+{
+  if (context->temporary)
+    context_free (context);
+  else
+    atomic_store_explicit (&context->busy, false, memory_order_release);
 }
 
 struct codec *
@@ -134,25 +195,20 @@ codec_create (enum codec_algorithm algorithm, int level)
     return NULL;
   codec->algorithm = algorithm;
   codec->level = level;
-  if (pthread_key_create (&codec->context_key, context_free) != 0) {
-    free (codec);
-    errno = ENOMEM;
-    return NULL;
-  }
   return codec;
 }
 
-/* Threads' contexts are freed as the threads exit; the calling thread's
- * here.  Contexts of threads still alive are leaked by design: nbdkit
- * joins its worker threads before unloading the plugin.
- */
+/* No call may be running. */
 void
 codec_destroy (struct codec *codec)
 {
-  struct codec_context *context = pthread_getspecific (codec->context_key);
-  if (context)
-    context_free (context);
-  pthread_key_delete (codec->context_key);
+  if (!codec)
+    return;
+  for (unsigned n = 0; n < CODEC_CONTEXTS; n++) {
+    struct codec_context *context = atomic_load (&codec->contexts[n]);
+    if (context)
+      context_free (context);
+  }
   free (codec);
 }
 
@@ -160,47 +216,53 @@ int
 codec_compress (struct codec *codec, const void *block, void *dst,
                 size_t capacity)
 {
-  struct codec_context *context = context_get (codec);
+  struct codec_context *context = context_borrow (codec);
   if (!context)
     return -1;
 
+  int result;
   if (codec->algorithm == CODEC_LZ4)
-    return LZ4_compress_fast_extState (context->lz4_state, block, dst,
-                                       CODEC_BLOCK_SIZE, capacity,
-                                       codec->level);
-
-  size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
-                                block, CODEC_BLOCK_SIZE, codec->level);
-  context_account (context);
-  if (ZSTD_isError (n)) {
-    if (ZSTD_getErrorCode (n) == ZSTD_error_dstSize_tooSmall)
-      return 0;
-    errno = EIO;
-    return -1;
+    result = LZ4_compress_fast_extState (context->lz4_state, block, dst,
+                                         CODEC_BLOCK_SIZE, capacity,
+                                         codec->level);
+  else {
+    size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
+                                  block, CODEC_BLOCK_SIZE, codec->level);
+    context_account (context);
+    if (!ZSTD_isError (n))
+      result = n;
+    else if (ZSTD_getErrorCode (n) == ZSTD_error_dstSize_tooSmall)
+      result = 0;
+    else {
+      errno = EIO;
+      result = -1;
+    }
   }
-  return n;
+  context_return (context);
+  return result;
 }
 
 int
 codec_decompress (struct codec *codec, const void *src, size_t length,
                   void *block)
 {
-  struct codec_context *context = context_get (codec);
-  if (!context)
-    return -1;
-
-  if (codec->algorithm == CODEC_LZ4) {
-    if (LZ4_decompress_safe (src, block, length, CODEC_BLOCK_SIZE)
-        == CODEC_BLOCK_SIZE)
-      return 0;
-  }
+  bool whole;
+  if (codec->algorithm == CODEC_LZ4)
+    /* lz4 decompression needs no context. */
+    whole = LZ4_decompress_safe (src, block, length, CODEC_BLOCK_SIZE)
+      == CODEC_BLOCK_SIZE;
   else {
-    size_t n = ZSTD_decompressDCtx (context->zstd_decompress, block,
-                                    CODEC_BLOCK_SIZE, src, length);
+    struct codec_context *context = context_borrow (codec);
+    if (!context)
+      return -1;
+    whole = ZSTD_decompressDCtx (context->zstd_decompress, block,
+                                 CODEC_BLOCK_SIZE, src, length)
+      == CODEC_BLOCK_SIZE;
     context_account (context);
-    if (n == CODEC_BLOCK_SIZE)
-      return 0;
+    context_return (context);
   }
+  if (whole)
+    return 0;
   errno = EIO;
   return -1;
 }

@@ -1,8 +1,11 @@
 /* Compression of 4 KiB blocks with lz4 or zstd.
  *
- * Each thread gets its own context (created on first use, freed when the
- * thread exits), so compressions never wait on each other or on a lock
- * (design-hazards.md #5).  zstd contexts are sized for 4 KiB inputs by
+ * Each call borrows a context of its own from the codec, which owns them
+ * all from their creation to codec_destroy: compressions never wait on
+ * each other or on a lock (design-hazards.md #5), contexts number the
+ * calls that ever ran at once (not the threads that ever existed), and no
+ * thread-exit hook exists, so a thread that exits after the plugin is
+ * unloaded runs none of its code (design-hazards.md #11).  zstd contexts are sized for 4 KiB inputs by
  * compressing with a known source size.  codec_memory() reports what all
  * live contexts hold, for the memory figures.
  */
@@ -40,7 +43,7 @@ extern int codec_compress (struct codec *codec, const void *block,
 extern int codec_decompress (struct codec *codec, const void *src,
                              size_t length, void *block);
 
-/* Bytes held by the live per-thread contexts. */
+/* Bytes held by the codec's contexts. */
 extern size_t codec_memory (struct codec *codec);
 
 #endif /* ZRAM_CODEC_H */

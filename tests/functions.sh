@@ -141,7 +141,10 @@ NBDKIT_STDERR=
 _nbdkit_runs=0
 
 # zram_nbdkit ARGS...: nbdkit ARGS with the sanitizer environment, --run
-# commands prefixed with $NO_PRELOAD.  Returns nbdkit's exit status (a
+# commands prefixed with $NO_PRELOAD.  With ZRAM_CAPTIVE=1 (always under
+# TSan) --run is done here, with the server in the foreground, so that the
+# server's own exit status counts: nbdkit's --run ignores how the server
+# ended once the command has succeeded.  Returns nbdkit's exit status (a
 # test under set -e fails on non-zero); stderr is copied to $NBDKIT_STDERR
 # and to our stderr.  A sanitizer report fails the test whatever the
 # status.  Written without relying on set -e: it may run in an `if`.
@@ -164,7 +167,7 @@ zram_nbdkit ()
     done
     _nbdkit_runs=$((_nbdkit_runs + 1))
     NBDKIT_STDERR="$(mktemp "$tmp/nbdkit-stderr.XXXXXX")"
-    if $has_run && [ "$SANITIZERS" = thread ]; then
+    if $has_run && { [ "$SANITIZERS" = thread ] || [ -n "${ZRAM_CAPTIVE:-}" ]; }; then
         # A shell started with libtsan preloaded crashes (SIGSEGV), and
         # nbdkit --run starts the command with /bin/sh in its own
         # environment: serve in the foreground instead and run the

@@ -321,7 +321,7 @@ worker_main (void *arg)
   for (unsigned i = 0; i < w->live; i++)
     obj_destroy (w, &w->table[i]);
   w->live = 0;
-  return NULL;                  /* the batch drains at thread exit */
+  return NULL;                  /* pending frees stay in the pool's batches */
 }
 
 static double

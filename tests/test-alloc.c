@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "xorshift.h"
+#include "thread-exit-hooks.h"
 
 #include "zsalloc.h"
 
@@ -1120,7 +1121,7 @@ free_some_thread (void *arg)
 {
   struct free_some_arg *a = arg;
 
-  /* Freed here, drained at this thread's exit. */
+  /* Freed here; they wait in the pool's batches after the thread exits. */
   for (size_t i = 0; i < a->n; i++)
     zs_free (a->pool, a->h[i]);
   return NULL;
@@ -1175,6 +1176,66 @@ test_destroy_with_live_objects (void **state)
   assert_int_equal (st.pages_used, 0);
   zs_pool_destroy (pool);
   free (h);
+}
+
+/* A thread that used a pool exits after the pool is destroyed, and no
+ * thread's exit runs allocator code: the pool registers no pthread key
+ * with a destructor (design-hazards.md #11; nbdkit's connection threads
+ * exit after the plugin is unloaded).
+ */
+struct late_exit {
+  struct zs_pool *pool;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int step;                     /* 1: used the pool, 2: may exit */
+};
+
+static void *
+late_exit_thread (void *arg)
+{
+  struct late_exit *l = arg;
+  zs_handle_t h[300];
+
+  for (size_t i = 0; i < 300; i++)
+    h[i] = alloc_written (l->pool, 100 + i * 13, i);
+  for (size_t i = 0; i < 300; i++)
+    zs_free (l->pool, h[i]);    /* batched: pending when the pool dies */
+  pthread_mutex_lock (&l->lock);
+  l->step = 1;
+  pthread_cond_broadcast (&l->cond);
+  while (l->step != 2)
+    pthread_cond_wait (&l->cond, &l->lock);
+  pthread_mutex_unlock (&l->lock);
+  return NULL;
+}
+
+static void
+test_thread_exits_after_destroy (void **state)
+{
+  (void) state;
+  struct late_exit l = { .step = 0 };
+  pthread_t thread;
+
+  l.pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+  pthread_mutex_init (&l.lock, NULL);
+  pthread_cond_init (&l.cond, NULL);
+  assert_int_equal (pthread_create (&thread, NULL, late_exit_thread, &l), 0);
+  pthread_mutex_lock (&l.lock);
+  while (l.step != 1)
+    pthread_cond_wait (&l.cond, &l.lock);
+  pthread_mutex_unlock (&l.lock);
+
+  zs_pool_destroy (l.pool);
+  /* Whatever the thread's exit would touch is gone now. */
+  pthread_mutex_lock (&l.lock);
+  l.step = 2;
+  pthread_cond_broadcast (&l.cond);
+  pthread_mutex_unlock (&l.lock);
+  assert_int_equal (pthread_join (thread, NULL), 0);
+  pthread_mutex_destroy (&l.lock);
+  pthread_cond_destroy (&l.cond);
+
+  assert_int_equal (atomic_load (&keys_with_destructor), 0);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1420,6 +1481,7 @@ main (void)
     cmocka_unit_test (test_mem_limit_huge),
     cmocka_unit_test (test_mem_limit_small),
     cmocka_unit_test (test_mem_limit_other_thread_batch),
+    cmocka_unit_test (test_thread_exits_after_destroy),
     cmocka_unit_test (test_batched_vs_immediate),
     cmocka_unit_test (test_destroy_with_live_objects),
     cmocka_unit_test (test_bad_input),

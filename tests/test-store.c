@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "xorshift.h"
+#include "thread-exit-hooks.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -432,6 +433,66 @@ run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode)
   store_destroy (store);
 }
 
+/* Threads that served requests exit after the store is destroyed, and no
+ * thread's exit runs store or allocator code: nothing registers a pthread
+ * key with a destructor (design-hazards.md #11).  Both codecs; each
+ * thread writes, reads and trims, so it has borrowed contexts and left
+ * frees pending.
+ */
+struct late_server {
+  struct block_store *store;
+  unsigned index;
+  pthread_barrier_t *used, *may_exit;
+};
+
+static void *
+late_server_thread (void *arg)
+{
+  struct late_server *l = arg;
+  unsigned char buf[BS], back[BS];
+
+  for (uint64_t block = l->index; block < 256; block += 4) {
+    block_fill (buf, block, 1);
+    assert_int_equal (store_write (l->store, buf, BS, block * BS), 0);
+    assert_int_equal (store_read (l->store, back, BS, block * BS), 0);
+    assert_memory_equal (buf, back, BS);
+    assert_int_equal (store_trim (l->store, BS, block * BS), 0);
+  }
+  pthread_barrier_wait (l->used);
+  pthread_barrier_wait (l->may_exit);
+  return NULL;
+}
+
+static void
+test_threads_exit_after_destroy (void **state)
+{
+  (void) state;
+  enum { SERVERS = 4 };
+
+  for (int algorithm = CODEC_LZ4; algorithm <= CODEC_ZSTD; algorithm++) {
+    struct block_store *store = make_store (256 * BS, algorithm, 0);
+    pthread_barrier_t used, may_exit;
+    pthread_t threads[SERVERS];
+    struct late_server l[SERVERS];
+
+    pthread_barrier_init (&used, NULL, SERVERS + 1);
+    pthread_barrier_init (&may_exit, NULL, SERVERS + 1);
+    for (unsigned i = 0; i < SERVERS; i++) {
+      l[i] = (struct late_server) { store, i, &used, &may_exit };
+      assert_int_equal (pthread_create (&threads[i], NULL, late_server_thread,
+                                        &l[i]), 0);
+    }
+    pthread_barrier_wait (&used);
+    store_destroy (store);
+    pthread_barrier_wait (&may_exit);
+    for (unsigned i = 0; i < SERVERS; i++)
+      assert_int_equal (pthread_join (threads[i], NULL), 0);
+    pthread_barrier_destroy (&used);
+    pthread_barrier_destroy (&may_exit);
+  }
+  assert_int_equal (atomic_load (&keys_with_destructor), 0);
+}
+
 static void
 test_concurrent_mixed_batched (void **state)
 {
@@ -455,6 +516,7 @@ main (void)
     cmocka_unit_test (test_extents),
     cmocka_unit_test (test_enospc_keeps_old_block),
     cmocka_unit_test (test_concurrent_partial_writes),
+    cmocka_unit_test (test_threads_exit_after_destroy),
     cmocka_unit_test (test_concurrent_mixed_batched),
     cmocka_unit_test (test_concurrent_mixed_immediate_pool_lock),
   };
