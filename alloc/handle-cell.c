@@ -4,8 +4,10 @@
  * Each class owns its cells, so they are allocated and freed under the
  * class lock that the caller already holds for the object: no extra lock.
  * Cells are carved from 4 KiB blocks; a free cell holds the address of the
- * next free cell.  Blocks are kept until the pool is destroyed (8 bytes
- * per object at the pool's high-water mark).
+ * next free cell.  Blocks are kept until the pool is destroyed, so each
+ * class keeps 8 bytes per object of its own high-water mark: the sum of
+ * every class's peak, which is more than the pool's peak when objects
+ * move between classes (issue 7 makes cells shrink).
  */
 
 #include <errno.h>

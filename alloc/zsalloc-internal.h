@@ -21,8 +21,10 @@
  *   descriptor (struct zspage) lives outside the pages.  Free slots form
  *   an intrusive list (a free slot's first two bytes hold the next free
  *   index); slots never used yet are handed out in order from
- *   `never_used`, so a new zspage touches its pages only as objects fill
- *   them and RSS follows what is stored.
+ *   `never_used`, so a zspage needs no free list built at creation.  A
+ *   new zspage's pages are populated at once (one MADV_POPULATE_WRITE
+ *   call in the page source): RSS follows the pool's pages, not only the
+ *   bytes stored.
  *   zspages sit on one of ZS_FULLNESS_GROUPS lists per class by how full
  *   they are; allocation takes from the fullest non-full group (bitmap of
  *   non-empty groups, one count-leading-zeros).  An empty zspage is
@@ -42,7 +44,8 @@
  *                  bytes_stored exact.
  *
  *   Cells come from per-class cell blocks, allocated and freed under the
- *   class lock.  Cell blocks are kept until the pool is destroyed.
+ *   class lock.  Cell blocks are kept until the pool is destroyed (they do
+ *   not shrink yet: issue 7).
  *
  * MOVING OBJECTS (compaction, a later issue; the plan the layout allows)
  *   The mover holds the class lock, copies an object to its new slot and

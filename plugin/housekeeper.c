@@ -36,11 +36,15 @@ housekeeper_main (void *arg)
     housekeeping_round ();
     pthread_mutex_lock (&lock);
 
+    /* A monotonic deadline: a step of the wall clock (NTP, an operator's
+     * date -s) must neither stall the housekeeper nor make it spin.
+     */
     struct timespec deadline;
-    clock_gettime (CLOCK_REALTIME, &deadline);
+    clock_gettime (CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += HOUSEKEEPING_INTERVAL_SECONDS;
     while (!stopping
-           && pthread_cond_timedwait (&wake, &lock, &deadline) != ETIMEDOUT)
+           && pthread_cond_clockwait (&wake, &lock, CLOCK_MONOTONIC,
+                                      &deadline) != ETIMEDOUT)
       ;
   }
   pthread_mutex_unlock (&lock);
