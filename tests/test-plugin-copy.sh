@@ -84,7 +84,9 @@ for comp in lz4 zstd; do
     }
     cat "$log"
     grep -q "Images are identical" "$log" || fail "comp=$comp: qemu-img compare did not say identical"
-    if grep -Eiq "Pattern verification failed|error|failed" "$log"; then
+    # nbdkit's own lines (its stderr is in the log too) are not qemu-io's:
+    # on nbdkit < 1.34 the plugin's warning is logged as "error: ...".
+    if grep -v '^nbdkit: ' "$log" | grep -Eiq "Pattern verification failed|error|failed"; then
         fail "comp=$comp: qemu-io reported a failure"
     fi
     # Each qemu-io read happened.
