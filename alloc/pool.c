@@ -138,12 +138,19 @@ zs_malloc (struct zs_pool *pool, size_t size)
   struct zspage *zspage;
   bool flushed = false;
 
+  /* The cell first: once a zspage is found or made, nothing can fail,
+   * so a failure never leaves a new, empty zspage behind.
+   */
   pthread_mutex_lock (class->lock);
+  _Atomic uint64_t *cell = cell_alloc (pool, class);
+  if (!cell) {
+    pthread_mutex_unlock (class->lock);
+    return 0;
+  }
   while (!(zspage = class_fullest_zspage (class))) {
     pthread_mutex_unlock (class->lock);
     zspage = zspage_new (pool, class, &flushed);
-    if (!zspage && errno != EAGAIN)
-      return 0;
+    int err = errno;
     pthread_mutex_lock (class->lock);
     if (zspage) {
       /* Take from the new zspage itself, even if a racing thread made a
@@ -152,13 +159,14 @@ zs_malloc (struct zs_pool *pool, size_t size)
       zspage_insert (class, zspage);
       break;
     }
+    if (err != EAGAIN) {
+      cell_release (class, cell);
+      pthread_mutex_unlock (class->lock);
+      errno = err;
+      return 0;
+    }
   }
 
-  _Atomic uint64_t *cell = cell_alloc (pool, class);
-  if (!cell) {
-    pthread_mutex_unlock (class->lock);
-    return 0;
-  }
   unsigned index = zspage_take_object (class, zspage);
   class->objs_used++;
   class->bytes_stored += size;

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1238,6 +1239,54 @@ test_thread_exits_after_destroy (void **state)
   assert_int_equal (atomic_load (&keys_with_destructor), 0);
 }
 
+/* A malloc that fails once, for the next request of a given size (the
+ * test is linked with -Wl,--wrap=malloc; only the allocator's and this
+ * file's calls go through here).
+ */
+static atomic_size_t fail_malloc_of_size;
+void *__real_malloc (size_t size);
+void *__wrap_malloc (size_t size);
+void *
+__wrap_malloc (size_t size)
+{
+  size_t armed = size;
+  if (atomic_compare_exchange_strong (&fail_malloc_of_size, &armed, 0)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return __real_malloc (size);
+}
+
+/* zs_malloc that cannot get a handle cell fails with ENOMEM and leaves
+ * nothing behind: no zspage listed, no page counted against the limit.
+ */
+static void
+test_cell_failure_leaves_no_zspage (void **state)
+{
+  (void) state;
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 64 * PAGE,
+                                    ZS_LOCK_CLASS, ZS_FREE_BATCHED);
+  struct zs_pool_stats st;
+
+  /* The class's first object needs a block of cells: one page. */
+  atomic_store (&fail_malloc_of_size, (size_t) PAGE);
+  errno = 0;
+  assert_true (zs_malloc (pool, 1000) == 0);
+  assert_int_equal (errno, ENOMEM);
+  assert_int_equal (atomic_load (&fail_malloc_of_size), 0);
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.pages_used, 0);
+
+  /* And the pool still works. */
+  zs_handle_t h = alloc_written (pool, 1000, 7);
+  assert_true (object_ok (pool, h, 1000, 7));
+  zs_free (pool, h);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+}
+
 /* ---------------------------------------------------------------------- */
 /* 9. Bad input.                                                          */
 
@@ -1484,6 +1533,7 @@ main (void)
     cmocka_unit_test (test_thread_exits_after_destroy),
     cmocka_unit_test (test_batched_vs_immediate),
     cmocka_unit_test (test_destroy_with_live_objects),
+    cmocka_unit_test (test_cell_failure_leaves_no_zspage),
     cmocka_unit_test (test_bad_input),
     cmocka_unit_test (test_names_and_print),
     cmocka_unit_test (test_memory_returns),
