@@ -33,6 +33,9 @@ free_class_run (struct zs_pool *pool, struct size_class *class,
     if (zspage)
       empty[empties++] = zspage;
   }
+  /* In transit until zspage_release has returned their pages. */
+  if (empties)
+    atomic_fetch_add (&pool->page_account, empties * PAGE_ACCOUNT_TRANSIT);
   pthread_mutex_unlock (class->lock);
 
   for (unsigned i = 0; i < empties; i++)

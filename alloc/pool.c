@@ -1,6 +1,7 @@
 /* The pool: creation, and the object API (malloc, free, read, write). */
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,53 +78,39 @@ zs_pool_destroy (struct zs_pool *pool)
   free (pool);
 }
 
-/* Reserve pages against the memory limit.  A compare-and-swap, so that
- * pages_used never exceeds the limit, not even for a moment that
- * zs_pool_stats could observe.
+/* The outcome of asking for a new zspage's pages. */
+enum reservation {
+  RESERVED,             /* the pages are counted, the zspage in transit */
+  REFUSED,              /* the limit is reached and no zspage in transit */
+  IN_TRANSIT,           /* the limit is reached but zspages are in transit */
+};
+
+/* Reserve a new zspage's pages against the limit and put it in transit,
+ * in one compare-and-swap of the page account: pages used never exceed
+ * the limit, not even for a moment, and a refusal sees in the same
+ * instant that no zspage is on its way in or out (see MEMORY LIMIT).
  */
-static bool
-pages_reserve (struct zs_pool *pool, unsigned pages)
+static enum reservation
+zspage_reserve (struct zs_pool *pool, struct size_class *class)
 {
-  uint64_t used = atomic_load_explicit (&pool->pages_used, memory_order_relaxed);
+  uint64_t account = atomic_load_explicit (&pool->page_account,
+                                           memory_order_relaxed);
   uint64_t wanted;
 
   do {
-    wanted = used + pages;
+    wanted = account + class->pages_per_zspage + PAGE_ACCOUNT_TRANSIT;
     if (pool->config.mem_limit
-        && wanted * ZS_PAGE_SIZE > pool->config.mem_limit)
-      return false;
-  } while (!atomic_compare_exchange_weak (&pool->pages_used, &used, wanted));
+        && account_pages (wanted) * ZS_PAGE_SIZE > pool->config.mem_limit)
+      return account_transit (account) ? IN_TRANSIT : REFUSED;
+  } while (!atomic_compare_exchange_weak (&pool->page_account, &account,
+                                          wanted));
 
   uint64_t max = atomic_load_explicit (&pool->pages_used_max, memory_order_relaxed);
-  while (wanted > max
-         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max, wanted))
+  while (account_pages (wanted) > max
+         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max,
+                                           account_pages (wanted)))
     ;
-  return true;
-}
-
-/* Slow path, no lock held: a new zspage for the class, or NULL with
- * errno.  Pending frees are drained before the limit refuses.
- * Returns NULL with errno EAGAIN after the one flush it may do: the flush
- * may have freed slots in the class, so the caller looks again.
- */
-static struct zspage *
-zspage_new (struct zs_pool *pool, struct size_class *class, bool *flushed)
-{
-  if (!pages_reserve (pool, class->pages_per_zspage)) {
-    if (!*flushed && pool->config.free_mode == ZS_FREE_BATCHED) {
-      *flushed = true;
-      zs_pool_flush (pool);
-      errno = EAGAIN;
-      return NULL;
-    }
-    atomic_fetch_add (&pool->limit_hits, 1);
-    errno = ENOSPC;
-    return NULL;
-  }
-  struct zspage *zspage = zspage_create (pool, class);
-  if (!zspage)
-    atomic_fetch_sub (&pool->pages_used, class->pages_per_zspage);
-  return zspage;
+  return RESERVED;
 }
 
 zs_handle_t
@@ -137,6 +124,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
   struct size_class *class = class_for_size (pool, size);
   struct zspage *zspage;
   bool flushed = false;
+  int err;
 
   /* The cell first: once a zspage is found or made, nothing can fail,
    * so a failure never leaves a new, empty zspage behind.
@@ -147,24 +135,45 @@ zs_malloc (struct zs_pool *pool, size_t size)
     pthread_mutex_unlock (class->lock);
     return 0;
   }
+  /* Every decision below is made with the class lock held and the class
+   * seen without a free slot, so a refusal is true when it is made.
+   */
   while (!(zspage = class_fullest_zspage (class))) {
-    pthread_mutex_unlock (class->lock);
-    zspage = zspage_new (pool, class, &flushed);
-    int err = errno;
-    pthread_mutex_lock (class->lock);
-    if (zspage) {
+    enum reservation reservation = zspage_reserve (pool, class);
+    if (reservation == RESERVED) {
+      pthread_mutex_unlock (class->lock);
+      zspage = zspage_create (pool, class);
+      err = errno;
+      pthread_mutex_lock (class->lock);
+      if (!zspage) {
+        atomic_fetch_sub (&pool->page_account,
+                          class->pages_per_zspage + PAGE_ACCOUNT_TRANSIT);
+        goto fail;
+      }
       /* Take from the new zspage itself, even if a racing thread made a
        * fuller one meanwhile: never leave an empty zspage behind.
        */
       zspage_insert (class, zspage);
+      atomic_fetch_sub (&pool->page_account, PAGE_ACCOUNT_TRANSIT);
       break;
     }
-    if (err != EAGAIN) {
-      cell_release (class, cell);
-      pthread_mutex_unlock (class->lock);
-      errno = err;
-      return 0;
+    if (reservation == REFUSED
+        && (flushed || pool->config.free_mode != ZS_FREE_BATCHED)) {
+      atomic_fetch_add (&pool->limit_hits, 1);
+      err = ENOSPC;
+      goto fail;
     }
+    /* Drain the pending frees once, or let the zspages in transit land,
+     * then look in the class again.
+     */
+    pthread_mutex_unlock (class->lock);
+    if (reservation == REFUSED) {
+      flushed = true;
+      zs_pool_flush (pool);
+    }
+    else
+      sched_yield ();
+    pthread_mutex_lock (class->lock);
   }
 
   unsigned index = zspage_take_object (class, zspage);
@@ -174,6 +183,12 @@ zs_malloc (struct zs_pool *pool, size_t size)
                          memory_order_release);
   pthread_mutex_unlock (class->lock);
   return (zs_handle_t) cell;
+
+ fail:
+  cell_release (class, cell);
+  pthread_mutex_unlock (class->lock);
+  errno = err;
+  return 0;
 }
 
 struct zspage *

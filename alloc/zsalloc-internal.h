@@ -84,9 +84,17 @@
  *   thread-local is the batch hint, a plain integer.
  *
  * MEMORY LIMIT
- *   pages_used is reserved with a compare-and-swap before a zspage is
- *   created, so the limit is never exceeded, even for a moment, by racing
- *   allocators.
+ *   One atomic word, the page account, holds the pages used (low 40 bits)
+ *   and the zspages in transit (high 24 bits): reserved but not yet listed
+ *   in their class, or unlisted but their pages not yet returned.  A new
+ *   zspage's pages are reserved and the zspage put in transit with one
+ *   compare-and-swap before it is created, so the limit is never
+ *   exceeded, even for a moment, by racing allocators.  An allocation
+ *   decides with its class lock held and its class seen without a free
+ *   slot; if the limit refuses the pages it drains the batches once, and
+ *   while the same snapshot of the account shows zspages in transit it
+ *   yields and looks again.  So a refusal (ENOSPC) is true when it is
+ *   made: every page is in a listed zspage and the class has no slot.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   free_batch->lock           that batch's handles and count.
@@ -189,11 +197,25 @@ struct zs_pool {
                                      the pool from create to destroy */
 
   /* Pool-wide counters: atomics, no lock. */
-  _Atomic uint64_t pages_used;
+  _Atomic uint64_t page_account;  /* pages used and zspages in transit,
+                                     see MEMORY LIMIT */
   _Atomic uint64_t pages_used_max;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
 };
+
+/* The page account (see MEMORY LIMIT). */
+#define PAGE_ACCOUNT_TRANSIT ((uint64_t) 1 << 40)   /* one zspage in transit */
+static inline uint64_t
+account_pages (uint64_t account)
+{
+  return account & (PAGE_ACCOUNT_TRANSIT - 1);
+}
+static inline uint64_t
+account_transit (uint64_t account)
+{
+  return account / PAGE_ACCOUNT_TRANSIT;
+}
 
 /* size-class.c */
 extern int size_classes_init (struct zs_pool *pool);

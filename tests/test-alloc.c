@@ -1239,6 +1239,87 @@ test_thread_exits_after_destroy (void **state)
   assert_int_equal (atomic_load (&keys_with_destructor), 0);
 }
 
+/* A refusal for the limit is true when it is made.  With the limit at
+ * one zspage of 13 slots, 4 threads racing to store 3 objects each must
+ * all succeed: one of them makes the zspage, the others wait for it
+ * rather than failing while it is being made.
+ */
+enum { RACE_THREADS = 4, RACE_OBJECTS = 3, RACE_ROUNDS = 2000 };
+
+struct limit_race {
+  struct zs_pool *_Atomic pool;    /* this round's pool */
+  pthread_barrier_t start, done;
+  atomic_int refused;
+  zs_handle_t h[RACE_THREADS][RACE_OBJECTS];
+};
+
+struct limit_racer {
+  struct limit_race *race;
+  unsigned index;
+};
+
+static void *
+limit_racer_thread (void *arg)
+{
+  struct limit_racer *racer = arg;
+  struct limit_race *race = racer->race;
+
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    pthread_barrier_wait (&race->start);
+    struct zs_pool *pool = atomic_load (&race->pool);
+    for (int i = 0; i < RACE_OBJECTS; i++) {
+      zs_handle_t h = zs_malloc (pool, 300);
+      if (!h) {
+        atomic_fetch_add (&race->refused, 1);
+        print_error ("round %d: errno %d\n", round, errno);
+      }
+      race->h[racer->index][i] = h;
+    }
+    pthread_barrier_wait (&race->done);
+  }
+  return NULL;
+}
+
+static void
+test_limit_refusal_is_true (void **state)
+{
+  (void) state;
+  struct limit_race race = { .refused = 0 };
+  struct limit_racer racers[RACE_THREADS];
+  pthread_t threads[RACE_THREADS];
+
+  pthread_barrier_init (&race.start, NULL, RACE_THREADS + 1);
+  pthread_barrier_init (&race.done, NULL, RACE_THREADS + 1);
+  for (unsigned t = 0; t < RACE_THREADS; t++) {
+    racers[t] = (struct limit_racer) { &race, t };
+    assert_int_equal (pthread_create (&threads[t], NULL, limit_racer_thread,
+                                      &racers[t]), 0);
+  }
+  int refusals = 0;
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    /* chain 1: the class of 300-byte objects has 13 slots in one page. */
+    struct zs_pool *pool = make_pool (1, PAGE, ZS_LOCK_CLASS,
+                                      round % 2 ? ZS_FREE_IMMEDIATE
+                                      : ZS_FREE_BATCHED);
+    atomic_store (&race.pool, pool);
+    atomic_store (&race.refused, 0);
+    pthread_barrier_wait (&race.start);
+    pthread_barrier_wait (&race.done);
+    refusals += atomic_load (&race.refused) != 0;
+    for (unsigned t = 0; t < RACE_THREADS; t++)
+      for (int i = 0; i < RACE_OBJECTS; i++)
+        zs_free (pool, race.h[t][i]);
+    zs_pool_destroy (pool);
+  }
+  for (unsigned t = 0; t < RACE_THREADS; t++)
+    assert_int_equal (pthread_join (threads[t], NULL), 0);
+  pthread_barrier_destroy (&race.start);
+  pthread_barrier_destroy (&race.done);
+  if (refusals)
+    fail_msg ("%d of %d rounds refused an object that fitted the limit",
+              refusals, RACE_ROUNDS);
+}
+
 /* A malloc that fails once, for the next request of a given size (the
  * test is linked with -Wl,--wrap=malloc; only the allocator's and this
  * file's calls go through here).
@@ -1534,6 +1615,7 @@ main (void)
     cmocka_unit_test (test_batched_vs_immediate),
     cmocka_unit_test (test_destroy_with_live_objects),
     cmocka_unit_test (test_cell_failure_leaves_no_zspage),
+    cmocka_unit_test (test_limit_refusal_is_true),
     cmocka_unit_test (test_bad_input),
     cmocka_unit_test (test_names_and_print),
     cmocka_unit_test (test_memory_returns),
