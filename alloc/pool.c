@@ -262,6 +262,38 @@ zs_object_size (struct zs_pool *pool, zs_handle_t handle)
 }
 
 size_t
+zs_object_room (struct zs_pool *pool, zs_handle_t handle)
+{
+  return class_for_size (pool, zs_object_size (pool, handle))->size;
+}
+
+int
+zs_resize (struct zs_pool *pool, zs_handle_t handle, size_t size)
+{
+  if (size == 0 || size > ZS_MAX_OBJECT_SIZE) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct size_class *class = class_for_size (pool, zs_object_size (pool, handle));
+  if (class_for_size (pool, size) != class) {
+    errno = ERANGE;
+    return -1;
+  }
+  /* The class lock: the size is counted in bytes_stored, and a drain
+   * freeing other objects of the class reads cells under it.
+   */
+  pthread_mutex_lock (class->lock);
+  uint64_t location = handle_load (handle);
+  class->bytes_stored += size - cell_object_size (location);
+  atomic_store_explicit ((_Atomic uint64_t *) handle,
+                         cell_encode (cell_zspage (location),
+                                      cell_object_index (location), size),
+                         memory_order_release);
+  pthread_mutex_unlock (class->lock);
+  return 0;
+}
+
+size_t
 zs_huge_class_size (const struct zs_pool *pool)
 {
   return pool->huge_class_size;

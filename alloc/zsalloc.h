@@ -129,8 +129,18 @@ extern int zs_read_needs_copy (const struct zs_pool *pool);
 extern int zs_write (struct zs_pool *pool, zs_handle_t handle,
                      const void *buf, size_t len);
 
-/* The size that was passed to zs_malloc for this handle. */
+/* The size that was passed to zs_malloc for this handle (or zs_resize). */
 extern size_t zs_object_size (struct zs_pool *pool, zs_handle_t handle);
+
+/* The most the object's slot holds: its size class's slot size. */
+extern size_t zs_object_room (struct zs_pool *pool, zs_handle_t handle);
+
+/* Change an object's size in place, keeping its slot and its bytes:
+ * 0, or -1 with errno ERANGE when the new size belongs to another size
+ * class (it would need another slot), EINVAL for a bad size.  Uses of the
+ * handle are serialised by the caller, as for zs_write.
+ */
+extern int zs_resize (struct zs_pool *pool, zs_handle_t handle, size_t size);
 
 /* Objects of this size or larger land in the huge class: one object per
  * one-page zspage.  zram stores pages that compress to this size or more

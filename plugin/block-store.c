@@ -33,7 +33,23 @@ struct block_store {
 struct block_content {
   enum block_kind kind;
   uint64_t value;
+  uint32_t zeroed;                /* see struct block_entry */
 };
+
+static inline uint32_t
+zeroed_range (size_t first, size_t end)
+{
+  return (uint32_t) first << 16 | (uint32_t) end;
+}
+static inline size_t zeroed_first (uint32_t zeroed) { return zeroed >> 16; }
+static inline size_t zeroed_end (uint32_t zeroed) { return zeroed & 0xffff; }
+
+static inline bool
+content_has_object (const struct block_content *content)
+{
+  return content->kind == BLOCK_COMPRESSED || content->kind == BLOCK_RAW
+    || content->kind == BLOCK_COMPRESSED_PADDED;
+}
 
 static inline void
 counter_add (_Atomic uint64_t *counter, int64_t delta)
@@ -125,6 +141,7 @@ block_encode (struct block_store *store, const unsigned char *block,
   unsigned char compressed[STORE_BLOCK_SIZE];
   const void *payload = compressed;
 
+  content->zeroed = 0;
   if (block_is_same_filled (block, &content->value)) {
     content->kind = BLOCK_SAME;
     return 0;
@@ -149,11 +166,81 @@ block_encode (struct block_store *store, const unsigned char *block,
   return 0;
 }
 
+/* The union of a recorded zeroed range (0: none) and [first, end), if it
+ * is one range: true, with *merged set.
+ */
+static bool
+zeroed_merge (uint32_t zeroed, size_t first, size_t end, uint32_t *merged)
+{
+  if (zeroed) {
+    if (end < zeroed_first (zeroed) || first > zeroed_end (zeroed))
+      return false;
+    if (zeroed_first (zeroed) < first)
+      first = zeroed_first (zeroed);
+    if (zeroed_end (zeroed) > end)
+      end = zeroed_end (zeroed);
+  }
+  *merged = zeroed_range (first, end);
+  return true;
+}
+
+/* Encode a whole block into the object old holds, when it fits there:
+ * needs no memory, so zeroing part of a block that holds data works at
+ * the memory limit.  Under the stripe lock, which keeps readers of the
+ * block out while its object is rewritten.  Returns 0 with content set (a
+ * fill word, or old's object rewritten: compressed bytes that leave part
+ * of it unused are BLOCK_COMPRESSED_PADDED), 1 if the block does not fit
+ * (nothing changed), or -1 with errno.
+ */
+static int
+block_encode_in_place (struct block_store *store, const unsigned char *block,
+                       const struct block_content *old,
+                       struct block_content *content)
+{
+  content->zeroed = 0;
+  if (block_is_same_filled (block, &content->value)) {
+    content->kind = BLOCK_SAME;
+    return 0;
+  }
+  if (!content_has_object (old))
+    return 1;
+
+  unsigned char compressed[STORE_BLOCK_SIZE];
+  zs_handle_t handle = old->value;
+  size_t size = zs_object_size (store->pool, handle);
+  size_t room = zs_object_room (store->pool, handle);
+  int length = codec_compress (store->codec, block, compressed,
+                               room < store->raw_threshold - 1
+                               ? room : store->raw_threshold - 1);
+  if (length == -1)
+    return -1;
+  content->value = handle;
+  if (length > 0) {
+    /* Exact when the slot's class fits the new size, padded (the object
+     * keeps its size) when the new size belongs to a smaller class.
+     */
+    content->kind = BLOCK_COMPRESSED;
+    if ((size_t) length != size
+        && zs_resize (store->pool, handle, length) == -1)
+      content->kind = BLOCK_COMPRESSED_PADDED;
+    zs_write (store->pool, handle, compressed, length);
+    return 0;
+  }
+  if (size == STORE_BLOCK_SIZE) {
+    zs_write (store->pool, handle, block, STORE_BLOCK_SIZE);
+    content->kind = BLOCK_RAW;
+    return 0;
+  }
+  return 1;
+}
+
 /* Decode stored content into a whole block.  Under the stripe lock. */
 static int
 block_decode (struct block_store *store, const struct block_content *content,
               unsigned char *block)
 {
+  int r = 0;
+
   switch (content->kind) {
   case BLOCK_EMPTY:
     memset (block, 0, STORE_BLOCK_SIZE);
@@ -161,32 +248,37 @@ block_decode (struct block_store *store, const struct block_content *content,
   case BLOCK_SAME:
     for (size_t i = 0; i < STORE_BLOCK_SIZE; i += sizeof content->value)
       memcpy (block + i, &content->value, sizeof content->value);
-    return 0;
+    break;
   case BLOCK_RAW:
   case BLOCK_COMPRESSED:
+  case BLOCK_COMPRESSED_PADDED: {
+    unsigned char local_copy[STORE_BLOCK_SIZE];
+    zs_handle_t handle = content->value;
+    size_t length = zs_object_size (store->pool, handle);
+    const void *object = zs_read_begin (store->pool, handle, local_copy);
+    if (content->kind == BLOCK_RAW)
+      memcpy (block, object, STORE_BLOCK_SIZE);
+    else
+      r = codec_decompress (store->codec, object, length,
+                            content->kind == BLOCK_COMPRESSED_PADDED, block);
+    zs_read_end (store->pool, handle, object);
     break;
   }
-
-  unsigned char local_copy[STORE_BLOCK_SIZE];
-  zs_handle_t handle = content->value;
-  size_t length = zs_object_size (store->pool, handle);
-  const void *object = zs_read_begin (store->pool, handle, local_copy);
-  int r = 0;
-  if (content->kind == BLOCK_RAW)
-    memcpy (block, object, STORE_BLOCK_SIZE);
-  else
-    r = codec_decompress (store->codec, object, length, block);
-  zs_read_end (store->pool, handle, object);
+  }
+  if (content->zeroed)
+    memset (block + zeroed_first (content->zeroed), 0,
+            zeroed_end (content->zeroed) - zeroed_first (content->zeroed));
   return r;
 }
 
 static struct block_content
 entry_load (const struct block_entry *entry)
 {
-  struct block_content content = { BLOCK_EMPTY, 0 };
+  struct block_content content = { .kind = BLOCK_EMPTY };
   if (entry) {
     content.kind = atomic_load_explicit (&entry->kind, memory_order_relaxed);
     content.value = atomic_load_explicit (&entry->value, memory_order_relaxed);
+    content.zeroed = atomic_load_explicit (&entry->zeroed, memory_order_relaxed);
   }
   return content;
 }
@@ -200,15 +292,24 @@ entry_replace (struct block_entry *entry, const struct block_content *content)
   struct block_content old = entry_load (entry);
   atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
   atomic_store_explicit (&entry->kind, content->kind, memory_order_relaxed);
+  atomic_store_explicit (&entry->zeroed, content->zeroed, memory_order_relaxed);
   return old;
 }
 
-/* Account for content entering (sign 1) or leaving (sign -1) the table,
- * and free the object of content that left.
+/* The bytes of content's object, 0 if it has none. */
+static size_t
+content_bytes (struct block_store *store, const struct block_content *content)
+{
+  return content_has_object (content)
+    ? zs_object_size (store->pool, content->value) : 0;
+}
+
+/* Account for content of bytes object bytes (content_bytes) entering
+ * (sign 1) or leaving (sign -1) the table.
  */
 static void
 content_account (struct block_store *store, const struct block_content *content,
-                 int sign)
+                 int sign, size_t bytes)
 {
   switch (content->kind) {
   case BLOCK_EMPTY:
@@ -222,21 +323,27 @@ content_account (struct block_store *store, const struct block_content *content,
       counter_add (&store->raw_blocks_since, 1);
     /* fallthrough */
   case BLOCK_COMPRESSED:
-    counter_add (&store->compr_bytes,
-                 sign * (int64_t) zs_object_size (store->pool, content->value));
-    if (sign < 0)
-      zs_free (store->pool, content->value);
+  case BLOCK_COMPRESSED_PADDED:
+    counter_add (&store->compr_bytes, sign * (int64_t) bytes);
     break;
   }
   counter_add (&store->stored_blocks, sign);
 }
 
-/* Free content that never made it into the table. */
+/* Free the object of content that left the table, or never entered it. */
 static void
 content_discard (struct block_store *store, const struct block_content *content)
 {
-  if (content->kind == BLOCK_RAW || content->kind == BLOCK_COMPRESSED)
+  if (content_has_object (content))
     zs_free (store->pool, content->value);
+}
+
+/* Content left the table: account for it and free its object. */
+static void
+content_release (struct block_store *store, const struct block_content *content)
+{
+  content_account (store, content, -1, content_bytes (store, content));
+  content_discard (store, content);
 }
 
 /* Install content for a block.  The entry's leaf is made first (lock
@@ -259,11 +366,11 @@ block_install (struct block_store *store, uint64_t block,
     return -1;
   }
 
-  content_account (store, content, 1);
+  content_account (store, content, 1, content_bytes (store, content));
   pthread_mutex_lock (stripe_for (store, block));
   struct block_content old = entry_replace (entry, content);
   pthread_mutex_unlock (stripe_for (store, block));
-  content_account (store, &old, -1);
+  content_release (store, &old);
   return 0;
 }
 
@@ -283,13 +390,23 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out)
 
 /* Rewrite part of a block, [from, from+length), with data (or zeros when
  * data is NULL), all under the stripe lock.
+ *
+ * A write gets a right-sized object, and only if memory is full is the
+ * block rewritten in its old object, when it fits there.  A zero is
+ * rewritten in the old object whenever it fits, and needs memory only
+ * when the new encoding is bigger than the old object's slot (or the
+ * block was same-filled); if the limit refuses that memory, the zeroed
+ * range is recorded in the entry beside the old data (struct
+ * block_entry), which needs none.  So zeroing part of a block that holds
+ * data never fails for lack of memory, but in one case: the block already
+ * has a zeroed range that does not touch the new one.
  */
 static int
 block_patch (struct block_store *store, uint64_t block, const void *data,
              size_t from, size_t length)
 {
   unsigned char buffer[STORE_BLOCK_SIZE];
-  struct block_content content;
+  struct block_content content = { .kind = BLOCK_EMPTY };
   /* Zeroing needs no leaf where there is none: that range is a hole. */
   struct block_entry *entry = block_table_lookup (&store->table, block,
                                                   data != NULL);
@@ -307,22 +424,40 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
     pthread_mutex_unlock (stripe_for (store, block));
     return 0;
   }
+  size_t old_bytes = content_bytes (store, &old); /* before any rewrite */
   int r = block_decode (store, &old, buffer);
   if (r == 0) {
-    if (data)
+    if (data) {
       memcpy (buffer + from, data, length);
-    else
+      r = block_encode (store, buffer, &content);
+      if (r == -1 && errno == ENOSPC
+          && block_encode_in_place (store, buffer, &old, &content) == 0)
+        r = 0;
+    }
+    else {
       memset (buffer + from, 0, length);
-    r = block_encode (store, buffer, &content);
+      r = block_encode_in_place (store, buffer, &old, &content);
+      if (r == 1)
+        r = block_encode (store, buffer, &content);
+      if (r == -1 && errno == ENOSPC
+          && zeroed_merge (old.zeroed, from, from + length, &content.zeroed)) {
+        content.kind = old.kind;
+        content.value = old.value;
+        r = 0;
+      }
+    }
   }
   if (r == -1) {
     pthread_mutex_unlock (stripe_for (store, block));
     return -1;
   }
-  content_account (store, &content, 1);
+  bool same_object = content_has_object (&content) && content.value == old.value;
+  content_account (store, &content, 1, content_bytes (store, &content));
   entry_replace (entry, &content);
   pthread_mutex_unlock (stripe_for (store, block));
-  content_account (store, &old, -1);
+  content_account (store, &old, -1, old_bytes);
+  if (!same_object)
+    content_discard (store, &old);
   return 0;
 }
 
@@ -394,7 +529,7 @@ store_trim (struct block_store *store, uint64_t count, uint64_t offset)
 {
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     if (length == STORE_BLOCK_SIZE) {
-      struct block_content content = { BLOCK_EMPTY, 0 };
+      struct block_content content = { .kind = BLOCK_EMPTY };
       block_install (store, block, &content);
       counter_add (&store->notify_free, 1);
     }
@@ -409,7 +544,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
     if (length == STORE_BLOCK_SIZE) {
-      struct block_content content = { may_trim ? BLOCK_EMPTY : BLOCK_SAME, 0 };
+      struct block_content content = { .kind = may_trim ? BLOCK_EMPTY : BLOCK_SAME };
       r = block_install (store, block, &content);
       counter_add (&store->notify_free, 1);
     }

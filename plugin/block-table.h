@@ -26,12 +26,21 @@ enum block_kind {
   BLOCK_SAME,           /* value: the 8-byte word repeated 512 times */
   BLOCK_COMPRESSED,     /* value: zsalloc handle of the compressed bytes */
   BLOCK_RAW,            /* value: zsalloc handle of the 4096 raw bytes */
+  BLOCK_COMPRESSED_PADDED, /* value: zsalloc handle of an object larger
+                              than the compressed bytes at its start: a
+                              block rewritten in place (block-store.c) */
 };
 
 struct block_entry {
   _Atomic uint64_t value;
   _Atomic uint32_t kind;      /* enum block_kind */
-  uint32_t unused;
+  /* A range of a block that holds data (an object or a fill word) which
+   * reads as zeros whatever the data says: first << 16 | end, 0 for none.
+   * How a partial zero is stored when the block's new encoding needs
+   * memory that the limit refuses (block-store.c).  Guarded by the stripe
+   * lock (atomic, as kind and value, only for the lockless extents walk).
+   */
+  _Atomic uint32_t zeroed;
 };
 
 struct block_table {

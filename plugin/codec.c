@@ -244,14 +244,28 @@ codec_compress (struct codec *codec, const void *block, void *dst,
 
 int
 codec_decompress (struct codec *codec, const void *src, size_t length,
-                  void *block)
+                  bool padded, void *block)
 {
   bool whole;
   if (codec->algorithm == CODEC_LZ4)
-    /* lz4 decompression needs no context. */
-    whole = LZ4_decompress_safe (src, block, length, CODEC_BLOCK_SIZE)
+    /* lz4 decompression needs no context.  Decoding a padded block stops
+     * at the block's 4096 bytes, before the padding (lz4.h allows a
+     * source longer than the block when the target is the whole block).
+     */
+    whole = (padded
+             ? LZ4_decompress_safe_partial (src, block, length,
+                                            CODEC_BLOCK_SIZE, CODEC_BLOCK_SIZE)
+             : LZ4_decompress_safe (src, block, length, CODEC_BLOCK_SIZE))
       == CODEC_BLOCK_SIZE;
   else {
+    if (padded) {
+      /* A zstd frame says where it ends. */
+      length = ZSTD_findFrameCompressedSize (src, length);
+      if (ZSTD_isError (length)) {
+        errno = EIO;
+        return -1;
+      }
+    }
     struct codec_context *context = context_borrow (codec);
     if (!context)
       return -1;

@@ -13,6 +13,7 @@
 #ifndef ZRAM_CODEC_H
 #define ZRAM_CODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define CODEC_BLOCK_SIZE 4096
@@ -39,9 +40,12 @@ extern int codec_level_is_valid (enum codec_algorithm algorithm, int level,
 extern int codec_compress (struct codec *codec, const void *block,
                            void *dst, size_t capacity);
 
-/* Decompress src (length bytes) into one block.  0 or -1 (errno EIO). */
+/* Decompress src (length bytes) into one block.  0 or -1 (errno EIO).
+ * padded: the compressed bytes are only the start of src, whose tail is
+ * left over from older content; the codec finds where they end.
+ */
 extern int codec_decompress (struct codec *codec, const void *src,
-                             size_t length, void *block);
+                             size_t length, bool padded, void *block);
 
 /* Bytes held by the codec's contexts. */
 extern size_t codec_memory (struct codec *codec);

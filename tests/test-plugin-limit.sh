@@ -2,8 +2,9 @@
 # mem_limit: with mem_limit=4M on a 64M device, random (incompressible)
 # writes fail with ENOSPC once the pool is full; the data written before
 # stays readable; an overwrite refused for memory leaves the old block
-# as it was; same-filled writes and zeroing need no memory and still
-# work; after trims, writes succeed again.  The statistics agree.
+# as it was; same-filled writes and zeroing - also of part of a block that
+# holds data - need no memory and still work; after trims, writes succeed
+# again.  The statistics agree.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -76,6 +77,27 @@ assert h.pread(M, 0) == first, "first 1 MiB changed"
 for o, c in chunks.items():
     assert h.pread(len(c), o) == c, "chunk at %d changed" % o
 
+# Zeroing part of blocks that hold data needs no memory either, with or
+# without NO_HOLE: the compressed block, the raw block, and two random
+# blocks of the fill, unaligned.
+h.zero(1000, 2 * M + 100)
+known = known[:100] + bytes(1000) + known[1100:]
+assert h.pread(B, 2 * M) == known, "partial zero of the compressed block"
+h.zero(3000, 2 * M + B + 500, nbd.CMD_FLAG_NO_HOLE)
+known_raw = known_raw[:500] + bytes(3000) + known_raw[3500:]
+assert h.pread(B, 2 * M + B) == known_raw, "partial zero of the raw block"
+c = chunks[4 * M]
+h.zero(5000, 4 * M + 1234, nbd.CMD_FLAG_NO_HOLE)
+h.zero(100, 4 * M + 3 * B + 7)
+c = c[:1234] + bytes(5000) + c[6234:3 * B + 7] + bytes(100) + c[3 * B + 107:]
+chunks[4 * M] = c
+assert h.pread(len(c), 4 * M) == c, "partial zeroes of random blocks"
+# Part of never-written blocks: they stay holes.
+h.zero(5000, 60 * M + 100, nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(8 * K, 60 * M) == bytes(8 * K)
+# And the blocks rewritten in place can be overwritten when memory allows
+# (below, after the trim).
+
 # Same-filled blocks and zeroing need no pool memory.
 h.pwrite(b"\xab" * B, 50 * M)
 assert h.pread(B, 50 * M) == b"\xab" * B
@@ -90,6 +112,8 @@ assert h.pread(64 * K, 4 * M) == bytes(64 * K)
 fresh = os.urandom(B)
 h.pwrite(fresh, 2 * M)
 assert h.pread(B, 2 * M) == fresh
+h.pwrite(known, 2 * M + B)
+assert h.pread(B, 2 * M + B) == known
 again = os.urandom(2 * M)
 h.pwrite(again, 8 * M)
 assert h.pread(2 * M, 8 * M) == again

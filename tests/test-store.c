@@ -14,6 +14,7 @@
 #include "thread-exit-hooks.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -267,6 +268,88 @@ test_enospc_keeps_old_block (void **state)
   store_destroy (store);
 }
 
+/* Zeroing part of a block that holds an object needs no memory: with the
+ * pool full, random partial zeroes of every stored block (two per block,
+ * the second touching the first, and some making the block compress worse
+ * than before, some of same-filled blocks) all succeed, and every block
+ * reads back as a model of it says.  Both codecs.
+ */
+static void
+test_partial_zero_at_limit (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 256 };
+  static unsigned char model[BLOCKS][BS];
+  unsigned char back[BS];
+
+  for (int algorithm = CODEC_LZ4; algorithm <= CODEC_ZSTD; algorithm++) {
+    struct block_store *store = make_store (BLOCKS * BS, algorithm, 16 * BS);
+    uint64_t rng = 11 + algorithm;
+    uint64_t stored;
+    int r = 0;
+
+    /* Fill until the limit refuses: half-random blocks, periodic text
+     * (which a zero in its middle makes compress worse), raw blocks and
+     * same-filled ones (which a zero turns into data that needs memory).
+     */
+    for (stored = 0; stored < BLOCKS; stored++) {
+      unsigned char *block = model[stored];
+      switch (stored % 4) {
+      case 0:
+        block_fill (block, stored, 1);
+        break;
+      case 3:
+        memset (block, 0xa0 + stored % 16, BS);   /* same-filled */
+        break;
+      case 1:
+        for (size_t i = 0; i < BS; i++)
+          block[i] = "a known compressible block 42 "[i % 30];
+        block[0] = stored;
+        break;
+      default:
+        for (size_t i = 0; i < BS; i += 8) {
+          uint64_t x = xorshift64 (&rng);
+          memcpy (block + i, &x, 8);
+        }
+      }
+      if ((r = store_write (store, block, BS, stored * BS)) == -1)
+        break;
+    }
+    assert_int_equal (r, -1);
+    assert_int_equal (errno, ENOSPC);
+    assert_true (stored > 6);
+
+    for (uint64_t b = 0; b < stored; b++) {
+      size_t first = 1 + xorshift64 (&rng) % (BS - 2);
+      size_t length = 1 + xorshift64 (&rng) % (BS - 1 - first);
+      if (store_zero (store, length, b * BS + first, false) == -1)
+        fail_msg ("block %" PRIu64 ": zero [%zu, %zu) at the limit: %s",
+                  b, first, first + length, strerror (errno));
+      memset (model[b] + first, 0, length);
+      /* A second zero that touches the first. */
+      size_t second = first + length - (length > 8 ? 8 : length);
+      size_t second_length = BS - second > 100 ? 100 : BS - second;
+      if (store_zero (store, second_length, b * BS + second, false) == -1)
+        fail_msg ("block %" PRIu64 ": second zero at the limit: %s",
+                  b, strerror (errno));
+      memset (model[b] + second, 0, second_length);
+    }
+    for (uint64_t b = 0; b < stored; b++) {
+      assert_int_equal (store_read (store, back, BS, b * BS), 0);
+      assert_memory_equal (model[b], back, BS);
+    }
+
+    /* The blocks rewritten or marked stay writable and trimmable. */
+    assert_int_equal (store_trim (store, stored * BS, 0), 0);
+    struct store_stats st;
+    store_stats (store, &st);
+    assert_int_equal (st.compr_data_size, 0);
+    assert_int_equal (st.orig_data_size, 0);
+    assert_int_equal (st.mem_used_total, 0);
+    store_destroy (store);
+  }
+}
+
 /* ---- concurrency ---------------------------------------------------- */
 
 #define THREADS 4
@@ -515,6 +598,7 @@ main (void)
     cmocka_unit_test (test_kinds_and_stats),
     cmocka_unit_test (test_extents),
     cmocka_unit_test (test_enospc_keeps_old_block),
+    cmocka_unit_test (test_partial_zero_at_limit),
     cmocka_unit_test (test_concurrent_partial_writes),
     cmocka_unit_test (test_threads_exit_after_destroy),
     cmocka_unit_test (test_concurrent_mixed_batched),
