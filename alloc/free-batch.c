@@ -29,13 +29,13 @@ free_class_run (struct zs_pool *pool, struct size_class *class,
 
   pthread_mutex_lock (class->lock);
   for (unsigned i = 0; i < n; i++) {
-    struct zspage *zspage = object_free_locked (class, handles[i]);
+    struct zspage *zspage = object_free_locked (pool, class, handles[i]);
     if (zspage)
       empty[empties++] = zspage;
   }
   /* In transit until zspage_release has returned their pages. */
   if (empties)
-    atomic_fetch_add (&pool->page_account, empties * PAGE_ACCOUNT_TRANSIT);
+    atomic_fetch_add (&pool->limit_account, empties * LIMIT_TRANSIT);
   pthread_mutex_unlock (class->lock);
 
   for (unsigned i = 0; i < empties; i++)

@@ -3,64 +3,121 @@
  *
  * Each class owns its cells, so they are allocated and freed under the
  * class lock that the caller already holds for the object: no extra lock.
- * Cells are carved from 4 KiB blocks; a free cell holds the address of the
- * next free cell.  Blocks are kept until the pool is destroyed, so each
- * class keeps 8 bytes per object of its own high-water mark: the sum of
- * every class's peak, which is more than the pool's peak when objects
- * move between classes (issue 7 makes cells shrink).
+ * Cells are carved from page-sized, page-aligned blocks, so a cell finds
+ * its block by masking its address.  Each block threads a list through
+ * its free cells and counts them; the class lists the blocks that have a
+ * free cell.  A block whose cells are all free again is given back (but
+ * the class keeps one, if it has no other block with room, so that a
+ * class that frees and allocates one object in turn does not allocate a
+ * block each time).  So the cells' memory follows the objects, not the
+ * high-water mark of each class, and every block counts against the
+ * pool's memory limit (MEMORY LIMIT in zsalloc-internal.h).
  */
 
 #include <errno.h>
 #include <stdlib.h>
 
+#include "dlist.h"
 #include "zsalloc-internal.h"
 
-#define CELLS_PER_BLOCK (ZS_PAGE_SIZE / sizeof (uint64_t) - 1)
-
 struct cell_block {
-  struct cell_block *next;
-  _Atomic uint64_t cells[CELLS_PER_BLOCK];
+  struct cell_block *prev, *next;         /* the class's blocks with room */
+  struct cell_block *all_prev, *all_next; /* all the class's blocks */
+  _Atomic uint64_t *free_cells;           /* threaded through free cells */
+  unsigned free_count;
+  _Atomic uint64_t cells[];
 };
+
+#define CELLS_PER_BLOCK \
+  ((ZS_PAGE_SIZE - offsetof (struct cell_block, cells)) / sizeof (uint64_t))
+
+static inline struct cell_block *
+block_of (_Atomic uint64_t *cell)
+{
+  return (struct cell_block *) ((uintptr_t) cell & ~(uintptr_t) (ZS_PAGE_SIZE - 1));
+}
+
+static void
+block_push_free (struct cell_block *block, _Atomic uint64_t *cell)
+{
+  atomic_store_explicit (cell, (uint64_t) (uintptr_t) block->free_cells,
+                         memory_order_relaxed);
+  block->free_cells = cell;
+  block->free_count++;
+}
+
+/* A new block, every cell free, on the class's lists; NULL with errno. */
+static struct cell_block *
+block_new (struct zs_pool *pool, struct size_class *class)
+{
+  if (!limit_charge (pool, ZS_PAGE_SIZE)) {
+    errno = ENOSPC;
+    return NULL;
+  }
+  struct cell_block *block = aligned_alloc (ZS_PAGE_SIZE, ZS_PAGE_SIZE);
+  if (!block) {
+    limit_discharge (pool, ZS_PAGE_SIZE);
+    errno = ENOMEM;
+    return NULL;
+  }
+  block->free_cells = NULL;
+  block->free_count = 0;
+  for (size_t i = CELLS_PER_BLOCK; i-- > 0;)
+    block_push_free (block, &block->cells[i]);
+  DLIST_PUSH (class->cell_blocks_with_room, block, prev, next);
+  DLIST_PUSH (class->cell_blocks, block, all_prev, all_next);
+  class->cell_blocks_count++;
+  atomic_fetch_add_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
+                             memory_order_relaxed);
+  return block;
+}
 
 _Atomic uint64_t *
 cell_alloc (struct zs_pool *pool, struct size_class *class)
 {
-  if (!class->free_cells) {
-    struct cell_block *block = malloc (sizeof *block);
-    if (!block) {
-      errno = ENOMEM;
-      return NULL;
-    }
-    block->next = class->cell_blocks;
-    class->cell_blocks = block;
-    class->cell_blocks_count++;
-    atomic_fetch_add_explicit (&pool->metadata_bytes, sizeof *block,
-                               memory_order_relaxed);
-    for (size_t i = CELLS_PER_BLOCK; i-- > 0;)
-      cell_release (class, &block->cells[i]);
-  }
+  struct cell_block *block = class->cell_blocks_with_room;
+  if (!block && !(block = block_new (pool, class)))
+    return NULL;
 
-  _Atomic uint64_t *cell = class->free_cells;
-  class->free_cells = (_Atomic uint64_t *) (uintptr_t)
+  _Atomic uint64_t *cell = block->free_cells;
+  block->free_cells = (_Atomic uint64_t *) (uintptr_t)
     atomic_load_explicit (cell, memory_order_relaxed);
+  if (--block->free_count == 0)
+    DLIST_REMOVE (class->cell_blocks_with_room, block, prev, next);
   return cell;
 }
 
 void
-cell_release (struct size_class *class, _Atomic uint64_t *cell)
+cell_release (struct zs_pool *pool, struct size_class *class,
+              _Atomic uint64_t *cell)
 {
-  atomic_store_explicit (cell, (uint64_t) (uintptr_t) class->free_cells,
-                         memory_order_relaxed);
-  class->free_cells = cell;
+  struct cell_block *block = block_of (cell);
+
+  block_push_free (block, cell);
+  if (block->free_count == 1)
+    DLIST_PUSH (class->cell_blocks_with_room, block, prev, next);
+  else if (block->free_count == CELLS_PER_BLOCK
+           && (block->prev || block->next)) {
+    /* All free, and the class has another block with room: give it back. */
+    DLIST_REMOVE (class->cell_blocks_with_room, block, prev, next);
+    DLIST_REMOVE (class->cell_blocks, block, all_prev, all_next);
+    class->cell_blocks_count--;
+    free (block);
+    atomic_fetch_sub_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
+                               memory_order_relaxed);
+    limit_discharge (pool, ZS_PAGE_SIZE);
+  }
 }
 
+/* Pool destroy: the limit account goes with the pool. */
 void
 cells_destroy (struct size_class *class)
 {
   while (class->cell_blocks) {
     struct cell_block *block = class->cell_blocks;
-    class->cell_blocks = block->next;
+    DLIST_REMOVE (class->cell_blocks, block, all_prev, all_next);
     free (block);
   }
-  class->free_cells = NULL;
+  class->cell_blocks_with_room = NULL;
+  class->cell_blocks_count = 0;
 }

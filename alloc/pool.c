@@ -85,32 +85,83 @@ enum reservation {
   IN_TRANSIT,           /* the limit is reached but zspages are in transit */
 };
 
-/* Reserve a new zspage's pages against the limit and put it in transit,
- * in one compare-and-swap of the page account: pages used never exceed
- * the limit, not even for a moment, and a refusal sees in the same
- * instant that no zspage is on its way in or out (see MEMORY LIMIT).
+/* Reserve a new zspage's bytes against the limit and put it in transit,
+ * in one compare-and-swap of the limit account: the limit is never
+ * exceeded, not even for a moment, and a refusal sees in the same instant
+ * that no zspage is on its way in or out (see MEMORY LIMIT).
  */
 static enum reservation
 zspage_reserve (struct zs_pool *pool, struct size_class *class)
 {
-  uint64_t account = atomic_load_explicit (&pool->page_account,
+  uint64_t account = atomic_load_explicit (&pool->limit_account,
                                            memory_order_relaxed);
   uint64_t wanted;
 
   do {
-    wanted = account + class->pages_per_zspage + PAGE_ACCOUNT_TRANSIT;
+    wanted = account + zspage_charge (class) + LIMIT_TRANSIT;
     if (pool->config.mem_limit
-        && account_pages (wanted) * ZS_PAGE_SIZE > pool->config.mem_limit)
+        && account_bytes (wanted) > pool->config.mem_limit)
       return account_transit (account) ? IN_TRANSIT : REFUSED;
-  } while (!atomic_compare_exchange_weak (&pool->page_account, &account,
+  } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
                                           wanted));
 
+  uint64_t pages = atomic_fetch_add (&pool->pages_used, class->pages_per_zspage)
+    + class->pages_per_zspage;
   uint64_t max = atomic_load_explicit (&pool->pages_used_max, memory_order_relaxed);
-  while (account_pages (wanted) > max
-         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max,
-                                           account_pages (wanted)))
+  while (pages > max
+         && !atomic_compare_exchange_weak (&pool->pages_used_max, &max, pages))
     ;
   return RESERVED;
+}
+
+/* A zspage in transit was not made after all, or was released. */
+void
+zspage_unreserve (struct zs_pool *pool, struct size_class *class)
+{
+  atomic_fetch_sub (&pool->pages_used, class->pages_per_zspage);
+  atomic_fetch_sub (&pool->limit_account, zspage_charge (class) + LIMIT_TRANSIT);
+}
+
+bool
+limit_charge (struct zs_pool *pool, uint64_t bytes)
+{
+  uint64_t account = atomic_load_explicit (&pool->limit_account,
+                                           memory_order_relaxed);
+  do {
+    if (pool->config.mem_limit
+        && account_bytes (account) + bytes > pool->config.mem_limit)
+      return false;
+  } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
+                                          account + bytes));
+  return true;
+}
+
+void
+limit_discharge (struct zs_pool *pool, uint64_t bytes)
+{
+  atomic_fetch_sub (&pool->limit_account, bytes);
+}
+
+int
+zs_pool_charge (struct zs_pool *pool, size_t bytes)
+{
+  if (limit_charge (pool, bytes))
+    return 0;
+  /* Pending frees may hold what is missing. */
+  if (pool->config.free_mode == ZS_FREE_BATCHED) {
+    zs_pool_flush (pool);
+    if (limit_charge (pool, bytes))
+      return 0;
+  }
+  atomic_fetch_add (&pool->limit_hits, 1);
+  errno = ENOSPC;
+  return -1;
+}
+
+void
+zs_pool_discharge (struct zs_pool *pool, size_t bytes)
+{
+  limit_discharge (pool, bytes);
 }
 
 zs_handle_t
@@ -130,10 +181,22 @@ zs_malloc (struct zs_pool *pool, size_t size)
    * so a failure never leaves a new, empty zspage behind.
    */
   pthread_mutex_lock (class->lock);
-  _Atomic uint64_t *cell = cell_alloc (pool, class);
-  if (!cell) {
+  _Atomic uint64_t *cell;
+  while (!(cell = cell_alloc (pool, class))) {
+    /* A new block of cells refused by the limit: drain the pending frees
+     * once (they may free cells of this class, or bytes), then look again.
+     */
+    err = errno;
     pthread_mutex_unlock (class->lock);
-    return 0;
+    if (err != ENOSPC || flushed || pool->config.free_mode != ZS_FREE_BATCHED) {
+      if (err == ENOSPC)
+        atomic_fetch_add (&pool->limit_hits, 1);
+      errno = err;
+      return 0;
+    }
+    flushed = true;
+    zs_pool_flush (pool);
+    pthread_mutex_lock (class->lock);
   }
   /* Every decision below is made with the class lock held and the class
    * seen without a free slot, so a refusal is true when it is made.
@@ -146,15 +209,14 @@ zs_malloc (struct zs_pool *pool, size_t size)
       err = errno;
       pthread_mutex_lock (class->lock);
       if (!zspage) {
-        atomic_fetch_sub (&pool->page_account,
-                          class->pages_per_zspage + PAGE_ACCOUNT_TRANSIT);
+        zspage_unreserve (pool, class);
         goto fail;
       }
       /* Take from the new zspage itself, even if a racing thread made a
        * fuller one meanwhile: never leave an empty zspage behind.
        */
       zspage_insert (class, zspage);
-      atomic_fetch_sub (&pool->page_account, PAGE_ACCOUNT_TRANSIT);
+      atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
     }
     if (reservation == REFUSED
@@ -185,14 +247,15 @@ zs_malloc (struct zs_pool *pool, size_t size)
   return (zs_handle_t) cell;
 
  fail:
-  cell_release (class, cell);
+  cell_release (pool, class, cell);
   pthread_mutex_unlock (class->lock);
   errno = err;
   return 0;
 }
 
 struct zspage *
-object_free_locked (struct size_class *class, zs_handle_t handle)
+object_free_locked (struct zs_pool *pool, struct size_class *class,
+                    zs_handle_t handle)
 {
   _Atomic uint64_t *cell = (_Atomic uint64_t *) handle;
   uint64_t location = atomic_load_explicit (cell, memory_order_relaxed);
@@ -200,7 +263,7 @@ object_free_locked (struct size_class *class, zs_handle_t handle)
 
   class->objs_used--;
   class->bytes_stored -= cell_object_size (location);
-  cell_release (class, cell);
+  cell_release (pool, class, cell);
   if (zspage_put_object (class, zspage, cell_object_index (location)))
     return zspage;
   return NULL;

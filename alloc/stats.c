@@ -28,7 +28,8 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
     stats->bytes_stored += class->bytes_stored;
     pthread_mutex_unlock (class->lock);
   }
-  stats->pages_used = account_pages (atomic_load (&pool->page_account));
+  stats->pages_used = atomic_load (&pool->pages_used);
+  stats->limit_used = account_bytes (atomic_load (&pool->limit_account));
   stats->pages_used_max = atomic_load (&pool->pages_used_max);
   stats->pages_freed = atomic_load (&pool->pages.pages_returned);
   stats->limit_hits = atomic_load (&pool->limit_hits);

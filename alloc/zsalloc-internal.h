@@ -44,8 +44,8 @@
  *                  bytes_stored exact.
  *
  *   Cells come from per-class cell blocks, allocated and freed under the
- *   class lock.  Cell blocks are kept until the pool is destroyed (they do
- *   not shrink yet: issue 7).
+ *   class lock; a block whose cells are all free again is given back
+ *   (handle-cell.c), so cells follow the live objects.
  *
  * MOVING OBJECTS (compaction, a later issue; the plan the layout allows)
  *   The mover holds the class lock, copies an object to its new slot and
@@ -84,10 +84,13 @@
  *   thread-local is the batch hint, a plain integer.
  *
  * MEMORY LIMIT
- *   One atomic word, the page account, holds the pages used (low 40 bits)
- *   and the zspages in transit (high 24 bits): reserved but not yet listed
+ *   The limit counts everything the pool holds that grows with what is
+ *   stored: zspage pages and descriptors, handle-cell blocks, and what the
+ *   pool's user charges with zs_pool_charge (the plugin's block table).
+ *   One atomic word, the limit account, holds those bytes (low 48 bits)
+ *   and the zspages in transit (high 16 bits): reserved but not yet listed
  *   in their class, or unlisted but their pages not yet returned.  A new
- *   zspage's pages are reserved and the zspage put in transit with one
+ *   zspage's bytes are reserved and the zspage put in transit with one
  *   compare-and-swap before it is created, so the limit is never
  *   exceeded, even for a moment, by racing allocators.  An allocation
  *   decides with its class lock held and its class seen without a free
@@ -170,8 +173,8 @@ struct size_class {
   uint64_t zspages;
   uint64_t objs_used;
   uint64_t bytes_stored;
-  _Atomic uint64_t *free_cells;   /* free list threaded through the cells */
-  struct cell_block *cell_blocks; /* every block, for destroy */
+  struct cell_block *cell_blocks_with_room; /* see handle-cell.c */
+  struct cell_block *cell_blocks; /* all of them */
   uint64_t cell_blocks_count;
   pthread_mutex_t own_lock;
 } __attribute__ ((aligned (64)));
@@ -197,25 +200,39 @@ struct zs_pool {
                                      the pool from create to destroy */
 
   /* Pool-wide counters: atomics, no lock. */
-  _Atomic uint64_t page_account;  /* pages used and zspages in transit,
-                                     see MEMORY LIMIT */
+  _Atomic uint64_t limit_account; /* bytes counted against the limit and
+                                     zspages in transit, see MEMORY LIMIT */
+  _Atomic uint64_t pages_used;    /* pages in zspages (statistics) */
   _Atomic uint64_t pages_used_max;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
 };
 
-/* The page account (see MEMORY LIMIT). */
-#define PAGE_ACCOUNT_TRANSIT ((uint64_t) 1 << 40)   /* one zspage in transit */
+/* The limit account (see MEMORY LIMIT). */
+#define LIMIT_TRANSIT ((uint64_t) 1 << 48)   /* one zspage in transit */
 static inline uint64_t
-account_pages (uint64_t account)
+account_bytes (uint64_t account)
 {
-  return account & (PAGE_ACCOUNT_TRANSIT - 1);
+  return account & (LIMIT_TRANSIT - 1);
 }
 static inline uint64_t
 account_transit (uint64_t account)
 {
-  return account / PAGE_ACCOUNT_TRANSIT;
+  return account / LIMIT_TRANSIT;
 }
+/* What a zspage of the class counts against the limit. */
+static inline uint64_t
+zspage_charge (const struct size_class *class)
+{
+  return (uint64_t) class->pages_per_zspage * ZS_PAGE_SIZE
+    + sizeof (struct zspage);
+}
+
+/* pool.c: count bytes against the limit (false: it would be exceeded),
+ * and give them back.
+ */
+extern bool limit_charge (struct zs_pool *pool, uint64_t bytes);
+extern void limit_discharge (struct zs_pool *pool, uint64_t bytes);
 
 /* size-class.c */
 extern int size_classes_init (struct zs_pool *pool);
@@ -261,13 +278,15 @@ handle_load (zs_handle_t handle)
 
 /* handle-cell.c: under the class lock. */
 extern _Atomic uint64_t *cell_alloc (struct zs_pool *pool, struct size_class *class);
-extern void cell_release (struct size_class *class, _Atomic uint64_t *cell);
+extern void cell_release (struct zs_pool *pool, struct size_class *class,
+                          _Atomic uint64_t *cell);
 extern void cells_destroy (struct size_class *class);
 
 /* zspage.c */
 extern struct zspage *zspage_create (struct zs_pool *pool, struct size_class *class);
 extern void zspage_release (struct zs_pool *pool, struct size_class *class,
                             struct zspage *zspage);
+extern void zspage_unreserve (struct zs_pool *pool, struct size_class *class);
 extern struct zspage *class_fullest_zspage (struct size_class *class);
 extern void zspage_insert (struct size_class *class, struct zspage *zspage);
 extern unsigned zspage_take_object (struct size_class *class, struct zspage *zspage);
@@ -278,7 +297,8 @@ extern void class_destroy_zspages (struct zs_pool *pool, struct size_class *clas
 /* pool.c: free one object; the class lock is held.  Returns the zspage
  * if it became empty (already unlinked: release it after unlocking).
  */
-extern struct zspage *object_free_locked (struct size_class *class,
+extern struct zspage *object_free_locked (struct zs_pool *pool,
+                                          struct size_class *class,
                                           zs_handle_t handle);
 
 /* free-batch.c */

@@ -71,7 +71,9 @@ enum zs_free_mode {
 
 struct zs_pool_config {
   unsigned chain_pages;           /* zspage chain limit, 1..16, default 8 */
-  uint64_t mem_limit;             /* bytes of pool pages, 0 = no limit */
+  uint64_t mem_limit;             /* bytes the pool may hold: pages, their
+                                     descriptors, handle cells, charges
+                                     (zs_pool_charge); 0 = no limit */
   enum zs_lock_mode lock_mode;
   enum zs_free_mode free_mode;
 };
@@ -152,6 +154,13 @@ extern size_t zs_huge_class_size (const struct zs_pool *pool);
 extern void zs_pool_get_config (const struct zs_pool *pool,
                                 struct zs_pool_config *config);
 
+/* Count bytes the caller holds for what it stores (its own metadata)
+ * against the pool's memory limit: 0, or -1 with errno ENOSPC (after
+ * draining deferred frees).  zs_pool_discharge gives them back.
+ */
+extern int zs_pool_charge (struct zs_pool *pool, size_t bytes);
+extern void zs_pool_discharge (struct zs_pool *pool, size_t bytes);
+
 /* Pool statistics.  zs_pool_stats drains deferred frees first, so the
  * numbers are exact at the moment of the call.
  */
@@ -163,6 +172,8 @@ struct zs_pool_stats {
   uint64_t pages_freed;       /* pages returned to the OS since creation */
   uint64_t limit_hits;        /* allocations refused for mem_limit */
   uint64_t mem_limit;         /* configured limit in bytes, 0 = none */
+  uint64_t limit_used;        /* bytes counted against it: pages, zspage
+                                 descriptors, cell blocks, charges */
   uint64_t metadata_bytes;    /* zspage descriptors, handle cells, batches */
   uint64_t frees_pending;     /* deferred frees not yet drained (0 after
                                  the flush zs_pool_stats does) */

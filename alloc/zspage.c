@@ -102,9 +102,8 @@ zspage_release (struct zs_pool *pool, struct size_class *class,
                 struct zspage *zspage)
 {
   page_run_free (&pool->pages, zspage->chunk, zspage->base);
-  /* Out of transit and its pages returned, in one step. */
-  atomic_fetch_sub (&pool->page_account,
-                    class->pages_per_zspage + PAGE_ACCOUNT_TRANSIT);
+  /* Out of transit and its bytes returned, in one step. */
+  zspage_unreserve (pool, class);
   atomic_fetch_sub_explicit (&pool->metadata_bytes, sizeof *zspage,
                              memory_order_relaxed);
   free (zspage);

@@ -82,7 +82,7 @@ store_create (const struct store_config *config)
   if (!store->codec)
     goto fail;
   store->raw_threshold = zs_huge_class_size (store->pool);
-  block_table_init (&store->table, store->blocks);
+  block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_init (&store->stripes[i], NULL);
   return store;
@@ -101,9 +101,11 @@ store_destroy (struct block_store *store)
 {
   if (!store)
     return;
-  /* The pool frees every object at once; the entries need no walk. */
-  zs_pool_destroy (store->pool);
+  /* The table first: its nodes are charged to the pool.  The pool frees
+   * every object at once; the entries need no walk.
+   */
   block_table_destroy (&store->table);
+  zs_pool_destroy (store->pool);
   codec_destroy (store->codec);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_destroy (&store->stripes[i]);
@@ -283,17 +285,46 @@ entry_load (const struct block_entry *entry)
   return content;
 }
 
-/* Swap new content into an entry under its stripe lock; returns the old
- * content, to be released after the lock is dropped.
+/* Store new content into an entry of leaf, whose old content was old,
+ * under its stripe lock.  An empty entry that gets content was claimed
+ * in its leaf before (entry_claim); one that is emptied is released.
  */
-static struct block_content
-entry_replace (struct block_entry *entry, const struct block_content *content)
+static void
+entry_store (struct block_store *store, struct block_leaf *leaf,
+             struct block_entry *entry, const struct block_content *old,
+             const struct block_content *content)
 {
-  struct block_content old = entry_load (entry);
   atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
   atomic_store_explicit (&entry->kind, content->kind, memory_order_relaxed);
   atomic_store_explicit (&entry->zeroed, content->zeroed, memory_order_relaxed);
-  return old;
+  if (old->kind != BLOCK_EMPTY && content->kind == BLOCK_EMPTY)
+    block_leaf_release (&store->table, leaf);
+}
+
+/* Lock a block's stripe and look up its entry (making its leaf when
+ * create), with its content in *old.  An empty entry that is going to
+ * get content (create) is claimed in its leaf, looking up again when the
+ * leaf was being reclaimed (block-table.h, LIFETIME).  NULL, with the
+ * stripe unlocked, when there is no entry: no leaf and !create, or no
+ * memory for one (errno).
+ */
+static struct block_entry *
+entry_lock (struct block_store *store, uint64_t block, bool create,
+            struct block_leaf **leaf, struct block_content *old)
+{
+  for (;;) {
+    pthread_mutex_lock (stripe_for (store, block));
+    struct block_entry *entry = block_table_lookup (&store->table, block,
+                                                    create, leaf);
+    if (!entry) {
+      pthread_mutex_unlock (stripe_for (store, block));
+      return NULL;
+    }
+    *old = entry_load (entry);
+    if (!create || old->kind != BLOCK_EMPTY || block_leaf_claim (*leaf))
+      return entry;
+    pthread_mutex_unlock (stripe_for (store, block));
+  }
 }
 
 /* The bytes of content's object, 0 if it has none. */
@@ -346,29 +377,35 @@ content_release (struct block_store *store, const struct block_content *content)
   content_discard (store, content);
 }
 
-/* Install content for a block.  The entry's leaf is made first (lock
- * free); the stripe lock is held only for the swap.
+/* Install content for a block: the entry's lookup (and leaf, if need
+ * be) and the swap under the stripe lock; the old object is freed after.
  */
 static int
 block_install (struct block_store *store, uint64_t block,
                struct block_content *content)
 {
-  struct block_entry *entry;
+  struct block_leaf *leaf;
+  struct block_content old;
 
-  if (content->kind == BLOCK_EMPTY) {
-    entry = block_table_lookup (&store->table, block, false);
-    if (!entry)
-      return 0;                 /* no leaf: already empty */
-  }
-  else if (!(entry = block_table_lookup (&store->table, block, true))) {
+  /* Emptying a block needs no leaf where there is none. */
+  struct block_entry *entry = entry_lock (store, block,
+                                          content->kind != BLOCK_EMPTY,
+                                          &leaf, &old);
+  if (!entry) {
+    /* No leaf: the block is a hole.  A zero block that the limit refuses
+     * a leaf may stay one: it reads as zeros all the same.
+     */
+    if (content->kind == BLOCK_EMPTY
+        || (content->kind == BLOCK_SAME && content->value == 0
+            && errno == ENOSPC))
+      return 0;
+    int err = errno;
     content_discard (store, content);
-    errno = ENOMEM;
+    errno = err;
     return -1;
   }
-
   content_account (store, content, 1, content_bytes (store, content));
-  pthread_mutex_lock (stripe_for (store, block));
-  struct block_content old = entry_replace (entry, content);
+  entry_store (store, leaf, entry, &old, content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_release (store, &old);
   return 0;
@@ -378,11 +415,15 @@ block_install (struct block_store *store, uint64_t block,
 static int
 block_read (struct block_store *store, uint64_t block, unsigned char *out)
 {
-  struct block_entry *entry = block_table_lookup (&store->table, block, false);
+  struct block_leaf *leaf;
+  struct block_content content = { .kind = BLOCK_EMPTY };
   int r;
 
   pthread_mutex_lock (stripe_for (store, block));
-  struct block_content content = entry_load (entry);
+  struct block_entry *entry = block_table_lookup (&store->table, block, false,
+                                                  &leaf);
+  if (entry)
+    content = entry_load (entry);
   r = block_decode (store, &content, out);
   pthread_mutex_unlock (stripe_for (store, block));
   return r;
@@ -407,18 +448,14 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
 {
   unsigned char buffer[STORE_BLOCK_SIZE];
   struct block_content content = { .kind = BLOCK_EMPTY };
-  /* Zeroing needs no leaf where there is none: that range is a hole. */
-  struct block_entry *entry = block_table_lookup (&store->table, block,
-                                                  data != NULL);
-  if (!entry) {
-    if (!data)
-      return 0;
-    errno = ENOMEM;
-    return -1;
-  }
+  struct block_leaf *leaf;
+  struct block_content old;
 
-  pthread_mutex_lock (stripe_for (store, block));
-  struct block_content old = entry_load (entry);
+  /* Zeroing needs no leaf where there is none: that range is a hole. */
+  struct block_entry *entry = entry_lock (store, block, data != NULL,
+                                          &leaf, &old);
+  if (!entry)
+    return data ? -1 : 0;
   if (!data && old.kind == BLOCK_EMPTY) {
     /* Zeroing part of a hole: it reads as zeros already, keep the hole. */
     pthread_mutex_unlock (stripe_for (store, block));
@@ -448,12 +485,15 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
     }
   }
   if (r == -1) {
+    /* The entry stays as it was: give back its claim. */
+    if (old.kind == BLOCK_EMPTY)
+      block_leaf_release (&store->table, leaf);
     pthread_mutex_unlock (stripe_for (store, block));
     return -1;
   }
   bool same_object = content_has_object (&content) && content.value == old.value;
   content_account (store, &content, 1, content_bytes (store, &content));
-  entry_replace (entry, &content);
+  entry_store (store, leaf, entry, &old, &content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_account (store, &old, -1, old_bytes);
   if (!same_object)
@@ -571,11 +611,12 @@ extent_type (const struct block_entry *entry)
 }
 
 /* Extents read entries without stripe locks: a block changing meanwhile
- * may be reported either way, as with any concurrent write.
+ * may be reported either way, as with any concurrent write.  The table's
+ * walk lock keeps the leaves alive (block-table.h, LIFETIME).
  */
-int
-store_extents (struct block_store *store, uint64_t count, uint64_t offset,
-               store_extent_fn add, void *opaque)
+static int
+extents_walk (struct block_store *store, uint64_t count, uint64_t offset,
+              store_extent_fn add, void *opaque)
 {
   uint64_t end = offset + count;
   uint64_t run_start = offset;
@@ -618,9 +659,32 @@ store_extents (struct block_store *store, uint64_t count, uint64_t offset,
 #undef EXTENT_PIECE
 }
 
+int
+store_extents (struct block_store *store, uint64_t count, uint64_t offset,
+               store_extent_fn add, void *opaque)
+{
+  block_table_walk_begin (&store->table);
+  int r = extents_walk (store, count, offset, add, opaque);
+  block_table_walk_end (&store->table);
+  return r;
+}
+
+/* The table's reclaim grace period: take and drop every stripe lock. */
+static void
+stripes_sweep (void *opaque)
+{
+  struct block_store *store = opaque;
+
+  for (unsigned i = 0; i < STORE_STRIPES; i++) {
+    pthread_mutex_lock (&store->stripes[i]);
+    pthread_mutex_unlock (&store->stripes[i]);
+  }
+}
+
 void
 store_flush (struct block_store *store)
 {
+  block_table_reclaim (&store->table, stripes_sweep, store);
   zs_pool_flush (store->pool);
 }
 
@@ -635,6 +699,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->compr_data_size = atomic_load (&store->compr_bytes);
   stats->mem_used_total = pool.pages_used * ZS_PAGE_SIZE;
   stats->mem_limit = pool.mem_limit;
+  stats->limit_used = pool.limit_used;
   stats->mem_used_max = pool.pages_used_max * ZS_PAGE_SIZE;
   stats->same_pages = atomic_load (&store->same_blocks);
   stats->pages_compacted = 0;

@@ -8,18 +8,24 @@
  * huge class, so the 4096 bytes are stored as they are).
  *
  * LOCKS, what each guards, and the ONE lock order
+ *   table walk_lock  read: extents walks; write: the grace period of the
+ *                table's reclaim (block-table.h, LIFETIME).
  *   stripe lock  stripes[block % STORE_STRIPES] guards the entries of the
- *                blocks that hash to it, and the objects those entries
- *                hold: a reader decompresses under it so the object
- *                cannot be freed beneath it; a partial write reads,
- *                patches and re-stores the block under it, so two partial
- *                writes of one block never lose each other's bytes.
+ *                blocks that hash to it, the table nodes on their path
+ *                (a lookup and every use of its entry happen under it),
+ *                and the objects those entries hold: a reader decompresses
+ *                under it so the object cannot be freed beneath it; a
+ *                partial write reads, patches and re-stores the block
+ *                under it, so two partial writes of one block never lose
+ *                each other's bytes.
  *   allocator locks (alloc/zsalloc-internal.h).
  *
- *   Order: stripe lock -> allocator locks.  Only one stripe lock is held
- *   at a time.  Full-block writes compress and allocate before taking the
- *   stripe lock and hold it only to swap the entry; every write frees the
- *   old object after dropping it (design-hazards.md #2, #3).
+ *   Order: stripe lock -> allocator locks; walk_lock is never held with
+ *   another.  Every thread holds one stripe lock at a time (the table's
+ *   reclaim takes each in turn for its grace period).  Full-block writes
+ *   compress and allocate before taking the stripe lock and hold it only
+ *   to look up and swap the entry; every write frees the old object after
+ *   dropping it (design-hazards.md #2, #3).
  *
  * A write allocates and fills the new object before touching the entry,
  * so a write refused for memory (ENOSPC) leaves the old block readable.
@@ -63,6 +69,7 @@ struct store_stats {
   uint64_t compr_data_size;       /* bytes of stored objects */
   uint64_t mem_used_total;        /* pool pages x 4096 */
   uint64_t mem_limit;
+  uint64_t limit_used;            /* what mem_limit counts, in use now */
   uint64_t mem_used_max;
   uint64_t same_pages;
   uint64_t pages_compacted;
@@ -111,8 +118,8 @@ typedef int (*store_extent_fn) (void *opaque, uint64_t offset,
 extern int store_extents (struct block_store *store, uint64_t count,
                           uint64_t offset, store_extent_fn add, void *opaque);
 
-/* Give freed memory back now: drain the allocator's deferred frees and
- * its resident free pages.
+/* Give freed memory back now: free the block table's empty leaves and
+ * nodes, drain the allocator's deferred frees and its resident free pages.
  */
 extern void store_flush (struct block_store *store);
 

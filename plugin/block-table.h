@@ -1,22 +1,44 @@
 /* The block table: one 16-byte entry per written 4 KiB block, in a radix
- * tree whose nodes exist only where blocks were written, so a 2^63-1 byte
+ * tree whose nodes exist only where blocks are stored, so a 2^63-1 byte
  * device costs nothing until used (design-hazards.md #9).
  *
  * Leaves hold BLOCK_TABLE_FANOUT entries (8 KiB, covering 2 MiB of the
- * device); inner nodes hold BLOCK_TABLE_FANOUT child pointers.  The depth
- * is fixed at creation from the device size.  Nodes are published with a
- * compare-and-swap and never freed before the table is, so lookups take
- * no lock.  Entries themselves are guarded by the block store's stripe
- * locks (block-store.h); a leaf that empties again stays allocated
- * (0.4 % of the range it once covered).
+ * device) and count the entries that are not empty; inner nodes hold
+ * BLOCK_TABLE_FANOUT child pointers.  The depth is fixed at creation from
+ * the device size.  Nodes are published with a compare-and-swap; every
+ * node's memory is charged to the pool's limit (zs_pool_charge), so
+ * mem_limit bounds the table too.
+ *
+ * LIFETIME.  Entries are guarded by the block store's stripe locks
+ * (block-store.h), and so is the use of a node: a lookup, and every use
+ * of the entry it returns, happens with the block's stripe lock held.
+ * block_table_reclaim (the housekeeper) frees leaves that hold no entry
+ * and inner nodes that hold no child, without taking stripe locks:
+ *   1. it marks an empty leaf dead (its used count 0 -> LEAF_DEAD, one
+ *      compare-and-swap), after which no entry can be claimed in it
+ *      (block_leaf_claim fails; the caller looks up again and gets a new
+ *      leaf), and seals every slot of a childless inner node (NULL ->
+ *      SEALED), after which no child can be made in it;
+ *   2. it unlinks them (their parent slot -> NULL); lookups that come
+ *      later make new ones where needed;
+ *   3. grace period: it takes and drops every stripe lock, one at a time,
+ *      so every lookup that may still hold an unlinked node has ended,
+ *      and takes walk_lock for writing, so every walker (extents, which
+ *      hold no stripe lock but walk_lock for reading) has ended;
+ *   4. it frees them.
+ * A dead leaf or a sealed slot found by a lookup reads as a hole.  The
+ * locks and their order are in block-store.h.
  */
 
 #ifndef ZRAM_BLOCK_TABLE_H
 #define ZRAM_BLOCK_TABLE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "zsalloc.h"
 
 #define BLOCK_TABLE_BITS 9
 #define BLOCK_TABLE_FANOUT (1u << BLOCK_TABLE_BITS)
@@ -43,26 +65,60 @@ struct block_entry {
   _Atomic uint32_t zeroed;
 };
 
+struct block_leaf;
+
 struct block_table {
   unsigned inner_levels;      /* levels above the leaves */
   _Atomic (void *) root;
   _Atomic uint64_t bytes;     /* memory held by nodes */
+  _Atomic bool nodes_to_check; /* a node may be empty: reclaim has work */
+  struct zs_pool *pool;       /* charged for the nodes; NULL: not charged */
+  pthread_rwlock_t walk_lock; /* read: walkers without stripe locks;
+                                 write: reclaim.  See LIFETIME. */
 };
 
-extern void block_table_init (struct block_table *table, uint64_t blocks);
+extern void block_table_init (struct block_table *table, uint64_t blocks,
+                              struct zs_pool *pool);
 /* Free every node; the caller frees what the entries point to first. */
 extern void block_table_destroy (struct block_table *table);
 
-/* The entry of a block, or NULL if its leaf does not exist.  With create,
- * the leaf is made if needed; NULL then means out of memory.
+/* The entry of a block, with the block's stripe lock held; *leaf is set
+ * to its leaf.  NULL if the leaf does not exist; with create, the leaf is
+ * made if needed, and NULL means no memory (errno ENOSPC: the pool's
+ * limit; ENOMEM).
  */
 extern struct block_entry *block_table_lookup (struct block_table *table,
-                                               uint64_t block, bool create);
+                                               uint64_t block, bool create,
+                                               struct block_leaf **leaf);
+
+/* An entry of the leaf is about to stop being empty: false if the leaf is
+ * being reclaimed (then look the entry up again).  With the entry's
+ * stripe lock held, before the entry changes.
+ */
+extern bool block_leaf_claim (struct block_leaf *leaf);
+/* An entry of the leaf became empty.  With the entry's stripe lock held. */
+extern void block_leaf_release (struct block_table *table,
+                                struct block_leaf *leaf);
+
+/* Walkers that hold no stripe lock bracket their walk with these. */
+extern void block_table_walk_begin (struct block_table *table);
+extern void block_table_walk_end (struct block_table *table);
 
 /* The first existing leaf covering a block >= *block: returns the leaf's
  * entries and sets *block to the leaf's first block; NULL when none.
+ * Inside a walk (above).
  */
 extern struct block_entry *block_table_next_leaf (struct block_table *table,
                                                   uint64_t *block);
+
+/* sweep (opaque) takes and drops every stripe lock, one at a time. */
+typedef void (*block_table_sweep_fn) (void *opaque);
+
+/* Free the leaves that hold no entry and the inner nodes left with no
+ * child (see LIFETIME).  Free when no leaf emptied and no node was made
+ * since the last call.  One caller at a time.
+ */
+extern void block_table_reclaim (struct block_table *table,
+                                 block_table_sweep_fn sweep, void *opaque);
 
 #endif /* ZRAM_BLOCK_TABLE_H */

@@ -21,10 +21,9 @@ static const char *stats_path;
 static void
 housekeeping_round (void)
 {
+  store_flush (store);
   if (stats_path)
     stats_file_write (store, stats_path);
-  else
-    store_flush (store);
 }
 
 static void *

@@ -1,8 +1,8 @@
-/* The housekeeper: one background thread that, every second, drains the
- * allocator's deferred frees and resident free pages (store_flush), so
- * memory comes back within a second of being freed even when no request
- * arrives, and rewrites the stats= file when there is one (which flushes
- * as it reads the statistics).
+/* The housekeeper: one background thread that, every second, frees the
+ * block table's empty leaves and drains the allocator's deferred frees
+ * and resident free pages (store_flush), so memory comes back within a
+ * second of being freed even when no request arrives, then rewrites the
+ * stats= file when there is one.
  *
  * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
  * in .cleanup (design-hazards.md #8).

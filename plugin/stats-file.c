@@ -45,6 +45,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (compr_data_size);
   FIELD (mem_used_total);
   FIELD (mem_limit);
+  FIELD (limit_used);
   FIELD (mem_used_max);
   FIELD (same_pages);
   FIELD (pages_compacted);

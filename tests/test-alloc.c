@@ -11,6 +11,7 @@
 #endif
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -746,6 +747,20 @@ test_fullness_groups (void **state)
 /* ---------------------------------------------------------------------- */
 /* 6. Memory limit.                                                       */
 
+/* A pool refused an allocation for its limit: what it counts is within
+ * the limit, and the next zspage (zspage_bytes of pages, plus its
+ * descriptor) would not have fitted.
+ */
+static void
+assert_limit_full (const struct zs_pool_stats *st, uint64_t zspage_bytes)
+{
+  assert_true (st->limit_used <= st->mem_limit);
+  assert_true (st->limit_used + zspage_bytes > st->mem_limit);
+  assert_true (st->pages_used_max * PAGE <= st->mem_limit);
+  /* Pages, and the metadata beside them, are counted. */
+  assert_true (st->limit_used > st->pages_used * PAGE);
+}
+
 static void
 test_mem_limit_huge (void **state)
 {
@@ -770,13 +785,14 @@ test_mem_limit_huge (void **state)
     write_pattern (pool, x, PAGE, n);
     n++;
   }
-  assert_int_equal (n, LIMIT_PAGES);
   get_stats (pool, &st);
   assert_int_equal (st.mem_limit, (uint64_t) LIMIT_PAGES * PAGE);
   assert_int_equal (st.limit_hits, 1);   /* one allocation was refused */
-  assert_int_equal (st.pages_used, LIMIT_PAGES);
-  assert_true (st.pages_used_max <= LIMIT_PAGES);
-  assert_int_equal (st.objects, LIMIT_PAGES);
+  assert_int_equal (st.pages_used, n);
+  assert_int_equal (st.objects, n);
+  assert_limit_full (&st, PAGE);
+  /* The limit also counts descriptors and cells: a page or two of 64. */
+  assert_true (n >= LIMIT_PAGES - 2);
   for (size_t i = 0; i < n; i++)
     assert_true (object_ok (pool, h[i], PAGE, i));
 
@@ -798,7 +814,7 @@ test_mem_limit_huge (void **state)
   assert_int_equal (errno, ENOSPC);
   get_stats (pool, &st);
   assert_int_equal (st.limit_hits, 3);
-  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  assert_limit_full (&st, PAGE);
   for (size_t i = 0; i < n; i++)
     assert_true (object_ok (pool, h[i], PAGE, i));
 
@@ -827,7 +843,7 @@ test_mem_limit_small (void **state)
   assert_non_null (h);
   get_classes (pool, t);
   const struct zs_class_stats *c = &t->cs[class_of (t, SIZE)];
-  size_t expect = (LIMIT_PAGES / c->pages_per_zspage) * c->objs_per_zspage;
+  size_t most = (LIMIT_PAGES / c->pages_per_zspage) * c->objs_per_zspage;
 
   for (;;) {
     errno = 0;
@@ -843,11 +859,13 @@ test_mem_limit_small (void **state)
   }
   print_message ("%zu objects of %d bytes fit in %d pages\n",
                  n, SIZE, LIMIT_PAGES);
-  assert_int_equal (n, expect);
   get_stats (pool, &st);
   assert_int_equal (st.limit_hits, 1);
-  assert_true (st.pages_used <= LIMIT_PAGES);
-  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  /* Every zspage full, and no room for another one. */
+  assert_int_equal (n, st.pages_used / c->pages_per_zspage * c->objs_per_zspage);
+  assert_limit_full (&st, c->pages_per_zspage * PAGE);
+  /* Descriptors and cells take a little of the limit. */
+  assert_true (n <= most && n >= most * 85 / 100);
 
   /* Free 10 spread over several zspages, without flushing: 10 new
    * objects fit in their slots, the 11th does not.
@@ -872,7 +890,7 @@ test_mem_limit_small (void **state)
   assert_int_equal (errno, ENOSPC);
   get_stats (pool, &st);
   assert_int_equal (st.objects, n);
-  assert_true (st.pages_used_max <= LIMIT_PAGES);
+  assert_limit_full (&st, c->pages_per_zspage * PAGE);
   for (size_t i = 0; i < n; i++)
     assert_true (object_ok (pool, h[i], SIZE, i));
 
@@ -923,12 +941,17 @@ test_mem_limit_other_thread_batch (void **state)
   struct other_free o = { .pool = pool, .step = 0 };
   pthread_t thread;
   struct zs_pool_stats st;
+  size_t n;
 
-  for (size_t i = 0; i < LIMIT_PAGES; i++)
-    h[i] = alloc_written (pool, PAGE, i);
-  errno = 0;
-  assert_true (zs_malloc (pool, PAGE) == 0);
+  /* Fill to the limit (descriptors and cells take a page of it). */
+  for (n = 0; n < LIMIT_PAGES; n++) {
+    errno = 0;
+    if (!(h[n] = zs_malloc (pool, PAGE)))
+      break;
+    write_pattern (pool, h[n], PAGE, n);
+  }
   assert_int_equal (errno, ENOSPC);
+  assert_true (n >= LIMIT_PAGES - 2);
 
   pthread_mutex_init (&o.lock, NULL);
   pthread_cond_init (&o.cond, NULL);
@@ -954,9 +977,9 @@ test_mem_limit_other_thread_batch (void **state)
   pthread_mutex_unlock (&o.lock);
   assert_int_equal (pthread_join (thread, NULL), 0);
 
-  for (size_t i = 0; i < LIMIT_PAGES; i++)
+  for (size_t i = 0; i < n; i++)
     assert_true (object_ok (pool, h[i], PAGE, i));
-  for (size_t i = 0; i < LIMIT_PAGES; i++)
+  for (size_t i = 0; i < n; i++)
     zs_free (pool, h[i]);
   get_stats (pool, &st);
   assert_int_equal (st.objects, 0);
@@ -1239,6 +1262,49 @@ test_thread_exits_after_destroy (void **state)
   assert_int_equal (atomic_load (&keys_with_destructor), 0);
 }
 
+/* Handle cells follow the live objects: cycling 20,000 objects through 28
+ * classes leaves, with no object left, at most one block of cells per
+ * class (each class may keep one), not every class's high-water mark.
+ */
+static void
+test_cells_follow_objects (void **state)
+{
+  (void) state;
+  enum { N = 20000, SIZES = 28 };
+  zs_handle_t *h = calloc (N, sizeof *h);
+  assert_non_null (h);
+
+  for (int mode = 0; mode < 2; mode++) {
+    struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                      mode ? ZS_FREE_IMMEDIATE : ZS_FREE_BATCHED);
+    struct zs_pool_stats st, fresh;
+    uint64_t peak = 0;
+
+    get_stats (pool, &fresh);
+    for (unsigned s = 0; s < SIZES; s++) {
+      size_t size = 64 + s * 128;
+      for (size_t i = 0; i < N; i++)
+        h[i] = alloc_written (pool, size, i);
+      get_stats (pool, &st);
+      if (st.metadata_bytes > peak)
+        peak = st.metadata_bytes;
+      for (size_t i = 0; i < N; i++)
+        zs_free (pool, h[i]);
+    }
+    get_stats (pool, &st);
+    print_message ("cells: metadata %" PRIu64 " bytes fresh, %" PRIu64
+                   " at the peak, %" PRIu64 " after, limit_used %" PRIu64 "\n",
+                   fresh.metadata_bytes, peak, st.metadata_bytes, st.limit_used);
+    assert_int_equal (st.objects, 0);
+    assert_int_equal (st.pages_used, 0);
+    assert_true (peak >= fresh.metadata_bytes + N / 512 * PAGE);
+    assert_true (st.metadata_bytes <= fresh.metadata_bytes + SIZES * PAGE);
+    assert_true (st.limit_used <= SIZES * PAGE);
+    zs_pool_destroy (pool);
+  }
+  free (h);
+}
+
 /* A refusal for the limit is true when it is made.  With the limit at
  * one zspage of 13 slots, 4 threads racing to store 3 objects each must
  * all succeed: one of them makes the zspage, the others wait for it
@@ -1297,8 +1363,10 @@ test_limit_refusal_is_true (void **state)
   }
   int refusals = 0;
   for (int round = 0; round < RACE_ROUNDS; round++) {
-    /* chain 1: the class of 300-byte objects has 13 slots in one page. */
-    struct zs_pool *pool = make_pool (1, PAGE, ZS_LOCK_CLASS,
+    /* chain 1: the class of 300-byte objects has 13 slots in one page;
+     * the limit holds that page, its descriptor and a block of cells.
+     */
+    struct zs_pool *pool = make_pool (1, 2 * PAGE + 256, ZS_LOCK_CLASS,
                                       round % 2 ? ZS_FREE_IMMEDIATE
                                       : ZS_FREE_BATCHED);
     atomic_store (&race.pool, pool);
@@ -1320,22 +1388,22 @@ test_limit_refusal_is_true (void **state)
               refusals, RACE_ROUNDS);
 }
 
-/* A malloc that fails once, for the next request of a given size (the
- * test is linked with -Wl,--wrap=malloc; only the allocator's and this
- * file's calls go through here).
+/* An aligned_alloc that fails once, for the next request of a given size
+ * (the test is linked with -Wl,--wrap=aligned_alloc; only the allocator's
+ * and this file's calls go through here).
  */
 static atomic_size_t fail_malloc_of_size;
-void *__real_malloc (size_t size);
-void *__wrap_malloc (size_t size);
+void *__real_aligned_alloc (size_t alignment, size_t size);
+void *__wrap_aligned_alloc (size_t alignment, size_t size);
 void *
-__wrap_malloc (size_t size)
+__wrap_aligned_alloc (size_t alignment, size_t size)
 {
   size_t armed = size;
   if (atomic_compare_exchange_strong (&fail_malloc_of_size, &armed, 0)) {
     errno = ENOMEM;
     return NULL;
   }
-  return __real_malloc (size);
+  return __real_aligned_alloc (alignment, size);
 }
 
 /* zs_malloc that cannot get a handle cell fails with ENOMEM and leaves
@@ -1615,6 +1683,7 @@ main (void)
     cmocka_unit_test (test_batched_vs_immediate),
     cmocka_unit_test (test_destroy_with_live_objects),
     cmocka_unit_test (test_cell_failure_leaves_no_zspage),
+    cmocka_unit_test (test_cells_follow_objects),
     cmocka_unit_test (test_limit_refusal_is_true),
     cmocka_unit_test (test_bad_input),
     cmocka_unit_test (test_names_and_print),

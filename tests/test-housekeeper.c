@@ -40,10 +40,12 @@ store_flush (struct block_store *store)
   atomic_fetch_add (&rounds, 1);
 }
 
+static atomic_int stats_writes;
+
 int
 stats_file_write (struct block_store *store, const char *path)
 {
-  atomic_fetch_add (&rounds, 1);
+  atomic_fetch_add (&stats_writes, 1);
   return 0;
 }
 
@@ -53,6 +55,7 @@ test_rounds_survive_a_clock_step (void **state)
   (void) state;
   for (int with_stats = 0; with_stats < 2; with_stats++) {
     atomic_store (&rounds, 0);
+    atomic_store (&stats_writes, 0);
     assert_int_equal (housekeeper_start (NULL, with_stats ? "stats" : NULL), 0);
     /* Rounds at 0, 1, 2 s...: three within 6 s even on a loaded machine. */
     for (int i = 0; i < 60 && atomic_load (&rounds) < 3; i++)
@@ -62,8 +65,10 @@ test_rounds_survive_a_clock_step (void **state)
     if (seen < 3)
       fail_msg ("%d housekeeping round(s) in 6 s with the wall clock stepped "
                 "an hour ahead, want 3", seen);
-    /* housekeeper_stop runs one last round. */
-    assert_int_equal (atomic_load (&rounds), seen + 1);
+    /* housekeeper_stop runs one last round; each writes the stats. */
+    assert_true (atomic_load (&rounds) > seen);
+    assert_int_equal (atomic_load (&stats_writes),
+                      with_stats ? atomic_load (&rounds) : 0);
   }
 }
 

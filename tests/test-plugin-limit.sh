@@ -98,13 +98,16 @@ assert h.pread(8 * K, 60 * M) == bytes(8 * K)
 # And the blocks rewritten in place can be overwritten when memory allows
 # (below, after the trim).
 
-# Same-filled blocks and zeroing need no pool memory.
-h.pwrite(b"\xab" * B, 50 * M)
-assert h.pread(B, 50 * M) == b"\xab" * B
+# Same-filled blocks need no pool memory where the table has their leaf
+# (2 MiB around a stored block); zeroes need none anywhere (where the
+# table has no leaf and the limit refuses one, the blocks stay holes).
+h.pwrite(b"\xab" * B, 2 * M + 4 * B)
+assert h.pread(B, 2 * M + 4 * B) == b"\xab" * B
 h.pwrite(bytes(2 * B), 50 * M + B)
 h.zero(B, 51 * M, nbd.CMD_FLAG_NO_HOLE)
 h.zero(B, 51 * M + B)
 assert h.pread(2 * B, 51 * M) == bytes(2 * B)
+assert h.pread(2 * B, 50 * M + B) == bytes(2 * B)
 
 # Trim the fill: memory comes back and writes succeed again.
 h.trim(failed_at + 256 * K - 4 * M, 4 * M)
@@ -133,3 +136,68 @@ EOF
     [ "$failed_writes" -ge 6 ] || fail "stats: failed_writes $failed_writes, want >= 6"
     [ "$failed_reads" = 0 ] || fail "stats: failed_reads $failed_reads"
 done
+
+# The block table counts against mem_limit and shrinks: 16,384 NO_HOLE
+# zeroes of single blocks 2 MiB apart (each wanting a table leaf) on a
+# 1 TiB device with mem_limit=1M all succeed and keep the table within
+# the limit; trimmed, the table goes within a couple of seconds (the
+# housekeeper reclaims it); data spread the same way and trimmed too.
+echo "== test-plugin-limit: block table"
+stats="$tmp/stats-table"
+export STATS="$stats"
+zram_nbdsh 1T mem_limit=1M stats="$stats" <<'EOF'
+import errno, os, time, nbd
+
+M = 1024 * 1024
+SPREAD = 16384
+
+def stat(name):
+    """A field of the stats file, as the housekeeper writes it next."""
+    try:
+        os.unlink(os.environ["STATS"])
+    except FileNotFoundError:
+        pass
+    for _ in range(50):
+        try:
+            for line in open(os.environ["STATS"]):
+                key, _, value = line.partition(": ")
+                if key == name:
+                    return int(value)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("no %s in the stats file" % name)
+
+for i in range(SPREAD):
+    h.zero(4096, i * 2 * M, nbd.CMD_FLAG_NO_HOLE)
+for i in range(0, SPREAD, 1001):
+    assert h.pread(4096, i * 2 * M) == bytes(4096)
+table, used, rss = stat("table_bytes"), stat("limit_used"), stat("process_rss")
+print("after %d NO_HOLE zeroes: table %d, limit_used %d, RSS %d" % (SPREAD, table, used, rss))
+assert 0 < table <= M and used <= M, "table %d / limit_used %d" % (table, used)
+assert rss < 96 * M, "RSS %d" % rss
+
+def trim_spread(count):
+    for i in range(count):
+        h.trim(4096, i * 2 * M)
+    time.sleep(1.2)
+    table = stat("table_bytes")
+    print("%d blocks trimmed: table %d bytes" % (count, table))
+    assert table == 0, "table_bytes %d after trimming everything" % table
+
+trim_spread(SPREAD)
+
+# Data spread one block per 2 MiB until the limit, then trimmed.
+data = bytes(range(256)) * 16
+n = 0
+try:
+    while n < SPREAD:
+        h.pwrite(data, n * 2 * M)
+        n += 1
+except nbd.Error as e:
+    assert e.errnum == errno.ENOSPC, e
+assert n > 8, "only %d blocks stored" % n
+for i in range(n):
+    assert h.pread(4096, i * 2 * M) == data
+trim_spread(n)
+EOF

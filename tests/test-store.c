@@ -283,7 +283,7 @@ test_partial_zero_at_limit (void **state)
   unsigned char back[BS];
 
   for (int algorithm = CODEC_LZ4; algorithm <= CODEC_ZSTD; algorithm++) {
-    struct block_store *store = make_store (BLOCKS * BS, algorithm, 16 * BS);
+    struct block_store *store = make_store (BLOCKS * BS, algorithm, 32 * BS);
     uint64_t rng = 11 + algorithm;
     uint64_t stored;
     int r = 0;
@@ -348,6 +348,67 @@ test_partial_zero_at_limit (void **state)
     assert_int_equal (st.mem_used_total, 0);
     store_destroy (store);
   }
+}
+
+/* The block table follows what is stored and stays within mem_limit:
+ * 16,384 NO_HOLE zeroes of single blocks 2 MiB apart (each wanting a leaf
+ * of its own) on a 1 TiB device with mem_limit=1M all succeed, reading as
+ * zeros, with the table inside the limit; data written there, then
+ * trimmed, leaves no table behind once the store is flushed.
+ */
+static void
+test_table_bounded_and_reclaimed (void **state)
+{
+  (void) state;
+  enum { ZEROES = 16384, STRIDE = 512 };   /* blocks: one leaf apart */
+  const uint64_t limit = 1 << 20;
+  struct block_store *store = make_store ((uint64_t) 1 << 40, CODEC_LZ4, limit);
+  unsigned char buf[BS], back[BS];
+  struct store_stats st;
+
+  for (uint64_t i = 0; i < ZEROES; i++)
+    if (store_zero (store, BS, i * STRIDE * BS, false) == -1)
+      fail_msg ("zero %" PRIu64 ": %s", i, strerror (errno));
+  store_stats (store, &st);
+  print_message ("after %d NO_HOLE zeroes: table %" PRIu64 " bytes, limit used %"
+                 PRIu64 " of %" PRIu64 "\n", ZEROES, st.table_bytes,
+                 st.limit_used, st.mem_limit);
+  assert_true (st.limit_used <= limit);
+  assert_true (st.table_bytes <= limit);
+  assert_true (st.table_bytes > 0);
+  for (uint64_t i = 0; i < ZEROES; i += 97) {
+    assert_int_equal (store_read (store, back, BS, i * STRIDE * BS), 0);
+    assert_true (back[0] == 0 && memcmp (back, back + 1, BS - 1) == 0);
+  }
+
+  /* Trimmed, the leaves and nodes go back. */
+  for (uint64_t i = 0; i < ZEROES; i++)
+    assert_int_equal (store_trim (store, BS, i * STRIDE * BS), 0);
+  store_flush (store);
+  store_stats (store, &st);
+  assert_int_equal (st.table_bytes, 0);
+  assert_int_equal (st.limit_used, 0);
+
+  /* Data over many leaves, then trimmed: the same. */
+  uint64_t written;
+  for (written = 0; written < ZEROES; written++) {
+    block_fill (buf, written, 1);
+    if (store_write (store, buf, BS, written * STRIDE * BS) == -1)
+      break;
+  }
+  assert_int_equal (errno, ENOSPC);
+  assert_true (written > 8);
+  for (uint64_t i = 0; i < written; i++) {
+    block_fill (buf, i, 1);
+    assert_int_equal (store_read (store, back, BS, i * STRIDE * BS), 0);
+    assert_memory_equal (buf, back, BS);
+  }
+  assert_int_equal (store_trim (store, written * STRIDE * BS, 0), 0);
+  store_flush (store);
+  store_stats (store, &st);
+  assert_int_equal (st.table_bytes, 0);
+  assert_int_equal (st.orig_data_size, 0);
+  store_destroy (store);
 }
 
 /* ---- concurrency ---------------------------------------------------- */
@@ -432,6 +493,7 @@ struct mixed_args {
   struct block_store *store;
   uint64_t seed;
   unsigned operations;
+  uint64_t stride;              /* blocks of the device per test block */
   atomic_uint *bad_reads;
 };
 
@@ -448,20 +510,21 @@ mixed_worker (void *arg)
   for (unsigned i = 0; i < a->operations; i++) {
     uint64_t r = xorshift64 (&rng);
     uint64_t block = r % MIXED_BLOCKS;
+    uint64_t offset = block * a->stride * BS;
     switch ((r >> 20) % 8) {
     case 0: case 1: case 2:
       block_fill (buf, block, r >> 32);
-      if (store_write (a->store, buf, BS, block * BS) == -1)
+      if (store_write (a->store, buf, BS, offset) == -1)
         return (void *) 1;
       break;
     case 3:
-      store_trim (a->store, BS, block * BS);
+      store_trim (a->store, BS, offset);
       break;
     case 4:
-      store_zero (a->store, BS, block * BS, (r >> 40) & 1);
+      store_zero (a->store, BS, offset, (r >> 40) & 1);
       break;
     default:
-      if (store_read (a->store, buf, BS, block * BS) == -1)
+      if (store_read (a->store, buf, BS, offset) == -1)
         return (void *) 1;
       if (!block_check (buf, block))
         atomic_fetch_add (a->bad_reads, 1);
@@ -471,10 +534,42 @@ mixed_worker (void *arg)
   return NULL;
 }
 
-static void
-run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode)
+/* Beside the workers: the housekeeper's flush, which reclaims the block
+ * table's empty leaves, and extents walks, until the workers are done.
+ */
+struct reclaimer_args {
+  struct block_store *store;
+  atomic_bool *done;
+  uint64_t size;
+};
+
+static int
+count_extent (void *opaque, uint64_t offset, uint64_t length,
+              enum store_extent type)
 {
-  struct store_config config = { .size = MIXED_BLOCKS * BS,
+  (*(unsigned *) opaque)++;
+  return 0;
+}
+
+static void *
+reclaimer (void *arg)
+{
+  struct reclaimer_args *a = arg;
+  unsigned extents = 0;
+
+  while (!atomic_load (a->done)) {
+    store_flush (a->store);
+    if (store_extents (a->store, a->size, 0, count_extent, &extents) == -1)
+      return (void *) 1;
+  }
+  return NULL;
+}
+
+static void
+run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode,
+           uint64_t stride)
+{
+  struct store_config config = { .size = MIXED_BLOCKS * stride * BS,
                                  .algorithm = CODEC_LZ4, .level = 1 };
   zs_pool_config_init (&config.pool);
   config.pool.free_mode = free_mode;
@@ -483,10 +578,14 @@ run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode)
   assert_non_null (store);
 
   atomic_uint bad_reads = 0;
-  pthread_t threads[THREADS];
+  atomic_bool done = false;
+  pthread_t threads[THREADS], reclaim_thread;
   struct mixed_args args[THREADS];
+  struct reclaimer_args reclaim_args = { store, &done, config.size };
+  pthread_create (&reclaim_thread, NULL, reclaimer, &reclaim_args);
   for (unsigned t = 0; t < THREADS; t++) {
-    args[t] = (struct mixed_args) { store, t * 7919 + 1, 20000, &bad_reads };
+    args[t] = (struct mixed_args) { store, t * 7919 + 1, 20000, stride,
+                                    &bad_reads };
     pthread_create (&threads[t], NULL, mixed_worker, &args[t]);
   }
   for (unsigned t = 0; t < THREADS; t++) {
@@ -494,24 +593,30 @@ run_mixed (enum zs_free_mode free_mode, enum zs_lock_mode lock_mode)
     pthread_join (threads[t], &result);
     assert_null (result);
   }
+  atomic_store (&done, true);
+  void *reclaim_result;
+  pthread_join (reclaim_thread, &reclaim_result);
+  assert_null (reclaim_result);
   assert_int_equal (atomic_load (&bad_reads), 0);
 
   /* Afterwards every block is consistent and the accounting balances. */
   unsigned char buf[BS];
   uint64_t stored = 0;
   for (uint64_t block = 0; block < MIXED_BLOCKS; block++) {
-    assert_int_equal (store_read (store, buf, BS, block * BS), 0);
+    assert_int_equal (store_read (store, buf, BS, block * stride * BS), 0);
     assert_true (block_check (buf, block));
   }
   struct store_stats s;
   store_stats (store, &s);
   assert_true (s.orig_data_size <= MIXED_BLOCKS * BS);
   stored = s.orig_data_size;
-  assert_int_equal (store_trim (store, MIXED_BLOCKS * BS, 0), 0);
+  assert_int_equal (store_trim (store, config.size, 0), 0);
+  store_flush (store);
   store_stats (store, &s);
   assert_int_equal (s.orig_data_size, 0);
   assert_int_equal (s.compr_data_size, 0);
   assert_int_equal (s.mem_used_total, 0);
+  assert_int_equal (s.table_bytes, 0);
   (void) stored;
   store_destroy (store);
 }
@@ -580,14 +685,25 @@ static void
 test_concurrent_mixed_batched (void **state)
 {
   (void) state;
-  run_mixed (ZS_FREE_BATCHED, ZS_LOCK_CLASS);
+  run_mixed (ZS_FREE_BATCHED, ZS_LOCK_CLASS, 1);
+}
+
+/* The same with every test block in a leaf of its own (512 blocks
+ * apart), so that trims empty leaves that the flush beside reclaims while
+ * writers make them again.
+ */
+static void
+test_concurrent_mixed_leaves (void **state)
+{
+  (void) state;
+  run_mixed (ZS_FREE_BATCHED, ZS_LOCK_CLASS, 512);
 }
 
 static void
 test_concurrent_mixed_immediate_pool_lock (void **state)
 {
   (void) state;
-  run_mixed (ZS_FREE_IMMEDIATE, ZS_LOCK_POOL);
+  run_mixed (ZS_FREE_IMMEDIATE, ZS_LOCK_POOL, 1);
 }
 
 int
@@ -599,10 +715,12 @@ main (void)
     cmocka_unit_test (test_extents),
     cmocka_unit_test (test_enospc_keeps_old_block),
     cmocka_unit_test (test_partial_zero_at_limit),
+    cmocka_unit_test (test_table_bounded_and_reclaimed),
     cmocka_unit_test (test_concurrent_partial_writes),
     cmocka_unit_test (test_threads_exit_after_destroy),
     cmocka_unit_test (test_concurrent_mixed_batched),
     cmocka_unit_test (test_concurrent_mixed_immediate_pool_lock),
+    cmocka_unit_test (test_concurrent_mixed_leaves),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
