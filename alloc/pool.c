@@ -174,7 +174,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
 
   struct size_class *class = class_for_size (pool, size);
   struct zspage *zspage;
-  bool flushed = false;
+  bool flushed = false, compacted = false;
   int err;
 
   /* The cell first: once a zspage is found or made, nothing can fail,
@@ -219,19 +219,23 @@ zs_malloc (struct zs_pool *pool, size_t size)
       atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
     }
-    if (reservation == REFUSED
-        && (flushed || pool->config.free_mode != ZS_FREE_BATCHED)) {
+    if (reservation == REFUSED && flushed && compacted) {
       atomic_fetch_add (&pool->limit_hits, 1);
       err = ENOSPC;
       goto fail;
     }
-    /* Drain the pending frees once, or let the zspages in transit land,
-     * then look in the class again.
+    /* Drain the pending frees once, then compact once, or let the
+     * zspages in transit land; then look in the class again.
      */
     pthread_mutex_unlock (class->lock);
-    if (reservation == REFUSED) {
+    if (reservation == REFUSED && !flushed) {
       flushed = true;
-      zs_pool_flush (pool);
+      if (pool->config.free_mode == ZS_FREE_BATCHED)
+        zs_pool_flush (pool);
+    }
+    else if (reservation == REFUSED) {
+      compacted = true;
+      zs_compact (pool);
     }
     else
       sched_yield ();
@@ -239,6 +243,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
   }
 
   unsigned index = zspage_take_object (class, zspage);
+  zspage->slot_cells[index] = cell;
   class->objs_used++;
   class->bytes_stored += size;
   atomic_store_explicit (cell, cell_encode (zspage, index, size),
@@ -264,6 +269,7 @@ object_free_locked (struct zs_pool *pool, struct size_class *class,
   class->objs_used--;
   class->bytes_stored -= cell_object_size (location);
   cell_release (pool, class, cell);
+  zspage->slot_cells[cell_object_index (location)] = NULL;
   if (zspage_put_object (class, zspage, cell_object_index (location)))
     return zspage;
   return NULL;
@@ -291,12 +297,21 @@ object_address (struct zs_pool *pool, uint64_t location)
 const void *
 zs_read_begin (struct zs_pool *pool, zs_handle_t handle, void *local_copy)
 {
+  /* The size bits never change class, whatever moves: the class is
+   * known before the lock that stops moves is taken.
+   */
+  struct size_class *class = class_for_size (pool,
+                                             cell_object_size (handle_load (handle)));
+  pthread_rwlock_rdlock (&class->migrate_lock);
   return object_address (pool, handle_load (handle));
 }
 
 void
 zs_read_end (struct zs_pool *pool, zs_handle_t handle, const void *mem)
 {
+  struct size_class *class = class_for_size (pool,
+                                             cell_object_size (handle_load (handle)));
+  pthread_rwlock_unlock (&class->migrate_lock);
 }
 
 int
@@ -308,14 +323,20 @@ zs_read_needs_copy (const struct zs_pool *pool)
 int
 zs_write (struct zs_pool *pool, zs_handle_t handle, const void *buf, size_t len)
 {
+  struct size_class *class = class_for_size (pool,
+                                             cell_object_size (handle_load (handle)));
+  pthread_rwlock_rdlock (&class->migrate_lock);
+  /* Under the lock: the object may have moved since zs_malloc. */
   uint64_t location = handle_load (handle);
-
+  int r = 0;
   if (len > cell_object_size (location)) {
     errno = EINVAL;
-    return -1;
+    r = -1;
   }
-  memcpy (object_address (pool, location), buf, len);
-  return 0;
+  else
+    memcpy (object_address (pool, location), buf, len);
+  pthread_rwlock_unlock (&class->migrate_lock);
+  return r;
 }
 
 size_t

@@ -26,6 +26,8 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
     pthread_mutex_lock (class->lock);
     stats->objects += class->objs_used;
     stats->bytes_stored += class->bytes_stored;
+    stats->pages_freeable += class_freeable_zspages (class)
+      * class->pages_per_zspage;
     pthread_mutex_unlock (class->lock);
   }
   stats->pages_used = atomic_load (&pool->pages_used);
@@ -36,6 +38,7 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
   stats->mem_limit = pool->config.mem_limit;
   stats->metadata_bytes = atomic_load (&pool->metadata_bytes);
   stats->frees_pending = free_batches_pending (pool);
+  stats->pages_compacted = atomic_load (&pool->pages_compacted);
 }
 
 unsigned
@@ -62,6 +65,7 @@ zs_class_stats (struct zs_pool *pool, unsigned class_number,
   for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
     stats->zspages[g] = class->group_counts[g];
   stats->pages_used = class->zspages * class->pages_per_zspage;
+  stats->pages_freeable = class_freeable_zspages (class) * class->pages_per_zspage;
   pthread_mutex_unlock (class->lock);
   return 0;
 }
@@ -75,16 +79,18 @@ zs_pool_print_stats (struct zs_pool *pool, FILE *fp)
   fprintf (fp, "pages_used %" PRIu64 " pages_used_max %" PRIu64
            " bytes_stored %" PRIu64 " objects %" PRIu64
            " pages_freed %" PRIu64 " limit_hits %" PRIu64
-           " mem_limit %" PRIu64 " metadata_bytes %" PRIu64 "\n",
+           " mem_limit %" PRIu64 " metadata_bytes %" PRIu64
+           " pages_compacted %" PRIu64 " pages_freeable %" PRIu64 "\n",
            pool_stats.pages_used, pool_stats.pages_used_max,
            pool_stats.bytes_stored, pool_stats.objects,
            pool_stats.pages_freed, pool_stats.limit_hits,
-           pool_stats.mem_limit, pool_stats.metadata_bytes);
+           pool_stats.mem_limit, pool_stats.metadata_bytes,
+           pool_stats.pages_compacted, pool_stats.pages_freeable);
 
   fprintf (fp, " class  size");
   for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
     fprintf (fp, " %5s", group_names[g]);
-  fprintf (fp, " obj_allocated obj_used pages_used pages_per_zspage\n");
+  fprintf (fp, " obj_allocated obj_used pages_used pages_per_zspage freeable\n");
 
   for (unsigned c = 0; c < pool->distinct_classes; c++) {
     struct zs_class_stats stats;
@@ -94,8 +100,8 @@ zs_pool_print_stats (struct zs_pool *pool, FILE *fp)
     fprintf (fp, " %5u %5u", pool->classes[c].index, stats.size);
     for (unsigned g = 0; g < ZS_FULLNESS_GROUPS; g++)
       fprintf (fp, " %5" PRIu64, stats.zspages[g]);
-    fprintf (fp, " %13" PRIu64 " %8" PRIu64 " %10" PRIu64 " %16u\n",
+    fprintf (fp, " %13" PRIu64 " %8" PRIu64 " %10" PRIu64 " %16u %8" PRIu64 "\n",
              stats.objs_allocated, stats.objs_used, stats.pages_used,
-             stats.pages_per_zspage);
+             stats.pages_per_zspage, stats.pages_freeable);
   }
 }

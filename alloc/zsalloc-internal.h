@@ -47,19 +47,37 @@
  *   class lock; a block whose cells are all free again is given back
  *   (handle-cell.c), so cells follow the live objects.
  *
- * MOVING OBJECTS (compaction, a later issue; the plan the layout allows)
- *   The mover holds the class lock, copies an object to its new slot and
- *   rewrites the cell with one atomic store; the caller's handle (the
- *   cell's address) never changes.  A deferred free holds the cell, not a
- *   location, and the drain re-reads the cell under the class lock, so it
- *   frees wherever the object lives by then (design-hazards.md #1).
- *   Readers will take the read side of a per-class migration rwlock in
- *   read_begin and drop it in read_end; the mover write-trylocks it and
- *   skips a busy class instead of waiting (hazard #4), so a reader never
- *   sees a half-moved object and a zspage descriptor is never freed under
- *   a reader.  To find an object's cell the mover needs a back pointer per
- *   slot; compaction adds it to struct zspage.
- *
+ * MOVING OBJECTS (compact.c)
+ *   Compaction moves a class's live objects out of its sparsest zspage
+ *   into its fullest ones (fullness groups), until the class has no
+ *   zspage to spare (class_freeable_zspages); an emptied zspage is
+ *   released after the locks are dropped.  Each slot of a zspage has a
+ *   back pointer to its cell (slot_cells, NULL for a free slot), set by
+ *   malloc and cleared by free under the class lock, so the mover knows
+ *   which slots are live and whose they are.
+ *   The protocol, per class:
+ *   - the mover holds the class's migrate_lock for writing and its class
+ *     lock while it empties ONE source zspage: it copies each object,
+ *     sets the back pointer, rewrites the cell with one atomic store (the
+ *     caller's handle, the cell's address, never changes), and puts the
+ *     old slot back; then it drops both, so readers wait for one
+ *     zspage's moves at most;
+ *   - readers hold migrate_lock for reading from zs_read_begin to
+ *     zs_read_end, and zs_write holds it for its copy and loads the cell
+ *     under it: no access sees a half-moved object or a freed zspage, and
+ *     a write right after zs_malloc lands where the object is by then;
+ *   - malloc, free (immediate or a batch's drain) and zs_resize take only
+ *     the class lock and re-read the cell under it, so a deferred free
+ *     frees wherever the object lives by then (design-hazards.md #1);
+ *   - the class is found from the cell's size bits, which a move never
+ *     changes, before any lock is taken.
+ *   migrate_lock prefers writers, so steady reads do not starve a mover;
+ *   it is one lock per class, read-locked by every access to that class
+ *   (a shared cache line: a per-zspage lock is the known refinement).
+ *   zs_malloc compacts the pool once before it refuses for the limit.
+ *   A caller must not hold a zs_read_begin when it calls zs_malloc or
+ *   zs_compact (it would wait for its own read lock).
+
  * FREES: IMMEDIATE OR BATCHED (free-batch.c, seed 002)
  *   In batched mode zs_free appends the handle to one of the pool's
  *   ZS_FREE_BATCHES batches (ZS_FREE_BATCH_SIZE handles each) under that
@@ -100,16 +118,20 @@
  *   made: every page is in a listed zspage and the class has no slot.
  *
  * LOCKS, what each guards, and the ONE lock order
+ *   size_class->migrate_lock   read: every access to an object's bytes of
+ *                              the class; write: the mover (MOVING OBJECTS).
  *   free_batch->lock           that batch's handles and count.
  *   size_class->lock           points to the class's own mutex (lock=class)
  *                              or to pool->pool_lock (lock=pool); guards the
  *                              class's fullness lists, every zspage's free
- *                              list, in-use count and group, the class's
- *                              counters and its cell free list.
+ *                              list, in-use count, group and back
+ *                              pointers, the class's counters and its cell
+ *                              blocks.
  *   page_source->lock          the chunk lists of one run length.
  *
- *   Order: free_batch->lock -> size_class->lock.  No path holds two
- *   batch locks.
+ *   Order: migrate_lock -> size_class->lock, and free_batch->lock ->
+ *   size_class->lock; no path holds a migrate_lock and a batch lock, two
+ *   migrate locks, or two batch locks.
  *   page_source locks are leaves and are never taken while a class lock
  *   is held (zspages are created and released outside the class lock).
  *   No path holds two class locks.  Pool-wide counters are atomics.
@@ -153,6 +175,10 @@ struct zspage {
   uint16_t free_head;             /* first recycled free slot or ZS_NO_OBJECT */
   uint16_t never_used;            /* slots >= this were never handed out */
   uint8_t group;                  /* fullness group it is linked on */
+  /* Each slot's cell (the back pointer compaction moves objects by), NULL
+   * for a free slot: objs_per_zspage of them.
+   */
+  _Atomic uint64_t *slot_cells[];
 } __attribute__ ((aligned (ZSPAGE_ALIGN)));
 
 /* A block of handle cells; see handle-cell.c. */
@@ -177,6 +203,11 @@ struct size_class {
   struct cell_block *cell_blocks; /* all of them */
   uint64_t cell_blocks_count;
   pthread_mutex_t own_lock;
+  /* Read by every access to an object's bytes (read_begin..read_end,
+   * write), written by the mover while it moves objects of this class:
+   * see MOVING OBJECTS.  Prefers writers, so a mover is not starved.
+   */
+  pthread_rwlock_t migrate_lock;
 } __attribute__ ((aligned (64)));
 
 /* A batch of deferred frees, one of the pool's ZS_FREE_BATCHES. */
@@ -203,6 +234,7 @@ struct zs_pool {
   _Atomic uint64_t limit_account; /* bytes counted against the limit and
                                      zspages in transit, see MEMORY LIMIT */
   _Atomic uint64_t pages_used;    /* pages in zspages (statistics) */
+  _Atomic uint64_t pages_compacted; /* freed by compaction, ever */
   _Atomic uint64_t pages_used_max;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
@@ -220,12 +252,23 @@ account_transit (uint64_t account)
 {
   return account / LIMIT_TRANSIT;
 }
+/* The bytes of a zspage descriptor of the class (with its back
+ * pointers, rounded up to its alignment).
+ */
+static inline size_t
+zspage_descriptor_bytes (const struct size_class *class)
+{
+  size_t bytes = sizeof (struct zspage)
+    + class->objs_per_zspage * sizeof (_Atomic uint64_t *);
+  return (bytes + ZSPAGE_ALIGN - 1) / ZSPAGE_ALIGN * ZSPAGE_ALIGN;
+}
+
 /* What a zspage of the class counts against the limit. */
 static inline uint64_t
 zspage_charge (const struct size_class *class)
 {
   return (uint64_t) class->pages_per_zspage * ZS_PAGE_SIZE
-    + sizeof (struct zspage);
+    + zspage_descriptor_bytes (class);
 }
 
 /* pool.c: count bytes against the limit (false: it would be exceeded),
@@ -288,6 +331,12 @@ extern void zspage_release (struct zs_pool *pool, struct size_class *class,
                             struct zspage *zspage);
 extern void zspage_unreserve (struct zs_pool *pool, struct size_class *class);
 extern struct zspage *class_fullest_zspage (struct size_class *class);
+extern struct zspage *class_fullest_zspage_except (struct size_class *class,
+                                                   const struct zspage *except);
+extern struct zspage *class_sparsest_zspage (struct size_class *class);
+
+/* compact.c: under the class lock. */
+extern uint64_t class_freeable_zspages (const struct size_class *class);
 extern void zspage_insert (struct size_class *class, struct zspage *zspage);
 extern unsigned zspage_take_object (struct size_class *class, struct zspage *zspage);
 extern bool zspage_put_object (struct size_class *class, struct zspage *zspage,

@@ -154,6 +154,15 @@ extern size_t zs_huge_class_size (const struct zs_pool *pool);
 extern void zs_pool_get_config (const struct zs_pool *pool,
                                 struct zs_pool_config *config);
 
+/* Compact the pool: in each size class, move live objects out of the
+ * sparsest zspages into the fullest ones and give the emptied zspages'
+ * pages back.  Runs beside every other call (one class, and within it one
+ * source zspage, at a time; readers and writers of that class wait for
+ * that zspage's moves), except that the caller must not hold a
+ * zs_read_begin.  Returns the pages freed.
+ */
+extern uint64_t zs_compact (struct zs_pool *pool);
+
 /* Count bytes the caller holds for what it stores (its own metadata)
  * against the pool's memory limit: 0, or -1 with errno ENOSPC (after
  * draining deferred frees).  zs_pool_discharge gives them back.
@@ -174,6 +183,8 @@ struct zs_pool_stats {
   uint64_t mem_limit;         /* configured limit in bytes, 0 = none */
   uint64_t limit_used;        /* bytes counted against it: pages, zspage
                                  descriptors, cell blocks, charges */
+  uint64_t pages_compacted;   /* pages freed by compaction, ever */
+  uint64_t pages_freeable;    /* pages compaction could free now */
   uint64_t metadata_bytes;    /* zspage descriptors, handle cells, batches */
   uint64_t frees_pending;     /* deferred frees not yet drained (0 after
                                  the flush zs_pool_stats does) */
@@ -193,6 +204,8 @@ struct zs_class_stats {
   uint64_t objs_used;         /* live objects */
   uint64_t zspages[ZS_FULLNESS_GROUPS]; /* zspages per fullness group */
   uint64_t pages_used;        /* zspages x pages_per_zspage */
+  uint64_t pages_freeable;    /* pages compaction could free (zsmalloc's
+                                 "freeable") */
 };
 extern unsigned zs_class_count (const struct zs_pool *pool);
 extern int zs_class_stats (struct zs_pool *pool, unsigned class_number,

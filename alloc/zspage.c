@@ -68,10 +68,38 @@ class_fullest_zspage (struct size_class *class)
   return class->groups[31 - __builtin_clz (not_full)];
 }
 
+/* The fullest zspage with room but except (compaction's destination). */
+struct zspage *
+class_fullest_zspage_except (struct size_class *class,
+                             const struct zspage *except)
+{
+  uint32_t not_full = class->nonempty_groups & ((1u << ZS_GROUP_FULL) - 1);
+  while (not_full) {
+    unsigned group = 31 - __builtin_clz (not_full);
+    for (struct zspage *zspage = class->groups[group]; zspage;
+         zspage = zspage->next)
+      if (zspage != except)
+        return zspage;
+    not_full &= ~(1u << group);
+  }
+  return NULL;
+}
+
+/* The emptiest zspage that holds objects (compaction's source). */
+struct zspage *
+class_sparsest_zspage (struct size_class *class)
+{
+  uint32_t used = class->nonempty_groups & ~1u;   /* not "empty" */
+  if (!used)
+    return NULL;
+  return class->groups[__builtin_ctz (used)];
+}
+
 struct zspage *
 zspage_create (struct zs_pool *pool, struct size_class *class)
 {
-  struct zspage *zspage = aligned_alloc (ZSPAGE_ALIGN, sizeof *zspage);
+  struct zspage *zspage = aligned_alloc (ZSPAGE_ALIGN,
+                                         zspage_descriptor_bytes (class));
   if (!zspage) {
     errno = ENOMEM;
     return NULL;
@@ -92,7 +120,10 @@ zspage_create (struct zs_pool *pool, struct size_class *class)
   zspage->free_head = ZS_NO_OBJECT;
   zspage->never_used = 0;
   zspage->group = 0;
-  atomic_fetch_add_explicit (&pool->metadata_bytes, sizeof *zspage,
+  for (unsigned i = 0; i < class->objs_per_zspage; i++)
+    zspage->slot_cells[i] = NULL;
+  atomic_fetch_add_explicit (&pool->metadata_bytes,
+                             zspage_descriptor_bytes (class),
                              memory_order_relaxed);
   return zspage;
 }
@@ -104,7 +135,8 @@ zspage_release (struct zs_pool *pool, struct size_class *class,
   page_run_free (&pool->pages, zspage->chunk, zspage->base);
   /* Out of transit and its bytes returned, in one step. */
   zspage_unreserve (pool, class);
-  atomic_fetch_sub_explicit (&pool->metadata_bytes, sizeof *zspage,
+  atomic_fetch_sub_explicit (&pool->metadata_bytes,
+                             zspage_descriptor_bytes (class),
                              memory_order_relaxed);
   free (zspage);
 }

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,9 +333,28 @@ now_s (void)
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* A thread that compacts the pool in a loop while the workers run. */
+struct compactor {
+  struct zs_pool *pool;
+  pthread_t thread;
+  _Atomic bool done;
+  uint64_t rounds, pages;
+};
+
+static void *
+compactor_main (void *arg)
+{
+  struct compactor *c = arg;
+  while (!atomic_load (&c->done)) {
+    c->pages += zs_compact (c->pool);
+    c->rounds++;
+  }
+  return NULL;
+}
+
 static void
 run_stress (enum zs_lock_mode lock_mode, enum zs_free_mode free_mode,
-            uint64_t mem_limit, const char *name)
+            uint64_t mem_limit, bool compact, const char *name)
 {
   struct zs_pool_config config;
   struct run run = { .allow_enospc = mem_limit != 0 };
@@ -361,6 +381,10 @@ run_stress (enum zs_lock_mode lock_mode, enum zs_free_mode free_mode,
     run.workers[i].rng = 0x9E3779B97F4A7C15ULL * (i + 1) + mem_limit
       + (uint64_t) lock_mode * 77 + (uint64_t) free_mode * 131;
   }
+  struct compactor compactor = { .pool = run.pool, .done = false };
+  if (compact)
+    assert_int_equal (pthread_create (&compactor.thread, NULL, compactor_main,
+                                      &compactor), 0);
   for (unsigned i = 0; i < nr_threads; i++)
     assert_int_equal (pthread_create (&run.workers[i].thread, NULL,
                                       worker_main, &run.workers[i]), 0);
@@ -374,6 +398,10 @@ run_stress (enum zs_lock_mode lock_mode, enum zs_free_mode free_mode,
     verifies += w->verifies;
     cross += w->cross_frees;
   }
+  if (compact) {
+    atomic_store (&compactor.done, true);
+    assert_int_equal (pthread_join (compactor.thread, NULL), 0);
+  }
 
   struct zs_pool_stats st;
   zs_pool_stats (run.pool, &st);
@@ -384,6 +412,10 @@ run_stress (enum zs_lock_mode lock_mode, enum zs_free_mode free_mode,
           ", limit_hits %" PRIu64 "\n",
           name, nr_threads, ops_per_thread, t1 - t0, mallocs, frees, cross,
           verifies, enospc, st.pages_used_max, st.limit_hits);
+  if (compact)
+    printf ("# %s: the compactor ran %" PRIu64 " rounds, freed %" PRIu64
+            " pages (pool: %" PRIu64 " compacted)\n", name, compactor.rounds,
+            compactor.pages, st.pages_compacted);
   fflush (stdout);
 
   assert_int_equal (failures, 0);
@@ -393,6 +425,10 @@ run_stress (enum zs_lock_mode lock_mode, enum zs_free_mode free_mode,
   assert_int_equal (st.pages_used, 0);
   assert_int_equal (st.frees_pending, 0);
   assert_true (st.pages_freed >= st.pages_used_max);
+  if (compact) {
+    assert_true (compactor.rounds > 0);
+    assert_true (st.pages_compacted >= compactor.pages);
+  }
   if (nr_threads > 1 && ops_per_thread >= 1000)
     assert_true (cross > 0);
   if (mem_limit != 0) {
@@ -422,14 +458,14 @@ static void
 test_stress_class_batched (void **state)
 {
   (void) state;
-  run_stress (ZS_LOCK_CLASS, ZS_FREE_BATCHED, 0, "lock=class free=batched");
+  run_stress (ZS_LOCK_CLASS, ZS_FREE_BATCHED, 0, false, "lock=class free=batched");
 }
 
 static void
 test_stress_pool_immediate (void **state)
 {
   (void) state;
-  run_stress (ZS_LOCK_POOL, ZS_FREE_IMMEDIATE, 0, "lock=pool free=immediate");
+  run_stress (ZS_LOCK_POOL, ZS_FREE_IMMEDIATE, 0, false, "lock=pool free=immediate");
 }
 
 static void
@@ -439,8 +475,38 @@ test_stress_limit (void **state)
   /* 8 MiB for 4 threads, scaled with the thread count. */
   uint64_t limit = (uint64_t) 2 << 20;
   limit *= nr_threads;
-  run_stress (ZS_LOCK_CLASS, ZS_FREE_BATCHED, limit,
+  run_stress (ZS_LOCK_CLASS, ZS_FREE_BATCHED, limit, false,
               "lock=class free=batched mem_limit");
+}
+
+/* The same mixes while another thread compacts the pool in a loop: every
+ * read-verify, every write right after a malloc, every batched and
+ * immediate free races the mover.
+ */
+static void
+test_stress_compact_batched (void **state)
+{
+  (void) state;
+  run_stress (ZS_LOCK_CLASS, ZS_FREE_BATCHED, 0, true,
+              "lock=class free=batched compacting");
+}
+
+static void
+test_stress_compact_immediate (void **state)
+{
+  (void) state;
+  run_stress (ZS_LOCK_POOL, ZS_FREE_IMMEDIATE, 0, true,
+              "lock=pool free=immediate compacting");
+}
+
+static void
+test_stress_compact_limit (void **state)
+{
+  (void) state;
+  uint64_t limit = (uint64_t) 2 << 20;
+  limit *= nr_threads;
+  run_stress (ZS_LOCK_CLASS, ZS_FREE_IMMEDIATE, limit, true,
+              "lock=class free=immediate mem_limit compacting");
 }
 
 static unsigned long
@@ -469,6 +535,9 @@ main (void)
     cmocka_unit_test (test_stress_class_batched),
     cmocka_unit_test (test_stress_pool_immediate),
     cmocka_unit_test (test_stress_limit),
+    cmocka_unit_test (test_stress_compact_batched),
+    cmocka_unit_test (test_stress_compact_immediate),
+    cmocka_unit_test (test_stress_compact_limit),
   };
   uint64_t rng = 0xDEADBEEFCAFEF00DULL;
 
