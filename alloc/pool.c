@@ -14,6 +14,7 @@ zs_pool_config_init (struct zs_pool_config *config)
   config->mem_limit = 0;
   config->lock_mode = ZS_LOCK_CLASS;
   config->free_mode = ZS_FREE_BATCHED;
+  config->compact_before_refusal = true;
 }
 
 static bool
@@ -174,7 +175,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
 
   struct size_class *class = class_for_size (pool, size);
   struct zspage *zspage;
-  bool flushed = false, compacted = false;
+  bool flushed = false, compacted = !pool->config.compact_before_refusal;
   int err;
 
   /* The cell first: once a zspage is found or made, nothing can fail,

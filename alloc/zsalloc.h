@@ -35,6 +35,7 @@
 #define ZSALLOC_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -76,6 +77,8 @@ struct zs_pool_config {
                                      (zs_pool_charge); 0 = no limit */
   enum zs_lock_mode lock_mode;
   enum zs_free_mode free_mode;
+  bool compact_before_refusal;    /* zs_malloc compacts once before it
+                                     refuses for mem_limit (default true) */
 };
 
 struct zs_pool;

@@ -681,6 +681,12 @@ stripes_sweep (void *opaque)
   }
 }
 
+uint64_t
+store_compact (struct block_store *store)
+{
+  return zs_compact (store->pool);
+}
+
 void
 store_flush (struct block_store *store)
 {
@@ -702,7 +708,8 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->limit_used = pool.limit_used;
   stats->mem_used_max = pool.pages_used_max * ZS_PAGE_SIZE;
   stats->same_pages = atomic_load (&store->same_blocks);
-  stats->pages_compacted = 0;
+  stats->pages_compacted = pool.pages_compacted;
+  stats->pages_freeable = pool.pages_freeable;
   stats->huge_pages = atomic_load (&store->raw_blocks);
   stats->huge_pages_since = atomic_load (&store->raw_blocks_since);
   stats->failed_reads = atomic_load (&store->failed_reads);

@@ -72,7 +72,8 @@ struct store_stats {
   uint64_t limit_used;            /* what mem_limit counts, in use now */
   uint64_t mem_used_max;
   uint64_t same_pages;
-  uint64_t pages_compacted;
+  uint64_t pages_compacted;        /* freed by compaction, ever */
+  uint64_t pages_freeable;         /* compaction could free now */
   uint64_t huge_pages;            /* blocks stored raw now */
   uint64_t huge_pages_since;      /* blocks stored raw, ever */
   uint64_t failed_reads;
@@ -122,6 +123,9 @@ extern int store_extents (struct block_store *store, uint64_t count,
  * nodes, drain the allocator's deferred frees and its resident free pages.
  */
 extern void store_flush (struct block_store *store);
+
+/* Compact the allocator's pool (zs_compact): returns pages freed. */
+extern uint64_t store_compact (struct block_store *store);
 
 /* Exact statistics (drains deferred frees first). */
 extern void store_stats (struct block_store *store, struct store_stats *stats);

@@ -17,11 +17,30 @@ static bool running;
 static pthread_t thread;
 static struct block_store *store;
 static const char *stats_path;
+static int compact_threshold;           /* percent, or -1: never */
+
+/* Compact when the pages compaction could free are at least
+ * compact_threshold percent of the pool's pages.
+ */
+static void
+compact_if_wasteful (void)
+{
+  struct store_stats stats;
+  store_stats (store, &stats);
+  uint64_t pages = stats.mem_used_total / 4096;
+  if (stats.pages_freeable > 0
+      && stats.pages_freeable * 100 >= (uint64_t) compact_threshold * pages) {
+    store_compact (store);
+    store_flush (store);        /* the emptied zspages' pages go back now */
+  }
+}
 
 static void
 housekeeping_round (void)
 {
   store_flush (store);
+  if (compact_threshold >= 0)
+    compact_if_wasteful ();
   if (stats_path)
     stats_file_write (store, stats_path);
 }
@@ -51,10 +70,12 @@ housekeeper_main (void *arg)
 }
 
 int
-housekeeper_start (struct block_store *the_store, const char *the_stats_path)
+housekeeper_start (struct block_store *the_store, const char *the_stats_path,
+                   int the_compact_threshold)
 {
   store = the_store;
   stats_path = the_stats_path;
+  compact_threshold = the_compact_threshold;
   stopping = false;
   int err = pthread_create (&thread, NULL, housekeeper_main, NULL);
   if (err) {

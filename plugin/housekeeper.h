@@ -1,8 +1,9 @@
 /* The housekeeper: one background thread that, every second, frees the
  * block table's empty leaves and drains the allocator's deferred frees
  * and resident free pages (store_flush), so memory comes back within a
- * second of being freed even when no request arrives, then rewrites the
- * stats= file when there is one.
+ * second of being freed even when no request arrives; compacts the pool
+ * when enough of it is waste (compact=auto); then rewrites the stats=
+ * file when there is one.
  *
  * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
  * in .cleanup (design-hazards.md #8).
@@ -13,8 +14,12 @@
 
 #include "block-store.h"
 
-/* stats_path may be NULL.  0, or -1 with errno. */
-extern int housekeeper_start (struct block_store *store, const char *stats_path);
+/* stats_path may be NULL.  compact_threshold: compact the pool when the
+ * pages compaction could free reach this percent of its pages (-1:
+ * never).  0, or -1 with errno.
+ */
+extern int housekeeper_start (struct block_store *store, const char *stats_path,
+                              int compact_threshold);
 /* Stop the thread, then flush and write the stats file one last time. */
 extern void housekeeper_stop (void);
 

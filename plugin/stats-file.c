@@ -49,6 +49,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (mem_used_max);
   FIELD (same_pages);
   FIELD (pages_compacted);
+  FIELD (pages_freeable);
   FIELD (huge_pages);
   FIELD (huge_pages_since);
   FIELD (failed_reads);

@@ -26,9 +26,14 @@
 /* The largest request we accept, as nbdkit's memory plugin. */
 #define ZRAM_MAX_REQUEST (32u << 20)
 
+/* Compact when this percent of the pool's pages could be freed. */
+#define ZRAM_COMPACT_THRESHOLD_DEFAULT 10
+
 static struct store_config config;
 static bool size_given, level_given;
 static char *stats_path;
+static bool compact = true;             /* compact=auto */
+static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
 static void
@@ -96,6 +101,7 @@ zram_config (const char *key, const char *value)
   static const char *const algorithms[] = { "lz4", "zstd" };
   static const char *const lock_modes[] = { "class", "pool" };
   static const char *const free_modes[] = { "batched", "immediate" };
+  static const char *const compact_modes[] = { "auto", "off" };
   int choice;
 
   if (strcmp (key, "size") == 0) {
@@ -148,6 +154,22 @@ zram_config (const char *key, const char *value)
       return -1;
     config.pool.lock_mode = choice == 0 ? ZS_LOCK_CLASS : ZS_LOCK_POOL;
   }
+  else if (strcmp (key, "compact") == 0) {
+    if (parse_choice (key, value, compact_modes, 2, &choice) == -1)
+      return -1;
+    compact = choice == 0;
+    config.pool.compact_before_refusal = compact;
+  }
+  else if (strcmp (key, "compact_threshold") == 0) {
+    if (nbdkit_parse_unsigned ("compact_threshold", value,
+                               &compact_threshold) == -1)
+      return -1;
+    if (compact_threshold > 100) {
+      nbdkit_error ("compact_threshold: %u is not a percentage (0..100)",
+                    compact_threshold);
+      return -1;
+    }
+  }
   else if (strcmp (key, "free") == 0) {
     if (parse_choice (key, value, free_modes, 2, &choice) == -1)
       return -1;
@@ -193,6 +215,8 @@ zram_config_complete (void)
   "level=N                   lz4 acceleration 1..65537, zstd level (default 1).\n" \
   "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
+  "compact=auto|off          Compact memory in the background (default auto).\n" \
+  "compact_threshold=PERCENT Compact when this much could be freed (default 10).\n" \
   "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
   "lock=class|pool           Tuning: allocator locking (default class).\n" \
   "free=batched|immediate    Tuning: allocator free mode (default batched)."
@@ -217,7 +241,8 @@ zram_get_ready (void)
 static int
 zram_after_fork (void)
 {
-  if (housekeeper_start (store, stats_path) == -1) {
+  if (housekeeper_start (store, stats_path,
+                         compact ? (int) compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     return -1;
   }

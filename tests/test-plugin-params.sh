@@ -62,6 +62,11 @@ bad lock 1M lock=global
 bad lock 1M lock=
 bad free 1M free=later
 bad free 1M free=
+bad compact 1M compact=on
+bad compact 1M compact=
+bad compact_threshold 1M compact_threshold=101
+bad compact_threshold 1M compact_threshold=-1
+bad compact_threshold 1M compact_threshold=x
 bad stats 1M stats=
 bad stats 1M stats=/nonexistent/directory/stats
 bad foo 1M foo=bar
@@ -85,12 +90,15 @@ good 1048576 1M comp=zstd level=22
 good 1048576 1M comp=zstd level=-5
 good 1048576 1024K comp=zstd level=1 stats="$tmp/stats"
 good 4096 4k mem_limit=4k
+good 1048576 1M compact=off
+good 1048576 1M compact=auto compact_threshold=0
+good 1048576 1M compact_threshold=100
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
 # --help lists every parameter (config_help).
 help="$(zram_nbdkit "$PLUGIN" --help)"
 for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class pool \
-             free= batched immediate; do
+             free= batched immediate compact= auto off compact_threshold=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
 
