@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "block-store.h"
 
@@ -27,6 +28,7 @@ struct block_store {
   _Atomic uint64_t notify_free;
   _Atomic uint64_t reads;
   _Atomic uint64_t writes;
+  _Atomic uint64_t compact_ns;    /* time spent in store_compact */
 };
 
 /* What an entry holds, detached from the table. */
@@ -681,10 +683,35 @@ stripes_sweep (void *opaque)
   }
 }
 
+static uint64_t
+monotonic_ns (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+uint64_t
+store_freeable (struct block_store *store, uint64_t *pages_used)
+{
+  uint64_t freeable = 0;
+  *pages_used = 0;
+  for (unsigned c = 0; c < zs_class_count (store->pool); c++) {
+    struct zs_class_stats class;
+    zs_class_stats (store->pool, c, &class);
+    freeable += class.pages_freeable;
+    *pages_used += class.pages_used;
+  }
+  return freeable;
+}
+
 uint64_t
 store_compact (struct block_store *store)
 {
-  return zs_compact (store->pool);
+  uint64_t start = monotonic_ns ();
+  uint64_t freed = zs_compact (store->pool);
+  counter_add (&store->compact_ns, monotonic_ns () - start);
+  return freed;
 }
 
 void
@@ -710,6 +737,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->same_pages = atomic_load (&store->same_blocks);
   stats->pages_compacted = pool.pages_compacted;
   stats->pages_freeable = pool.pages_freeable;
+  stats->compact_ms = atomic_load (&store->compact_ns) / 1000000;
   stats->huge_pages = atomic_load (&store->raw_blocks);
   stats->huge_pages_since = atomic_load (&store->raw_blocks_since);
   stats->failed_reads = atomic_load (&store->failed_reads);

@@ -74,6 +74,7 @@ struct store_stats {
   uint64_t same_pages;
   uint64_t pages_compacted;        /* freed by compaction, ever */
   uint64_t pages_freeable;         /* compaction could free now */
+  uint64_t compact_ms;             /* time spent compacting, ever */
   uint64_t huge_pages;            /* blocks stored raw now */
   uint64_t huge_pages_since;      /* blocks stored raw, ever */
   uint64_t failed_reads;
@@ -123,6 +124,11 @@ extern int store_extents (struct block_store *store, uint64_t count,
  * nodes, drain the allocator's deferred frees and its resident free pages.
  */
 extern void store_flush (struct block_store *store);
+
+/* The pages compaction could free now, and (*pages_used) the pool's
+ * pages: cheap (no flush), for deciding when to compact.
+ */
+extern uint64_t store_freeable (struct block_store *store, uint64_t *pages_used);
 
 /* Compact the allocator's pool (zs_compact): returns pages freed. */
 extern uint64_t store_compact (struct block_store *store);

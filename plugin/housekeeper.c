@@ -1,6 +1,7 @@
 /* The housekeeper thread: see housekeeper.h. */
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <time.h>
@@ -25,20 +26,23 @@ static int compact_threshold;           /* percent, or -1: never */
 static void
 compact_if_wasteful (void)
 {
-  struct store_stats stats;
-  store_stats (store, &stats);
-  uint64_t pages = stats.mem_used_total / 4096;
-  if (stats.pages_freeable > 0
-      && stats.pages_freeable * 100 >= (uint64_t) compact_threshold * pages) {
-    store_compact (store);
+  uint64_t pages;
+  uint64_t freeable = store_freeable (store, &pages);
+  if (freeable > 0
+      && freeable * 100 >= (uint64_t) compact_threshold * pages
+      && store_compact (store) > 0) {
     store_flush (store);        /* the emptied zspages' pages go back now */
+    /* What the data let go of, the process should too: the C library
+     * keeps freed request buffers and metadata in its arenas otherwise.
+     */
+    malloc_trim (0);
   }
 }
 
 static void
 housekeeping_round (void)
 {
-  store_flush (store);
+  store_flush (store);          /* first: pending frees are waste too */
   if (compact_threshold >= 0)
     compact_if_wasteful ();
   if (stats_path)

@@ -1,9 +1,9 @@
 /* The housekeeper: one background thread that, every second, frees the
  * block table's empty leaves and drains the allocator's deferred frees
  * and resident free pages (store_flush), so memory comes back within a
- * second of being freed even when no request arrives; compacts the pool
- * when enough of it is waste (compact=auto); then rewrites the stats=
- * file when there is one.
+ * second of being freed even when no request arrives, compacts the pool
+ * when enough of it is waste (compact=auto), then rewrites the stats= file
+ * when there is one.
  *
  * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
  * in .cleanup (design-hazards.md #8).

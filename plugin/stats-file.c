@@ -50,6 +50,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (same_pages);
   FIELD (pages_compacted);
   FIELD (pages_freeable);
+  FIELD (compact_ms);
   FIELD (huge_pages);
   FIELD (huge_pages_since);
   FIELD (failed_reads);

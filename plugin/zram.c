@@ -27,7 +27,7 @@
 #define ZRAM_MAX_REQUEST (32u << 20)
 
 /* Compact when this percent of the pool's pages could be freed. */
-#define ZRAM_COMPACT_THRESHOLD_DEFAULT 10
+#define ZRAM_COMPACT_THRESHOLD_DEFAULT 2
 
 static struct store_config config;
 static bool size_given, level_given;
@@ -216,7 +216,7 @@ zram_config_complete (void)
   "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
-  "compact_threshold=PERCENT Compact when this much could be freed (default 10).\n" \
+  "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
   "lock=class|pool           Tuning: allocator locking (default class).\n" \
   "free=batched|immediate    Tuning: allocator free mode (default batched)."
