@@ -739,17 +739,19 @@ table_overhead (void)
           "sizes are drawn with a fixed seed, so the numbers repeat.\n\n");
   printf ("| chain | huge >= B | objects MiB | pages MiB | overhead "
           "| metadata MiB | overhead + meta | RSS growth MiB "
-          "| after 50%% free: objects MiB | pages MiB | overhead |\n");
+          "| after 50%% free: objects MiB | pages MiB | overhead "
+          "| after zs_compact: pages MiB | overhead | compact ms |\n");
   printf ("|------:|----------:|------------:|----------:|---------:"
           "|-------------:|----------------:|---------------:"
-          "|-----------------------------:|----------:|---------:|\n");
+          "|-----------------------------:|----------:|---------:"
+          "|---------------------------:|---------:|-----------:|\n");
   fflush (stdout);
 
   for (ci = 0; ci < chain_count; ci++) {
     unsigned chain = chain_list[ci];
     struct objset os;
     struct zs_pool *pool;
-    struct zs_pool_stats st1, st2;
+    struct zs_pool_stats st1, st2, st3;
     uint32_t *order = xmalloc (n * sizeof *order);
     uint64_t rng = rng_seed (3000, 0), bytes_left;
     size_t huge, i, half = n / 2;
@@ -790,8 +792,24 @@ table_overhead (void)
       fatal ("%s: pages_used grew from %" PRIu64 " to %" PRIu64
              " by freeing objects", where, st1.pages_used, st2.pages_used);
 
+    /* Compact, per class before and after (for the default chain). */
+    bool show_classes = chain == ZS_CHAIN_DEFAULT;
+    unsigned classes = zs_class_count (pool);
+    struct zs_class_stats *before = xmalloc (classes * sizeof *before);
+    for (unsigned c = 0; c < classes; c++)
+      zs_class_stats (pool, c, &before[c]);
+    double t0 = now ();
+    uint64_t compacted = zs_compact (pool);
+    double compact_s = now () - t0;
+    check_stats_live (pool, n - half, bytes_left, where, &st3);
+    objset_verify (pool, &os, 1, where);      /* every survivor, moved */
+    if (st3.pages_used + compacted != st2.pages_used)
+      fatal ("%s: compaction freed %" PRIu64 " pages but pages_used went "
+             "from %" PRIu64 " to %" PRIu64, where, compacted,
+             st2.pages_used, st3.pages_used);
+
     printf ("| %5u | %9zu | %11.1f | %9.1f | %7.2f%% | %12.2f "
-            "| %14.2f%% | %14.1f | %28.1f | %9.1f | %7.2f%% |\n",
+            "| %14.2f%% | %14.1f | %28.1f | %9.1f | %7.2f%% ",
             chain, huge,
             st1.bytes_stored / MIB, st1.pages_used * (double) ZS_PAGE_SIZE / MIB,
             100.0 * (st1.pages_used * (double) ZS_PAGE_SIZE
@@ -805,6 +823,36 @@ table_overhead (void)
             st2.bytes_stored
             ? 100.0 * (st2.pages_used * (double) ZS_PAGE_SIZE
                        / (double) st2.bytes_stored - 1.0) : 0.0);
+    printf ("| %26.1f | %7.2f%% | %10.1f |\n",
+            st3.pages_used * (double) ZS_PAGE_SIZE / MIB,
+            st3.bytes_stored
+            ? 100.0 * (st3.pages_used * (double) ZS_PAGE_SIZE
+                       / (double) st3.bytes_stored - 1.0) : 0.0,
+            compact_s * 1000);
+    if (show_classes) {
+      printf ("\nchain %u, per class (the ten with most pages to free): "
+              "size | objects | pages before | freeable before | pages after "
+              "| freeable after\n", chain);
+      for (unsigned shown = 0; shown < 10; shown++) {
+        unsigned best = classes;
+        for (unsigned c = 0; c < classes; c++)
+          if (before[c].pages_freeable > 0
+              && (best == classes
+                  || before[c].pages_freeable > before[best].pages_freeable))
+            best = c;
+        if (best == classes)
+          break;
+        struct zs_class_stats after;
+        zs_class_stats (pool, best, &after);
+        printf ("  %5u | %8" PRIu64 " | %6" PRIu64 " | %6" PRIu64 " | %6" PRIu64
+                " | %6" PRIu64 "\n", before[best].size, before[best].objs_used,
+                before[best].pages_used, before[best].pages_freeable,
+                after.pages_used, after.pages_freeable);
+        before[best].pages_freeable = 0;
+      }
+      printf ("\n");
+    }
+    free (before);
     fflush (stdout);
 
     zs_pool_destroy (pool);
