@@ -19,22 +19,10 @@ BLOCKS = 8192                               # 32 MiB
 compact = sys.argv[1]
 stats_path = os.environ["STATS"]
 
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
 def stat(name):
-    """A field of the next stats file the housekeeper writes."""
-    try:
-        os.unlink(stats_path)
-    except FileNotFoundError:
-        pass
-    for _ in range(50):
-        try:
-            for line in open(stats_path):
-                key, _, value = line.partition(": ")
-                if key == name:
-                    return int(value)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("no %s in %s" % (name, stats_path))
+    return next_stat(stats_path, name)
 
 rng = random.Random(7)
 def block(i, version):

@@ -146,27 +146,15 @@ echo "== test-plugin-limit: block table"
 stats="$tmp/stats-table"
 export STATS="$stats"
 zram_nbdsh 1T mem_limit=1M stats="$stats" <<'EOF'
-import errno, os, time, nbd
+import errno, os, sys, time, nbd
 
 M = 1024 * 1024
 SPREAD = 16384
 
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
 def stat(name):
-    """A field of the stats file, as the housekeeper writes it next."""
-    try:
-        os.unlink(os.environ["STATS"])
-    except FileNotFoundError:
-        pass
-    for _ in range(50):
-        try:
-            for line in open(os.environ["STATS"]):
-                key, _, value = line.partition(": ")
-                if key == name:
-                    return int(value)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("no %s in the stats file" % name)
+    return next_stat(os.environ["STATS"], name)
 
 for i in range(SPREAD):
     h.zero(4096, i * 2 * M, nbd.CMD_FLAG_NO_HOLE)
