@@ -10,11 +10,7 @@
 static inline unsigned
 class_number (struct zs_pool *pool, zs_handle_t handle)
 {
-  /* The size bits of a cell never change while the object lives, so
-   * they can be read without the class lock.
-   */
-  size_t size = cell_object_size (handle_load (handle));
-  return class_for_size (pool, size) - pool->classes;
+  return class_of_handle (pool, handle) - pool->classes;
 }
 
 /* Free the n handles of one class under one hold of its lock; release

@@ -79,6 +79,26 @@ zs_pool_destroy (struct zs_pool *pool)
   free (pool);
 }
 
+/* Add to the limit account (bytes, and zspages in transit in the high
+ * bits) with one compare-and-swap, unless the bytes would exceed the
+ * limit: false then, with *seen the account that refused them.
+ */
+static bool
+limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
+{
+  uint64_t account = atomic_load_explicit (&pool->limit_account,
+                                           memory_order_relaxed);
+  do {
+    if (pool->config.mem_limit
+        && account_bytes (account + add) > pool->config.mem_limit) {
+      *seen = account;
+      return false;
+    }
+  } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
+                                          account + add));
+  return true;
+}
+
 /* The outcome of asking for a new zspage's pages. */
 enum reservation {
   RESERVED,             /* the pages are counted, the zspage in transit */
@@ -94,17 +114,9 @@ enum reservation {
 static enum reservation
 zspage_reserve (struct zs_pool *pool, struct size_class *class)
 {
-  uint64_t account = atomic_load_explicit (&pool->limit_account,
-                                           memory_order_relaxed);
-  uint64_t wanted;
-
-  do {
-    wanted = account + zspage_charge (class) + LIMIT_TRANSIT;
-    if (pool->config.mem_limit
-        && account_bytes (wanted) > pool->config.mem_limit)
-      return account_transit (account) ? IN_TRANSIT : REFUSED;
-  } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
-                                          wanted));
+  uint64_t seen;
+  if (!limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen))
+    return account_transit (seen) ? IN_TRANSIT : REFUSED;
 
   uint64_t pages = atomic_fetch_add (&pool->pages_used, class->pages_per_zspage)
     + class->pages_per_zspage;
@@ -126,15 +138,8 @@ zspage_unreserve (struct zs_pool *pool, struct size_class *class)
 bool
 limit_charge (struct zs_pool *pool, uint64_t bytes)
 {
-  uint64_t account = atomic_load_explicit (&pool->limit_account,
-                                           memory_order_relaxed);
-  do {
-    if (pool->config.mem_limit
-        && account_bytes (account) + bytes > pool->config.mem_limit)
-      return false;
-  } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
-                                          account + bytes));
-  return true;
+  uint64_t seen;
+  return limit_add (pool, bytes, &seen);
 }
 
 void
@@ -298,21 +303,15 @@ object_address (struct zs_pool *pool, uint64_t location)
 const void *
 zs_read_begin (struct zs_pool *pool, zs_handle_t handle, void *local_copy)
 {
-  /* The size bits never change class, whatever moves: the class is
-   * known before the lock that stops moves is taken.
-   */
-  struct size_class *class = class_for_size (pool,
-                                             cell_object_size (handle_load (handle)));
-  pthread_rwlock_rdlock (&class->migrate_lock);
+  /* The class is known before the lock that stops moves is taken. */
+  pthread_rwlock_rdlock (&class_of_handle (pool, handle)->migrate_lock);
   return object_address (pool, handle_load (handle));
 }
 
 void
 zs_read_end (struct zs_pool *pool, zs_handle_t handle, const void *mem)
 {
-  struct size_class *class = class_for_size (pool,
-                                             cell_object_size (handle_load (handle)));
-  pthread_rwlock_unlock (&class->migrate_lock);
+  pthread_rwlock_unlock (&class_of_handle (pool, handle)->migrate_lock);
 }
 
 int
@@ -324,8 +323,7 @@ zs_read_needs_copy (const struct zs_pool *pool)
 int
 zs_write (struct zs_pool *pool, zs_handle_t handle, const void *buf, size_t len)
 {
-  struct size_class *class = class_for_size (pool,
-                                             cell_object_size (handle_load (handle)));
+  struct size_class *class = class_of_handle (pool, handle);
   pthread_rwlock_rdlock (&class->migrate_lock);
   /* Under the lock: the object may have moved since zs_malloc. */
   uint64_t location = handle_load (handle);
@@ -349,7 +347,7 @@ zs_object_size (struct zs_pool *pool, zs_handle_t handle)
 size_t
 zs_object_room (struct zs_pool *pool, zs_handle_t handle)
 {
-  return class_for_size (pool, zs_object_size (pool, handle))->size;
+  return class_of_handle (pool, handle)->size;
 }
 
 int
@@ -359,7 +357,7 @@ zs_resize (struct zs_pool *pool, zs_handle_t handle, size_t size)
     errno = EINVAL;
     return -1;
   }
-  struct size_class *class = class_for_size (pool, zs_object_size (pool, handle));
+  struct size_class *class = class_of_handle (pool, handle);
   if (class_for_size (pool, size) != class) {
     errno = ERANGE;
     return -1;

@@ -318,6 +318,14 @@ handle_load (zs_handle_t handle)
 {
   return atomic_load_explicit ((_Atomic uint64_t *) handle, memory_order_acquire);
 }
+/* The class of a handle's object.  No lock: the size bits of a cell keep
+ * their class while the object lives, whatever moves or resizes it.
+ */
+static inline struct size_class *
+class_of_handle (struct zs_pool *pool, zs_handle_t handle)
+{
+  return class_for_size (pool, cell_object_size (handle_load (handle)));
+}
 
 /* handle-cell.c: under the class lock. */
 extern _Atomic uint64_t *cell_alloc (struct zs_pool *pool, struct size_class *class);
