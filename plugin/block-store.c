@@ -289,7 +289,7 @@ entry_load (const struct block_entry *entry)
 
 /* Store new content into an entry of leaf, whose old content was old,
  * under its stripe lock.  An empty entry that gets content was claimed
- * in its leaf before (entry_claim); one that is emptied is released.
+ * in its leaf before (entry_lock); one that is emptied is released.
  */
 static void
 entry_store (struct block_store *store, struct block_leaf *leaf,
@@ -418,14 +418,12 @@ static int
 block_read (struct block_store *store, uint64_t block, unsigned char *out)
 {
   struct block_leaf *leaf;
-  struct block_content content = { .kind = BLOCK_EMPTY };
   int r;
 
   pthread_mutex_lock (stripe_for (store, block));
   struct block_entry *entry = block_table_lookup (&store->table, block, false,
                                                   &leaf);
-  if (entry)
-    content = entry_load (entry);
+  struct block_content content = entry_load (entry);
   r = block_decode (store, &content, out);
   pthread_mutex_unlock (stripe_for (store, block));
   return r;

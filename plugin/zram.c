@@ -32,7 +32,6 @@
 static struct store_config config;
 static bool size_given, level_given;
 static char *stats_path;
-static bool compact = true;             /* compact=auto */
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
@@ -157,8 +156,7 @@ zram_config (const char *key, const char *value)
   else if (strcmp (key, "compact") == 0) {
     if (parse_choice (key, value, compact_modes, 2, &choice) == -1)
       return -1;
-    compact = choice == 0;
-    config.pool.compact_before_refusal = compact;
+    config.pool.compact_before_refusal = choice == 0;   /* auto */
   }
   else if (strcmp (key, "compact_threshold") == 0) {
     if (nbdkit_parse_unsigned ("compact_threshold", value,
@@ -242,7 +240,8 @@ static int
 zram_after_fork (void)
 {
   if (housekeeper_start (store, stats_path,
-                         compact ? (int) compact_threshold : -1) == -1) {
+                         config.pool.compact_before_refusal
+                         ? (int) compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     return -1;
   }
