@@ -3,6 +3,7 @@
  * MOVING OBJECTS in zsalloc-internal.h for the protocol.
  */
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "zsalloc-internal.h"
@@ -19,20 +20,19 @@ class_freeable_zspages (const struct size_class *class)
 }
 
 /* Move every live object of src into the class's other zspages, fullest
- * first.  Class lock and migrate lock (write) held; the class has room
- * for them (class_freeable_zspages > 0).  Returns true when src emptied
- * (it is then unlisted and in transit: release it after unlocking).
+ * first.  Class lock and src's move lock (write) held; the class has
+ * room for them (class_freeable_zspages > 0).
  */
-static bool
+static void
 zspage_evacuate (struct size_class *class, struct zspage *src)
 {
-  for (unsigned i = 0; i < src->never_used; i++) {
+  for (unsigned i = 0; i < src->never_used && src->inuse > 0; i++) {
     _Atomic uint64_t *cell = src->slot_cells[i];
     if (!cell)
       continue;
     struct zspage *dst = class_fullest_zspage_except (class, src);
     if (!dst)
-      return false;
+      return;
     uint64_t location = atomic_load_explicit (cell, memory_order_relaxed);
     size_t size = cell_object_size (location);
     unsigned index = zspage_take_object (class, dst);
@@ -42,14 +42,13 @@ zspage_evacuate (struct size_class *class, struct zspage *src)
     atomic_store_explicit (cell, cell_encode (dst, index, size),
                            memory_order_release);
     src->slot_cells[i] = NULL;
-    if (zspage_put_object (class, src, i))
-      return true;
+    zspage_put_object (class, src, i);   /* pinned: stays listed */
   }
-  return false;
 }
 
-/* Compact one class, one source zspage at a time, so that readers of
- * the class wait for one zspage's moves at most.  Returns pages freed.
+/* Compact one class, one source zspage at a time, so that an access
+ * waits for one zspage's moves at most.  compact_lock held.  Returns
+ * pages freed.
  */
 static uint64_t
 class_compact (struct zs_pool *pool, struct size_class *class)
@@ -57,21 +56,31 @@ class_compact (struct zs_pool *pool, struct size_class *class)
   uint64_t freed = 0;
 
   for (;;) {
-    struct zspage *emptied = NULL;
-    pthread_rwlock_wrlock (&class->migrate_lock);
     pthread_mutex_lock (class->lock);
     struct zspage *src = class_freeable_zspages (class)
       ? class_sparsest_zspage (class) : NULL;
-    if (src && zspage_evacuate (class, src)) {
-      emptied = src;
-      /* In transit until zspage_release has returned its pages. */
-      atomic_fetch_add (&pool->limit_account, LIMIT_TRANSIT);
+    if (!src) {
+      pthread_mutex_unlock (class->lock);
+      return freed;
     }
+    /* Pinned, src stays a live descriptor while no lock is held. */
+    src->pinned = true;
     pthread_mutex_unlock (class->lock);
-    pthread_rwlock_unlock (&class->migrate_lock);
+
+    pthread_rwlock_t *move_lock = zspage_move_lock (pool, src);
+    pthread_rwlock_wrlock (move_lock);
+    pthread_mutex_lock (class->lock);
+    if (class_freeable_zspages (class))
+      zspage_evacuate (class, src);
+    bool emptied = zspage_unpin (class, src);
+    /* In transit until zspage_release has returned its pages. */
+    if (emptied)
+      atomic_fetch_add (&pool->limit_account, LIMIT_TRANSIT);
+    pthread_mutex_unlock (class->lock);
+    pthread_rwlock_unlock (move_lock);
     if (!emptied)
       return freed;
-    zspage_release (pool, class, emptied);
+    zspage_release (pool, class, src);
     freed += class->pages_per_zspage;
   }
 }
@@ -81,8 +90,42 @@ zs_compact (struct zs_pool *pool)
 {
   uint64_t freed = 0;
 
+  pthread_mutex_lock (&pool->compact_lock);
   for (unsigned c = 0; c < pool->distinct_classes; c++)
     freed += class_compact (pool, &pool->classes[c]);
+  pthread_mutex_unlock (&pool->compact_lock);
   atomic_fetch_add (&pool->pages_compacted, freed);
   return freed;
+}
+
+int
+move_locks_init (struct zs_pool *pool)
+{
+  pool->move_locks = aligned_alloc (_Alignof (struct move_lock),
+                                    ZS_MOVE_LOCKS * sizeof *pool->move_locks);
+  if (!pool->move_locks)
+    return -1;
+  /* Writers first: a mover waiting for a zspage's lock stops new readers
+   * of it, so steady reads cannot starve it.
+   */
+  pthread_rwlockattr_t attributes;
+  pthread_rwlockattr_init (&attributes);
+  pthread_rwlockattr_setkind_np (&attributes,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
+    pthread_rwlock_init (&pool->move_locks[i].lock, &attributes);
+  pthread_rwlockattr_destroy (&attributes);
+  pthread_mutex_init (&pool->compact_lock, NULL);
+  atomic_fetch_add (&pool->metadata_bytes,
+                    ZS_MOVE_LOCKS * sizeof *pool->move_locks);
+  return 0;
+}
+
+void
+move_locks_destroy (struct zs_pool *pool)
+{
+  for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
+    pthread_rwlock_destroy (&pool->move_locks[i].lock);
+  pthread_mutex_destroy (&pool->compact_lock);
+  free (pool->move_locks);
 }

@@ -51,8 +51,12 @@ zs_pool_create (const struct zs_pool_config *config)
     goto fail_classes;
   if (free_batches_init (pool) == -1)
     goto fail_batches;
+  if (move_locks_init (pool) == -1)
+    goto fail_move_locks;
   return pool;
 
+ fail_move_locks:
+  free_batches_destroy (pool);
  fail_batches:
   size_classes_destroy (pool);
  fail_classes:
@@ -73,6 +77,7 @@ zs_pool_destroy (struct zs_pool *pool)
     class_destroy_zspages (pool, &pool->classes[c]);
     cells_destroy (&pool->classes[c]);
   }
+  move_locks_destroy (pool);
   size_classes_destroy (pool);
   page_source_destroy (&pool->pages);
   pthread_mutex_destroy (&pool->pool_lock);
@@ -300,18 +305,42 @@ object_address (struct zs_pool *pool, uint64_t location)
     + (size_t) cell_object_index (location) * class->size;
 }
 
+/* Take, for reading, the move lock of the zspage the object is in, and
+ * return the object's location seen under it (see MOVING OBJECTS).
+ */
+static uint64_t
+object_lock_against_moves (struct zs_pool *pool, zs_handle_t handle)
+{
+  uint64_t seen = handle_load (handle);
+  for (;;) {
+    pthread_rwlock_t *move_lock = zspage_move_lock (pool, cell_zspage (seen));
+    pthread_rwlock_rdlock (move_lock);
+    uint64_t location = handle_load (handle);
+    if (cell_zspage (location) == cell_zspage (seen))
+      return location;
+    /* Moved before the lock was taken: lock where it is now. */
+    pthread_rwlock_unlock (move_lock);
+    seen = location;
+  }
+}
+
+static void
+object_unlock_against_moves (struct zs_pool *pool, zs_handle_t handle)
+{
+  pthread_rwlock_unlock (zspage_move_lock (pool,
+                                           cell_zspage (handle_load (handle))));
+}
+
 const void *
 zs_read_begin (struct zs_pool *pool, zs_handle_t handle, void *local_copy)
 {
-  /* The class is known before the lock that stops moves is taken. */
-  pthread_rwlock_rdlock (&class_of_handle (pool, handle)->migrate_lock);
-  return object_address (pool, handle_load (handle));
+  return object_address (pool, object_lock_against_moves (pool, handle));
 }
 
 void
 zs_read_end (struct zs_pool *pool, zs_handle_t handle, const void *mem)
 {
-  pthread_rwlock_unlock (&class_of_handle (pool, handle)->migrate_lock);
+  object_unlock_against_moves (pool, handle);
 }
 
 int
@@ -323,10 +352,8 @@ zs_read_needs_copy (const struct zs_pool *pool)
 int
 zs_write (struct zs_pool *pool, zs_handle_t handle, const void *buf, size_t len)
 {
-  struct size_class *class = class_of_handle (pool, handle);
-  pthread_rwlock_rdlock (&class->migrate_lock);
   /* Under the lock: the object may have moved since zs_malloc. */
-  uint64_t location = handle_load (handle);
+  uint64_t location = object_lock_against_moves (pool, handle);
   int r = 0;
   if (len > cell_object_size (location)) {
     errno = EINVAL;
@@ -334,7 +361,7 @@ zs_write (struct zs_pool *pool, zs_handle_t handle, const void *buf, size_t len)
   }
   else
     memcpy (object_address (pool, location), buf, len);
-  pthread_rwlock_unlock (&class->migrate_lock);
+  object_unlock_against_moves (pool, handle);
   return r;
 }
 

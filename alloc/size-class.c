@@ -67,12 +67,6 @@ size_classes_init (struct zs_pool *pool)
       class->pages_per_zspage = pages[i];
       class->objs_per_zspage = objs[i];
       pthread_mutex_init (&class->own_lock, NULL);
-      pthread_rwlockattr_t attributes;
-      pthread_rwlockattr_init (&attributes);
-      pthread_rwlockattr_setkind_np (&attributes,
-                                     PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-      pthread_rwlock_init (&class->migrate_lock, &attributes);
-      pthread_rwlockattr_destroy (&attributes);
       class->lock = pool->config.lock_mode == ZS_LOCK_POOL
         ? &pool->pool_lock : &class->own_lock;
     }
@@ -87,9 +81,7 @@ size_classes_init (struct zs_pool *pool)
 void
 size_classes_destroy (struct zs_pool *pool)
 {
-  for (unsigned c = 0; c < pool->distinct_classes; c++) {
+  for (unsigned c = 0; c < pool->distinct_classes; c++)
     pthread_mutex_destroy (&pool->classes[c].own_lock);
-    pthread_rwlock_destroy (&pool->classes[c].migrate_lock);
-  }
   free (pool->classes);
 }

@@ -55,28 +55,45 @@
  *   back pointer to its cell (slot_cells, NULL for a free slot), set by
  *   malloc and cleared by free under the class lock, so the mover knows
  *   which slots are live and whose they are.
- *   The protocol, per class:
- *   - the mover holds the class's migrate_lock for writing and its class
- *     lock while it empties ONE source zspage: it copies each object,
- *     sets the back pointer, rewrites the cell with one atomic store (the
- *     caller's handle, the cell's address, never changes), and puts the
- *     old slot back; then it drops both, so readers wait for one
- *     zspage's moves at most;
- *   - readers hold migrate_lock for reading from zs_read_begin to
- *     zs_read_end, and zs_write holds it for its copy and loads the cell
- *     under it: no access sees a half-moved object or a freed zspage, and
- *     a write right after zs_malloc lands where the object is by then;
+ *   Each zspage is guarded against moves by a move lock: one of the
+ *   pool's ZS_MOVE_LOCKS writer-preferring rwlocks, each on its own cache
+ *   line, picked by a hash of the zspage descriptor's address
+ *   (zspage_move_lock).  Readers of different zspages thus take
+ *   different locks, as zsmalloc's per-zspage lock, without descriptors
+ *   that must outlive their zspage: a lock is never freed with one.
+ *   The protocol:
+ *   - one mover at a time (pool->compact_lock).  Under the class lock it
+ *     picks the sparsest zspage as source and pins it (a pinned zspage
+ *     that empties stays listed, in the "empty" group, instead of being
+ *     released by the freer); it drops the class lock, takes the source's
+ *     move lock for writing - waiting, never try-locking, so steady reads
+ *     cannot starve it: the lock prefers writers - then the class lock
+ *     again.  It copies each live object into the class's fullest other
+ *     zspage, sets the back pointer, rewrites the cell with one atomic
+ *     store (the caller's handle, the cell's address, never changes), and
+ *     puts the old slot back.  It unpins the source, drops both locks,
+ *     and releases the source if it emptied; so an access waits for one
+ *     zspage's moves at most, and only if its object is in that zspage.
+ *     A destination needs no move lock: the mover writes only into its
+ *     free slots, which nobody reads.
+ *   - readers (zs_read_begin..zs_read_end) and zs_write load the cell,
+ *     take the move lock of the zspage it names for reading, and load the
+ *     cell again: if it names another zspage the object moved in
+ *     between, so they unlock and start over.  Once the cell is seen
+ *     under the lock, the object cannot move and its zspage cannot be
+ *     released (its owner is the one reading it), so the descriptor is
+ *     only dereferenced then.  A write right after zs_malloc lands
+ *     where the object is by then.
  *   - malloc, free (immediate or a batch's drain) and zs_resize take only
  *     the class lock and re-read the cell under it, so a deferred free
  *     frees wherever the object lives by then (design-hazards.md #1);
  *   - the class is found from the cell's size bits, which a move never
  *     changes, before any lock is taken.
- *   migrate_lock prefers writers, so steady reads do not starve a mover;
- *   it is one lock per class, read-locked by every access to that class
- *   (a shared cache line: a per-zspage lock is the known refinement).
  *   zs_malloc compacts the pool once before it refuses for the limit.
- *   A caller must not hold a zs_read_begin when it calls zs_malloc or
- *   zs_compact (it would wait for its own read lock).
+ *   A thread holds at most one zs_read_begin at a time, and none when it
+ *   calls zs_malloc or zs_compact: with a mover waiting on a lock the
+ *   thread already reads under, a second read or a compaction of its own
+ *   would wait for itself.
 
  * FREES: IMMEDIATE OR BATCHED (free-batch.c, seed 002)
  *   In batched mode zs_free appends the handle to one of the pool's
@@ -118,20 +135,25 @@
  *   made: every page is in a listed zspage and the class has no slot.
  *
  * LOCKS, what each guards, and the ONE lock order
- *   size_class->migrate_lock   read: every access to an object's bytes of
- *                              the class; write: the mover (MOVING OBJECTS).
+ *   pool->compact_lock         there is one mover at a time, and the
+ *                              pinned flag of its source.
+ *   pool->move_locks[i]        read: every access to the bytes of an object
+ *                              in a zspage hashed to i; write: the mover
+ *                              while it empties such a zspage (MOVING
+ *                              OBJECTS).
  *   free_batch->lock           that batch's handles and count.
  *   size_class->lock           points to the class's own mutex (lock=class)
  *                              or to pool->pool_lock (lock=pool); guards the
  *                              class's fullness lists, every zspage's free
- *                              list, in-use count, group and back
- *                              pointers, the class's counters and its cell
- *                              blocks.
+ *                              list, in-use count, group, pinned flag and
+ *                              back pointers, the class's counters and its
+ *                              cell blocks.
  *   page_source->lock          the chunk lists of one run length.
  *
- *   Order: migrate_lock -> size_class->lock, and free_batch->lock ->
- *   size_class->lock; no path holds a migrate_lock and a batch lock, two
- *   migrate locks, or two batch locks.
+ *   Order: compact_lock -> move lock -> size_class->lock, and
+ *   free_batch->lock -> size_class->lock.  No path holds two move locks,
+ *   a move lock and a batch lock, or two batch locks; a mover holds no
+ *   other lock while it waits for a move lock.
  *   page_source locks are leaves and are never taken while a class lock
  *   is held (zspages are created and released outside the class lock).
  *   No path holds two class locks.  Pool-wide counters are atomics.
@@ -155,6 +177,8 @@
 #define ZS_FREE_BATCHES 16       /* batches per pool, shared by threads */
 #define ZS_NO_OBJECT 0xffff      /* end of a zspage's free list */
 #define ZS_GROUP_FULL (ZS_FULLNESS_GROUPS - 1)
+#define ZS_MOVE_LOCK_BITS 8      /* 256 move locks per pool */
+#define ZS_MOVE_LOCKS (1u << ZS_MOVE_LOCK_BITS)
 
 /* Cell encoding, see HANDLES above. */
 #define CELL_SIZE_BITS 12
@@ -175,6 +199,8 @@ struct zspage {
   uint16_t free_head;             /* first recycled free slot or ZS_NO_OBJECT */
   uint16_t never_used;            /* slots >= this were never handed out */
   uint8_t group;                  /* fullness group it is linked on */
+  bool pinned;                    /* the mover's source: stays listed when
+                                     it empties (MOVING OBJECTS) */
   /* Each slot's cell (the back pointer compaction moves objects by), NULL
    * for a free slot: objs_per_zspage of them.
    */
@@ -203,11 +229,13 @@ struct size_class {
   struct cell_block *cell_blocks; /* all of them */
   uint64_t cell_blocks_count;
   pthread_mutex_t own_lock;
-  /* Read by every access to an object's bytes (read_begin..read_end,
-   * write), written by the mover while it moves objects of this class:
-   * see MOVING OBJECTS.  Prefers writers, so a mover is not starved.
-   */
-  pthread_rwlock_t migrate_lock;
+} __attribute__ ((aligned (64)));
+
+/* One of the pool's move locks, alone on its cache line so that readers
+ * of zspages hashed to different locks share no line.
+ */
+struct move_lock {
+  pthread_rwlock_t lock;
 } __attribute__ ((aligned (64)));
 
 /* A batch of deferred frees, one of the pool's ZS_FREE_BATCHES. */
@@ -229,6 +257,9 @@ struct zs_pool {
 
   struct free_batch *batches;     /* ZS_FREE_BATCHES of them, owned by
                                      the pool from create to destroy */
+  struct move_lock *move_locks;   /* ZS_MOVE_LOCKS of them, see MOVING
+                                     OBJECTS */
+  pthread_mutex_t compact_lock;   /* one mover at a time */
 
   /* Pool-wide counters: atomics, no lock. */
   _Atomic uint64_t limit_account; /* bytes counted against the limit and
@@ -343,12 +374,27 @@ extern struct zspage *class_fullest_zspage_except (struct size_class *class,
                                                    const struct zspage *except);
 extern struct zspage *class_sparsest_zspage (struct size_class *class);
 
+/* The move lock of a zspage (MOVING OBJECTS): a multiplicative hash of
+ * its descriptor's address, whose low bits are always zero.
+ */
+static inline pthread_rwlock_t *
+zspage_move_lock (struct zs_pool *pool, const struct zspage *zspage)
+{
+  uint64_t key = (uintptr_t) zspage / ZSPAGE_ALIGN;
+  return &pool->move_locks[(key * 0x9e3779b97f4a7c15ull)
+                           >> (64 - ZS_MOVE_LOCK_BITS)].lock;
+}
+
+/* compact.c */
+extern int move_locks_init (struct zs_pool *pool);
+extern void move_locks_destroy (struct zs_pool *pool);
 /* compact.c: under the class lock. */
 extern uint64_t class_freeable_zspages (const struct size_class *class);
 extern void zspage_insert (struct size_class *class, struct zspage *zspage);
 extern unsigned zspage_take_object (struct size_class *class, struct zspage *zspage);
 extern bool zspage_put_object (struct size_class *class, struct zspage *zspage,
                                unsigned index);
+extern bool zspage_unpin (struct size_class *class, struct zspage *zspage);
 extern void class_destroy_zspages (struct zs_pool *pool, struct size_class *class);
 
 /* pool.c: free one object; the class lock is held.  Returns the zspage

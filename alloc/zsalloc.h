@@ -118,7 +118,10 @@ extern void zs_pool_flush (struct zs_pool *pool);
  * the allocator may copy the object into; this implementation keeps each
  * zspage virtually contiguous so it never needs to, but callers must
  * still pass one (or NULL when they know the pool never copies: see
- * zs_read_needs_copy).
+ * zs_read_needs_copy).  Until zs_read_end the object cannot be moved by
+ * compaction; a thread holds at most one read at a time and calls
+ * neither zs_malloc nor zs_compact while it does (either could wait for
+ * a mover that waits for this read).
  */
 extern const void *zs_read_begin (struct zs_pool *pool, zs_handle_t handle,
                                   void *local_copy);
@@ -159,9 +162,9 @@ extern void zs_pool_get_config (const struct zs_pool *pool,
 
 /* Compact the pool: in each size class, move live objects out of the
  * sparsest zspages into the fullest ones and give the emptied zspages'
- * pages back.  Runs beside every other call (one class, and within it one
- * source zspage, at a time; readers and writers of that class wait for
- * that zspage's moves), except that the caller must not hold a
+ * pages back.  Runs beside every other call (one mover at a time, one
+ * source zspage at a time; only readers and writers of objects in that
+ * zspage wait for its moves), except that the caller must not hold a
  * zs_read_begin.  Returns the pages freed.
  */
 extern uint64_t zs_compact (struct zs_pool *pool);

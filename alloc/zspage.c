@@ -120,6 +120,7 @@ zspage_create (struct zs_pool *pool, struct size_class *class)
   zspage->free_head = ZS_NO_OBJECT;
   zspage->never_used = 0;
   zspage->group = 0;
+  zspage->pinned = false;
   for (unsigned i = 0; i < class->objs_per_zspage; i++)
     zspage->slot_cells[i] = NULL;
   atomic_fetch_add_explicit (&pool->metadata_bytes,
@@ -177,13 +178,28 @@ zspage_put_object (struct size_class *class, struct zspage *zspage,
   *slot_link (class, zspage, index) = zspage->free_head;
   zspage->free_head = index;
   zspage->inuse--;
-  if (zspage->inuse == 0) {
+  if (zspage->inuse == 0 && !zspage->pinned) {
     group_unlink (class, zspage);
     class->zspages--;
     return true;
   }
+  /* A pinned zspage that empties stays listed for its mover to release. */
   zspage_regroup (class, zspage);
   return false;
+}
+
+/* The mover is done with its source: true when it is empty (it is then
+ * unlinked: release it after unlocking).
+ */
+bool
+zspage_unpin (struct size_class *class, struct zspage *zspage)
+{
+  zspage->pinned = false;
+  if (zspage->inuse > 0)
+    return false;
+  group_unlink (class, zspage);
+  class->zspages--;
+  return true;
 }
 
 /* Pool destroy: the page source unmaps the pages wholesale, so only the
