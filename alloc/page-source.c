@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "dlist.h"
@@ -11,6 +12,11 @@ void
 page_source_init (struct page_source *source)
 {
   atomic_init (&source->pages_returned, 0);
+  pthread_mutex_init (&source->reserve_lock, NULL);
+  source->reserve = NULL;
+  atomic_init (&source->reserve_chunks, 0);
+  atomic_init (&source->reserve_misses, 0);
+  source->reserve_target = 0;
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
     pthread_mutex_init (&source->lists[len].lock, NULL);
     source->lists[len].partial = NULL;
@@ -41,26 +47,90 @@ page_source_destroy (struct page_source *source)
     list->partial = NULL;
     pthread_mutex_destroy (&list->lock);
   }
+  while (page_source_reserve_drop (source))
+    ;
+  pthread_mutex_destroy (&source->reserve_lock);
 }
 
-static struct page_chunk *
-chunk_map (unsigned run_pages)
+/* A chunk's worth of fresh address space. */
+static void *
+chunk_mapping (void)
 {
-  unsigned runs = PAGE_CHUNK_PAGES / run_pages;
-  struct page_chunk *chunk = malloc (sizeof *chunk + runs * sizeof (uint16_t));
-  if (!chunk)
-    return NULL;
   void *base = mmap (NULL, PAGE_CHUNK_BYTES, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
-    free (chunk);
     errno = ENOMEM;
     return NULL;
   }
 #ifdef MADV_NOHUGEPAGE
   madvise (base, PAGE_CHUNK_BYTES, MADV_NOHUGEPAGE);
 #endif
+  return base;
+}
+
+int
+page_source_reserve_add (struct page_source *source)
+{
+  void *base = chunk_mapping ();
+  if (!base)
+    return -1;
+#ifdef MADV_POPULATE_WRITE
+  if (madvise (base, PAGE_CHUNK_BYTES, MADV_POPULATE_WRITE) == -1)
+#endif
+    memset (base, 0, PAGE_CHUNK_BYTES);   /* an older kernel: fault it in */
+  struct reserve_chunk *chunk = base;
+  pthread_mutex_lock (&source->reserve_lock);
+  chunk->next = source->reserve;
+  source->reserve = chunk;
+  atomic_fetch_add (&source->reserve_chunks, 1);
+  pthread_mutex_unlock (&source->reserve_lock);
+  return 0;
+}
+
+/* The newest reserve chunk, or NULL. */
+static void *
+reserve_take (struct page_source *source)
+{
+  pthread_mutex_lock (&source->reserve_lock);
+  struct reserve_chunk *chunk = source->reserve;
+  if (chunk) {
+    source->reserve = chunk->next;
+    atomic_fetch_sub (&source->reserve_chunks, 1);
+  }
+  pthread_mutex_unlock (&source->reserve_lock);
+  return chunk;
+}
+
+bool
+page_source_reserve_drop (struct page_source *source)
+{
+  void *base = reserve_take (source);
+  if (!base)
+    return false;
+  munmap (base, PAGE_CHUNK_BYTES);
+  return true;
+}
+
+/* A new chunk: from the reserve when it has one. */
+static struct page_chunk *
+chunk_map (struct page_source *source, unsigned run_pages)
+{
+  unsigned runs = PAGE_CHUNK_PAGES / run_pages;
+  struct page_chunk *chunk = malloc (sizeof *chunk + runs * sizeof (uint16_t));
+  if (!chunk)
+    return NULL;
+  void *base = reserve_take (source);
+  if (!base) {
+    if (source->reserve_target)
+      atomic_fetch_add (&source->reserve_misses, 1);
+    base = chunk_mapping ();
+  }
+  if (!base) {
+    free (chunk);
+    return NULL;
+  }
   chunk->base = base;
+  chunk->locked = false;
   chunk->run_pages = run_pages;
   chunk->runs = runs;
   chunk->never_used = 0;
@@ -114,7 +184,7 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     /* Mapped under the lock: it is rare (once per 2 MiB of zspages) and
      * it keeps two threads from mapping a chunk each at once.
      */
-    chunk = chunk_map (run_pages);
+    chunk = chunk_map (source, run_pages);
     if (!chunk) {
       pthread_mutex_unlock (&list->lock);
       return NULL;
@@ -131,9 +201,15 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     index = chunk->never_used++;
   if (--chunk->free_count == 0)
     DLIST_REMOVE (list->partial, chunk, prev, next);
+  bool locked = chunk->locked;
   pthread_mutex_unlock (&list->lock);
 
   unsigned char *run = chunk->base + (size_t) index * run_pages * ZS_PAGE_SIZE;
+  /* Its pages were unlocked to be given back: lock (and populate) them. */
+  if (locked && mlock (run, (size_t) run_pages * ZS_PAGE_SIZE) == 0) {
+    *chunk_out = chunk;
+    return run;
+  }
 #ifdef MADV_POPULATE_WRITE
   /* One call instead of a fault per page; older kernels refuse it with
    * EINVAL and the pages fault in as they are touched, as before.
@@ -147,6 +223,7 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
 struct purge_entry {
   unsigned char *run;
   struct page_chunk *chunk;
+  bool was_locked;              /* its pages had to be unlocked */
 };
 
 static int
@@ -172,7 +249,8 @@ purge_runs (struct page_source *source, struct page_run_list *list,
   unsigned n = 0, unmaps = 0;
 
   for (struct dirty_run *run = chain; run; run = run->next)
-    entries[n++] = (struct purge_entry) { (unsigned char *) run, run->chunk };
+    entries[n++] = (struct purge_entry) { (unsigned char *) run, run->chunk,
+                                          false };
   qsort (entries, n, sizeof entries[0], purge_entry_compare);
   atomic_fetch_add_explicit (&source->pages_returned, (uint64_t) n * run_pages,
                              memory_order_relaxed);
@@ -200,13 +278,22 @@ purge_runs (struct page_source *source, struct page_run_list *list,
     for (j = i + 1; j < n && entries[i].run
            && entries[j].run == entries[j - 1].run + run_bytes; j++)
       ;
-    if (entries[i].run)
+    if (entries[i].run
+        && madvise (entries[i].run, (j - i) * run_bytes, MADV_DONTNEED) == -1
+        && errno == EINVAL) {
+      /* Locked pages (mlockall): unlock them, then they can go. */
+      munlock (entries[i].run, (j - i) * run_bytes);
       madvise (entries[i].run, (j - i) * run_bytes, MADV_DONTNEED);
+      for (unsigned k = i; k < j; k++)
+        entries[k].was_locked = true;
+    }
   }
 
   unmaps = 0;
   pthread_mutex_lock (&list->lock);
   for (unsigned i = 0; i < n; i++) {
+    if (entries[i].was_locked)
+      entries[i].chunk->locked = true;
     struct page_chunk *empty = entries[i].run
       ? run_publish (list, entries[i].chunk, entries[i].run) : NULL;
     if (empty)

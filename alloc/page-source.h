@@ -23,6 +23,23 @@
  *     between flushes, and exactly after one.
  *   - A chunk whose runs are all free is unmapped, except one spare per
  *     run length kept to absorb churn (its pages are already given back).
+ *
+ * LOCKED MEMORY (swap, nbdkit --swap)
+ *   Under mlockall the kernel refuses MADV_DONTNEED on locked pages.  The
+ *   purge does not assume either way: when madvise fails with EINVAL it
+ *   munlocks the range and gives it back then, and marks the chunk, so
+ *   that its runs are locked again (mlock, which also populates them)
+ *   when they are handed out again.  Unmapping a whole chunk needs no
+ *   unlocking.
+ *
+ * THE RESERVE (swap mode's forward progress)
+ *   With a reserve target, the page source keeps up to that many chunks
+ *   mapped and populated (locked too, under mlockall) on a reserve stack,
+ *   filled by page_source_reserve_add from a background thread.  A new
+ *   chunk is taken from the reserve when it holds one, so a write needs no
+ *   mmap and no page fault; an empty reserve is a miss, counted, and the
+ *   chunk is mapped as usual.  The pool counts reserve chunks against its
+ *   memory limit (pool.c).
  */
 
 #ifndef ZSALLOC_PAGE_SOURCE_H
@@ -30,6 +47,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "zsalloc.h"
@@ -48,6 +66,8 @@ struct page_chunk {
   unsigned never_used;            /* runs >= this were never handed out */
   unsigned free_count;            /* runs not handed out */
   unsigned free_top;              /* entries in free_stack */
+  bool locked;                    /* a purge found its pages locked: lock
+                                     runs again when handing them out */
   uint16_t free_stack[];          /* recycled run indexes */
 };
 
@@ -68,9 +88,20 @@ struct page_run_list {
   unsigned dirty_count;
 };
 
+/* A reserve chunk's mapping waiting to be used: lives in its first bytes. */
+struct reserve_chunk {
+  struct reserve_chunk *next;
+};
+
 struct page_source {
   struct page_run_list lists[ZS_CHAIN_MAX + 1]; /* index = run length */
   _Atomic uint64_t pages_returned; /* given back to the OS, ever */
+  pthread_mutex_t reserve_lock;   /* guards reserve; a leaf, taken under a
+                                     run list's lock by chunk_map */
+  struct reserve_chunk *reserve;  /* populated chunk mappings, newest first */
+  _Atomic uint64_t reserve_chunks; /* on the reserve stack */
+  _Atomic uint64_t reserve_misses; /* chunks mapped with the reserve empty */
+  unsigned reserve_target;        /* chunks to keep; 0: no reserve */
 };
 
 extern void page_source_init (struct page_source *source);
@@ -84,5 +115,9 @@ extern void page_run_free (struct page_source *source, struct page_chunk *chunk,
                            void *run);
 /* Give every dirty run back to the operating system now. */
 extern void page_source_purge (struct page_source *source);
+/* Map and populate one chunk onto the reserve: 0, or -1 with errno. */
+extern int page_source_reserve_add (struct page_source *source);
+/* Unmap one reserve chunk: false when the reserve is empty. */
+extern bool page_source_reserve_drop (struct page_source *source);
 
 #endif /* ZSALLOC_PAGE_SOURCE_H */

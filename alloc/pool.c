@@ -15,6 +15,7 @@ zs_pool_config_init (struct zs_pool_config *config)
   config->lock_mode = ZS_LOCK_CLASS;
   config->free_mode = ZS_FREE_BATCHED;
   config->compact_before_refusal = true;
+  config->reserve_bytes = 0;
 }
 
 static bool
@@ -46,6 +47,8 @@ zs_pool_create (const struct zs_pool_config *config)
   }
 
   page_source_init (&pool->pages);
+  pool->pages.reserve_target = (pool->config.reserve_bytes + PAGE_CHUNK_BYTES - 1)
+    / PAGE_CHUNK_BYTES;
   pthread_mutex_init (&pool->pool_lock, NULL);
   if (size_classes_init (pool) == -1)
     goto fail_classes;
@@ -153,11 +156,66 @@ limit_discharge (struct zs_pool *pool, uint64_t bytes)
   atomic_fetch_sub (&pool->limit_account, bytes);
 }
 
+/* Give the limit back what reserve chunks taken (or dropped) since the
+ * last settle were charged (see THE RESERVE).
+ */
+static void
+reserve_settle (struct zs_pool *pool)
+{
+  uint64_t charged = atomic_load (&pool->reserve_charged);
+  for (;;) {
+    uint64_t held = atomic_load (&pool->pages.reserve_chunks);
+    if (held >= charged)
+      return;
+    if (atomic_compare_exchange_weak (&pool->reserve_charged, &charged, held)) {
+      limit_discharge (pool, (charged - held) * PAGE_CHUNK_BYTES);
+      return;
+    }
+  }
+}
+
+/* The limit refuses: drop a reserve chunk to make room (true if any). */
+static bool
+reserve_give_up_one (struct zs_pool *pool)
+{
+  bool dropped = page_source_reserve_drop (&pool->pages);
+  reserve_settle (pool);
+  return dropped;
+}
+
+uint64_t
+zs_pool_reserve_refill (struct zs_pool *pool)
+{
+  uint64_t added = 0;
+  reserve_settle (pool);
+  while (atomic_load (&pool->pages.reserve_chunks) < pool->pages.reserve_target
+         && limit_charge (pool, PAGE_CHUNK_BYTES)) {
+    if (page_source_reserve_add (&pool->pages) == -1) {
+      limit_discharge (pool, PAGE_CHUNK_BYTES);
+      break;
+    }
+    atomic_fetch_add (&pool->reserve_charged, 1);
+    atomic_fetch_add (&pool->reserve_refills, 1);
+    added += PAGE_CHUNK_BYTES;
+  }
+  return added;
+}
+
+bool
+zs_pool_reserve_low (struct zs_pool *pool)
+{
+  return atomic_load_explicit (&pool->pages.reserve_chunks, memory_order_relaxed)
+    * 2 < pool->pages.reserve_target;
+}
+
 int
 zs_pool_charge (struct zs_pool *pool, size_t bytes)
 {
   if (limit_charge (pool, bytes))
     return 0;
+  while (reserve_give_up_one (pool))
+    if (limit_charge (pool, bytes))
+      return 0;
   /* Pending frees may hold what is missing. */
   if (pool->config.free_mode == ZS_FREE_BATCHED) {
     zs_pool_flush (pool);
@@ -218,6 +276,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
       pthread_mutex_unlock (class->lock);
       zspage = zspage_create (pool, class);
       err = errno;
+      reserve_settle (pool);
       pthread_mutex_lock (class->lock);
       if (!zspage) {
         zspage_unreserve (pool, class);
@@ -229,6 +288,14 @@ zs_malloc (struct zs_pool *pool, size_t size)
       zspage_insert (class, zspage);
       atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
+    }
+    if (reservation == REFUSED
+        && atomic_load (&pool->pages.reserve_chunks) > 0) {
+      /* The reserve's pages are the data's before they are anything. */
+      pthread_mutex_unlock (class->lock);
+      reserve_give_up_one (pool);
+      pthread_mutex_lock (class->lock);
+      continue;
     }
     if (reservation == REFUSED && flushed && compacted) {
       atomic_fetch_add (&pool->limit_hits, 1);

@@ -134,6 +134,15 @@
  *   yields and looks again.  So a refusal (ENOSPC) is true when it is
  *   made: every page is in a listed zspage and the class has no slot.
  *
+ * THE RESERVE (page-source.h)
+ *   zs_pool_reserve_refill maps populated chunks onto the page source's
+ *   reserve, each first counted against the limit (limit_charge) and
+ *   then in reserve_charged.  A zspage that takes a reserve chunk leaves
+ *   reserve_charged above the reserve's count; reserve_settle gives the
+ *   difference back to the limit (the zspage's own reservation counts its
+ *   pages).  An allocation the limit refuses first drops reserve chunks:
+ *   the reserve never costs the data room under the limit.
+ *
  * LOCKS, what each guards, and the ONE lock order
  *   pool->compact_lock         there is one mover at a time, and the
  *                              pinned flag of its source.
@@ -269,6 +278,9 @@ struct zs_pool {
   _Atomic uint64_t pages_used_max;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
+  _Atomic uint64_t reserve_charged; /* reserve chunks counted against the
+                                       limit (see THE RESERVE) */
+  _Atomic uint64_t reserve_refills; /* chunks added to the reserve, ever */
 };
 
 /* The limit account (see MEMORY LIMIT). */

@@ -79,6 +79,9 @@ struct zs_pool_config {
   enum zs_free_mode free_mode;
   bool compact_before_refusal;    /* zs_malloc compacts once before it
                                      refuses for mem_limit (default true) */
+  uint64_t reserve_bytes;         /* populated pages kept ready for new
+                                     zspages (zs_pool_reserve_refill),
+                                     counted in mem_limit; 0 = none */
 };
 
 struct zs_pool;
@@ -169,6 +172,15 @@ extern void zs_pool_get_config (const struct zs_pool *pool,
  */
 extern uint64_t zs_compact (struct zs_pool *pool);
 
+/* Top up the reserve of populated pages (config.reserve_bytes) from the
+ * operating system, as far as the memory limit allows; for a background
+ * thread, so that allocations take pages that are already there.
+ * Returns the bytes added.  zs_pool_reserve_low says when to call it.
+ */
+extern uint64_t zs_pool_reserve_refill (struct zs_pool *pool);
+/* True when the reserve holds less than half its target. */
+extern bool zs_pool_reserve_low (struct zs_pool *pool);
+
 /* Count bytes the caller holds for what it stores (its own metadata)
  * against the pool's memory limit: 0, or -1 with errno ENOSPC (after
  * draining deferred frees).  zs_pool_discharge gives them back.
@@ -194,6 +206,9 @@ struct zs_pool_stats {
   uint64_t metadata_bytes;    /* zspage descriptors, handle cells, batches */
   uint64_t frees_pending;     /* deferred frees not yet drained (0 after
                                  the flush zs_pool_stats does) */
+  uint64_t reserve_bytes;     /* populated pages ready in the reserve */
+  uint64_t reserve_refills;   /* bytes the reserve was topped up with, ever */
+  uint64_t reserve_misses;    /* new chunks mapped with the reserve empty */
 };
 extern void zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats);
 

@@ -712,6 +712,18 @@ store_compact (struct block_store *store)
   return freed;
 }
 
+uint64_t
+store_reserve_refill (struct block_store *store)
+{
+  return zs_pool_reserve_refill (store->pool);
+}
+
+bool
+store_reserve_low (struct block_store *store)
+{
+  return zs_pool_reserve_low (store->pool);
+}
+
 void
 store_flush (struct block_store *store)
 {
@@ -747,4 +759,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->table_bytes = atomic_load (&store->table.bytes);
   stats->metadata_bytes = pool.metadata_bytes;
   stats->codec_bytes = codec_memory (store->codec);
+  stats->reserve_bytes = pool.reserve_bytes;
+  stats->reserve_refills = pool.reserve_refills;
+  stats->reserve_misses = pool.reserve_misses;
 }

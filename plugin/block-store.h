@@ -85,6 +85,9 @@ struct store_stats {
   uint64_t table_bytes;           /* block table */
   uint64_t metadata_bytes;        /* allocator metadata */
   uint64_t codec_bytes;           /* compression contexts */
+  uint64_t reserve_bytes;         /* swap reserve: populated pages ready */
+  uint64_t reserve_refills;       /* bytes it was topped up with, ever */
+  uint64_t reserve_misses;        /* chunks mapped with it empty, ever */
 };
 
 struct block_store;
@@ -129,6 +132,12 @@ extern void store_flush (struct block_store *store);
  * pages: cheap (no flush), for deciding when to compact.
  */
 extern uint64_t store_freeable (struct block_store *store, uint64_t *pages_used);
+
+/* The allocator's reserve of populated pages (zs_pool_reserve_refill):
+ * top it up; is it below half?
+ */
+extern uint64_t store_reserve_refill (struct block_store *store);
+extern bool store_reserve_low (struct block_store *store);
 
 /* Compact the allocator's pool (zs_compact): returns pages freed. */
 extern uint64_t store_compact (struct block_store *store);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
 
@@ -11,9 +12,15 @@
 
 #define HOUSEKEEPING_INTERVAL_SECONDS 1
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping */
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping
+                                                            and wake's waits */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping
+                                                            or a refill */
 static bool stopping;
+/* A request found the swap reserve low: set by housekeeper_wake, cleared
+ * by the thread before it refills, so a burst of requests wakes it once.
+ */
+static atomic_bool refill_requested;
 static bool running;
 static pthread_t thread;
 static struct block_store *store;
@@ -45,6 +52,7 @@ housekeeping_round (void)
   store_flush (store);          /* first: pending frees are waste too */
   if (compact_threshold >= 0)
     compact_if_wasteful ();
+  store_reserve_refill (store); /* swap mode's reserve, if it has one */
   if (stats_path)
     stats_file_write (store, stats_path);
 }
@@ -64,10 +72,21 @@ housekeeper_main (void *arg)
     struct timespec deadline;
     clock_gettime (CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += HOUSEKEEPING_INTERVAL_SECONDS;
-    while (!stopping
-           && pthread_cond_clockwait (&wake, &lock, CLOCK_MONOTONIC,
-                                      &deadline) != ETIMEDOUT)
-      ;
+    while (!stopping) {
+      /* Woken early for the reserve: top it up only, then wait on.  The
+       * flag is looked at under the lock before each wait, so a wake
+       * that comes during a round is not lost.
+       */
+      if (atomic_exchange (&refill_requested, false)) {
+        pthread_mutex_unlock (&lock);
+        store_reserve_refill (store);
+        pthread_mutex_lock (&lock);
+        continue;
+      }
+      if (pthread_cond_clockwait (&wake, &lock, CLOCK_MONOTONIC,
+                                  &deadline) == ETIMEDOUT)
+        break;
+    }
   }
   pthread_mutex_unlock (&lock);
   return NULL;
@@ -88,6 +107,17 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   }
   running = true;
   return 0;
+}
+
+void
+housekeeper_wake (void)
+{
+  if (atomic_load_explicit (&refill_requested, memory_order_relaxed)
+      || atomic_exchange (&refill_requested, true))
+    return;
+  pthread_mutex_lock (&lock);
+  pthread_cond_signal (&wake);
+  pthread_mutex_unlock (&lock);
 }
 
 void

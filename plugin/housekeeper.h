@@ -2,8 +2,10 @@
  * block table's empty leaves and drains the allocator's deferred frees
  * and resident free pages (store_flush), so memory comes back within a
  * second of being freed even when no request arrives, compacts the pool
- * when enough of it is waste (compact=auto), then rewrites the stats= file
- * when there is one.
+ * when enough of it is waste (compact=auto), tops up the swap reserve
+ * (swap mode), then rewrites the stats= file when there is one.  A
+ * request that finds the reserve below half wakes it early
+ * (housekeeper_wake).
  *
  * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
  * in .cleanup (design-hazards.md #8).
@@ -20,6 +22,8 @@
  */
 extern int housekeeper_start (struct block_store *store, const char *stats_path,
                               int compact_threshold);
+/* Wake the thread now (the swap reserve is low). */
+extern void housekeeper_wake (void);
 /* Stop the thread, then flush and write the stats file one last time. */
 extern void housekeeper_stop (void);
 

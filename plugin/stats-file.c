@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "stats-file.h"
+#include "swap-mode.h"
 
 static uint64_t
 process_rss_bytes (void)
@@ -62,8 +63,12 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (table_bytes);
   FIELD (metadata_bytes);
   FIELD (codec_bytes);
+  FIELD (reserve_bytes);
+  FIELD (reserve_refills);
+  FIELD (reserve_misses);
 #undef FIELD
   fprintf (fp, "process_rss: %" PRIu64 "\n", process_rss_bytes ());
+  swap_mode_print (fp);
   /* Data ratio: what the objects take; memory ratio: what the pool's
    * pages take (zram users quote the latter as "memory saved").
    */

@@ -19,9 +19,11 @@
 #include <nbdkit-plugin.h>
 
 #include "block-store.h"
+#include "error-text.h"
 #include "housekeeper.h"
 #include "server-check.h"
 #include "stats-file.h"
+#include "swap-mode.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
 #define ZRAM_MAX_REQUEST (32u << 20)
@@ -29,8 +31,11 @@
 /* Compact when this percent of the pool's pages could be freed. */
 #define ZRAM_COMPACT_THRESHOLD_DEFAULT 2
 
+/* The swap reserve by default: this, but at most an eighth of mem_limit. */
+#define ZRAM_SWAP_RESERVE_DEFAULT ((uint64_t) 16 << 20)
+
 static struct store_config config;
-static bool size_given, level_given;
+static bool size_given, level_given, reserve_given;
 static char *stats_path;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
@@ -48,18 +53,6 @@ zram_unload (void)
 {
   store_destroy (store);
   free (stats_path);
-}
-
-/* An errno's text.  Not strerror: its translation lookup, run in a
- * process that has the sanitizer runtime preloaded, left glibc's locale
- * lock held and hung nbdkit at exit; strerrordesc_np (glibc 2.32) needs
- * no locale.
- */
-static const char *
-error_text (int err)
-{
-  const char *text = strerrordesc_np (err);
-  return text ? text : "unknown error";
 }
 
 /* Parse a size, naming the parameter on error (nbdkit's own message
@@ -168,6 +161,17 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "swap") == 0) {
+    if (swap_mode_parse (value) == -1)
+      return -1;
+  }
+  else if (strcmp (key, "swap_reserve") == 0) {
+    int64_t reserve;
+    if (parse_size_parameter (key, value, &reserve) == -1)
+      return -1;
+    config.pool.reserve_bytes = reserve;
+    reserve_given = true;
+  }
   else if (strcmp (key, "free") == 0) {
     if (parse_choice (key, value, free_modes, 2, &choice) == -1)
       return -1;
@@ -196,6 +200,23 @@ zram_config_complete (void)
     nbdkit_error ("stats: cannot write '%s': %s", stats_path, error_text (errno));
     return -1;
   }
+  if (swap_mode_check_config (config.pool.mem_limit) == -1)
+    return -1;
+  if (reserve_given && swap_mode == SWAP_OFF) {
+    nbdkit_error ("swap_reserve: only with swap=on or swap=try");
+    return -1;
+  }
+  if (reserve_given && config.pool.reserve_bytes > config.pool.mem_limit / 2) {
+    nbdkit_error ("swap_reserve: %" PRIu64 " bytes is more than half of "
+                  "mem_limit (%" PRIu64 " bytes)", config.pool.reserve_bytes,
+                  config.pool.mem_limit);
+    return -1;
+  }
+  if (!reserve_given && swap_mode != SWAP_OFF) {
+    config.pool.reserve_bytes = config.pool.mem_limit / 8;
+    if (config.pool.reserve_bytes > ZRAM_SWAP_RESERVE_DEFAULT)
+      config.pool.reserve_bytes = ZRAM_SWAP_RESERVE_DEFAULT;
+  }
   if (!level_given)
     config.level = codec_default_level (config.algorithm);
   else if (!codec_level_is_valid (config.algorithm, config.level, &min, &max)) {
@@ -215,6 +236,10 @@ zram_config_complete (void)
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
+  "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
+  "                          OOM-proof; needs mem_limit (default off).\n" \
+  "swap_reserve=SIZE         Swap mode: populated pages kept ready (default\n" \
+  "                          16M, at most mem_limit/8).\n" \
   "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
   "lock=class|pool           Tuning: allocator locking (default class).\n" \
   "free=batched|immediate    Tuning: allocator free mode (default batched)."
@@ -223,6 +248,9 @@ zram_config_complete (void)
 static int
 zram_get_ready (void)
 {
+  /* First: no thread may exist yet (they inherit the IO flusher flag). */
+  if (swap_mode_prepare () == -1)
+    return -1;
   store = store_create (&config);
   if (!store) {
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
@@ -239,6 +267,8 @@ zram_get_ready (void)
 static int
 zram_after_fork (void)
 {
+  if (swap_mode_lock () == -1)
+    return -1;
   if (housekeeper_start (store, stats_path,
                          config.pool.compact_before_refusal
                          ? (int) compact_threshold : -1) == -1) {
@@ -352,6 +382,11 @@ zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
   server_check_request ();
+  if (swap_mode != SWAP_OFF) {
+    swap_mode_check_worker ();
+    if (store_reserve_low (store))
+      housekeeper_wake ();
+  }
   if (store_write (store, buf, count, offset) == -1)
     return request_failed ("write", count, offset);
   return 0;

@@ -1,0 +1,206 @@
+/* Swap mode: see swap-mode.h. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "error-text.h"
+#include "swap-mode.h"
+
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#define PR_GET_IO_FLUSHER 58
+#endif
+#ifndef MCL_ONFAULT
+#define MCL_ONFAULT 4
+#endif
+
+#define CAP_IPC_LOCK_BIT 14
+#define CAP_SYS_RESOURCE_BIT 24
+
+enum swap_mode swap_mode = SWAP_OFF;
+
+/* PR_GET_IO_FLUSHER as the first request's thread saw it: -1 before. */
+static atomic_int worker_io_flusher = -1;
+
+static const char *const mode_names[] = { "off", "on", "try" };
+
+int
+swap_mode_parse (const char *value)
+{
+  for (int mode = SWAP_OFF; mode <= SWAP_TRY; mode++)
+    if (strcmp (value, mode_names[mode]) == 0) {
+      swap_mode = mode;
+      return 0;
+    }
+  nbdkit_error ("swap: '%s' is not one of on|try|off", value);
+  return -1;
+}
+
+int
+swap_mode_check_config (uint64_t mem_limit)
+{
+  if (swap_mode != SWAP_OFF && mem_limit == 0) {
+    nbdkit_error ("swap=%s needs mem_limit=SIZE: a swap device whose memory "
+                  "can grow without bound takes the host down with it",
+                  mode_names[swap_mode]);
+    return -1;
+  }
+  return 0;
+}
+
+/* A number from a "Name:   value" line of /proc/self/status, or -1. */
+static int64_t
+status_field (const char *name, int base)
+{
+  FILE *fp = fopen ("/proc/self/status", "r");
+  if (!fp)
+    return -1;
+  char line[256];
+  size_t length = strlen (name);
+  int64_t value = -1;
+  while (fgets (line, sizeof line, fp))
+    if (strncmp (line, name, length) == 0 && line[length] == ':') {
+      value = strtoll (line + length + 1, NULL, base);
+      break;
+    }
+  fclose (fp);
+  return value;
+}
+
+static bool
+has_capability (int bit)
+{
+  int64_t effective = status_field ("CapEff", 16);
+  return effective != -1 && (effective >> bit & 1);
+}
+
+/* Append a missing requirement to the message. */
+static void
+add_missing (char *message, size_t size, const char *what)
+{
+  size_t used = strlen (message);
+  snprintf (message + used, size - used, "%s%s", used ? "; " : "", what);
+}
+
+int
+swap_mode_prepare (void)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;
+
+  char missing[1024] = "";
+  char item[512];
+
+  /* Before any thread exists: all of them inherit it. */
+  if (prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == -1) {
+    snprintf (item, sizeof item,
+              "PR_SET_IO_FLUSHER refused (it needs CAP_SYS_RESOURCE and "
+              "Linux 5.6): %s", error_text (errno));
+    add_missing (missing, sizeof missing, item);
+  }
+
+  FILE *fp = fopen ("/proc/self/oom_score_adj", "w");
+  bool oom_set = fp && fprintf (fp, "-1000\n") > 0;
+  if (fp && fclose (fp) != 0)
+    oom_set = false;
+  if (!oom_set)
+    add_missing (missing, sizeof missing,
+                 "oom_score_adj -1000 refused: it needs CAP_SYS_RESOURCE");
+
+  /* The kernel counts a locked mapping in full against RLIMIT_MEMLOCK,
+   * touched or not (MCL_ONFAULT included): nbdkit's thread stacks and
+   * malloc's arenas alone come to about a GiB with 16 threads, and with
+   * MCL_FUTURE a mapping past the limit fails.  So no finite limit is
+   * safe to promise.
+   */
+  struct rlimit memlock;
+  if (!has_capability (CAP_IPC_LOCK_BIT)
+      && getrlimit (RLIMIT_MEMLOCK, &memlock) == 0
+      && memlock.rlim_cur != RLIM_INFINITY) {
+    snprintf (item, sizeof item,
+              "RLIMIT_MEMLOCK is %" PRIu64 " KiB and there is no "
+              "CAP_IPC_LOCK: every mapping locked counts in full (thread "
+              "stacks, malloc arenas), so the server would fail to map "
+              "memory; make it unlimited (ulimit -l unlimited, "
+              "LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK",
+              (uint64_t) memlock.rlim_cur / 1024);
+    add_missing (missing, sizeof missing, item);
+  }
+
+  if (!*missing)
+    return 0;
+  if (swap_mode == SWAP_ON) {
+    nbdkit_error ("swap=on: cannot make this server safe to swap to: %s.  "
+                  "Run it as root or with CAP_SYS_RESOURCE and CAP_IPC_LOCK, "
+                  "or use swap=try to go on without", missing);
+    return -1;
+  }
+  nbdkit_error ("zram: warning: swap=try: going on without: %s", missing);
+  return 0;
+}
+
+int
+swap_mode_lock (void)
+{
+  if (swap_mode == SWAP_OFF) {
+    /* nbdkit --swap locked everything, future mappings in full: keep the
+     * lock, but only on the pages touched.
+     */
+    if (status_field ("VmLck", 10) > 0
+        && mlockall (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == 0)
+      nbdkit_debug ("zram: memory is locked (nbdkit --swap): "
+                    "now locked as it is touched (MCL_ONFAULT)");
+    return 0;
+  }
+  if (mlockall (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == -1) {
+    int err = errno;
+    if (swap_mode == SWAP_ON) {
+      nbdkit_error ("swap=on: mlockall: %s (RLIMIT_MEMLOCK or CAP_IPC_LOCK)",
+                    error_text (err));
+      return -1;
+    }
+    nbdkit_error ("zram: warning: swap=try: going on with memory not "
+                  "locked: mlockall: %s", error_text (err));
+  }
+  return 0;
+}
+
+void
+swap_mode_check_worker (void)
+{
+  if (atomic_load_explicit (&worker_io_flusher, memory_order_relaxed) != -1)
+    return;
+  int flusher = prctl (PR_GET_IO_FLUSHER, 0, 0, 0, 0);
+  int expected = -1;
+  atomic_compare_exchange_strong (&worker_io_flusher, &expected,
+                                  flusher == 1 ? 1 : 0);
+}
+
+void
+swap_mode_print (FILE *fp)
+{
+  int64_t locked_kib = status_field ("VmLck", 10);
+  fprintf (fp, "swap_mode: %s\n", mode_names[swap_mode]);
+  fprintf (fp, "swap_locked_bytes: %" PRId64 "\n",
+           locked_kib < 0 ? 0 : locked_kib * 1024);
+  fprintf (fp, "swap_io_flusher_worker: %d\n", atomic_load (&worker_io_flusher));
+  FILE *oom = fopen ("/proc/self/oom_score_adj", "r");
+  int adjust = 0;
+  if (oom) {
+    if (fscanf (oom, "%d", &adjust) != 1)
+      adjust = 0;
+    fclose (oom);
+  }
+  fprintf (fp, "swap_oom_score_adj: %d\n", adjust);
+}

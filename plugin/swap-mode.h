@@ -1,0 +1,68 @@
+/* Swap mode (swap=on|try): what a server that the kernel swaps to must
+ * do so as not to deadlock the host (man page, "Swap").
+ *
+ * The danger: the kernel, short of memory, swaps pages out to this
+ * device; to store them the server needs memory; if getting it means
+ * reclaiming memory by swapping to this device, nothing moves.  So:
+ *
+ * - PR_SET_IO_FLUSHER (Linux 5.6, CAP_SYS_RESOURCE): the kernel lets the
+ *   process allocate during reclaim without recursing into I/O.  Set in
+ *   .get_ready, before nbdkit starts any thread, so every worker thread,
+ *   the housekeeper and the process nbdkit forks into the background
+ *   inherit it.
+ * - oom_score_adj -1000 (CAP_SYS_RESOURCE): the OOM killer picks the
+ *   programs whose pages the server holds, not the server.  Set in
+ *   .get_ready; a fork inherits it.
+ * - mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT): the server's own
+ *   pages are never swapped out - onto itself - yet only what it touches
+ *   is resident (MCL_FUTURE alone populates every new mapping in full:
+ *   thread stacks, malloc arenas).  In .after_fork: memory locks do not
+ *   survive fork.  The kernel counts every locked mapping in full against
+ *   RLIMIT_MEMLOCK, so it must be unlimited unless the process has
+ *   CAP_IPC_LOCK.
+ * - mem_limit is required: a swap device that grows without bound is how
+ *   a host dies.
+ *
+ * swap=on refuses to start when any of these cannot be had, naming every
+ * one that is missing; swap=try warns and goes on with what it got.
+ *
+ * Without swap=, a server started with nbdkit --swap (mlockall with
+ * MCL_FUTURE but not MCL_ONFAULT) is detected in .after_fork from
+ * /proc/self/status (VmLck) and switched to MCL_ONFAULT, so the threads
+ * and arenas made after it are not populated in full.
+ */
+#ifndef ZRAM_SWAP_MODE_H
+#define ZRAM_SWAP_MODE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+enum swap_mode { SWAP_OFF, SWAP_ON, SWAP_TRY };
+
+/* The swap= parameter: 0, or -1 after nbdkit_error. */
+extern int swap_mode_parse (const char *value);
+extern enum swap_mode swap_mode;
+
+/* In .config_complete: swap=on|try needs mem_limit. */
+extern int swap_mode_check_config (uint64_t mem_limit);
+
+/* In .get_ready: IO flusher, OOM score, and the memory-lock limit.
+ * swap=on: -1 (after nbdkit_error naming what is missing) if any of them
+ * cannot be had; swap=try: warns.
+ */
+extern int swap_mode_prepare (void);
+
+/* In .after_fork: lock memory as it is touched (swap=on|try), or switch
+ * nbdkit --swap's lock to lock-on-fault.
+ */
+extern int swap_mode_lock (void);
+
+/* In each data request: note, once, whether a worker thread runs as an
+ * IO flusher.
+ */
+extern void swap_mode_check_worker (void);
+
+/* The swap_* lines of the stats file. */
+extern void swap_mode_print (FILE *fp);
+
+#endif /* ZRAM_SWAP_MODE_H */
