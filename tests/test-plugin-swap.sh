@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Swap mode.  Refusals: swap=on without mem_limit, without
+# CAP_SYS_RESOURCE, with a finite RLIMIT_MEMLOCK and no CAP_IPC_LOCK, each
+# naming what is missing; a bad swap= value; swap_reserve= without swap.
+# Serving: swap=try (and swap=on where this process has CAP_SYS_RESOURCE)
+# locks memory, reports from a worker thread whether it is an IO flusher,
+# keeps a populated reserve, and gives the memory of trimmed data back
+# (RSS within 16 MiB of idle, outside sanitizer builds); nbdkit --swap
+# without swap= gives it back too.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+requires nbdsh setpriv prlimit
+
+# A capability of this shell's effective set (bit number).
+has_capability ()
+{
+    local effective
+    effective=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
+    (( (16#$effective >> $1) & 1 ))
+}
+CAP_IPC_LOCK=14 CAP_SYS_RESOURCE=24
+
+# expect_refusal PATTERN ARGS...: the server must not start, and its
+# message must match PATTERN.
+expect_refusal ()
+{
+    local pattern="$1"; shift
+    if zram_nbdkit "$PLUGIN" 1M "$@" --run true; then
+        fail "started with $*"
+    fi
+    grep -Eq "$pattern" "$NBDKIT_STDERR" \
+        || fail "with $*: the message does not say '$pattern'"
+}
+
+expect_refusal 'swap=on needs mem_limit' swap=on
+expect_refusal 'swap=try needs mem_limit' swap=try
+expect_refusal "swap: 'always' is not one of on\|try\|off" swap=always mem_limit=1M
+expect_refusal 'swap_reserve: only with swap=on' swap_reserve=2M mem_limit=8M
+expect_refusal 'swap_reserve: .* more than half of mem_limit' \
+    swap=try swap_reserve=8M mem_limit=8M
+
+# Wrappers that zram_nbdkit can run as NBDKIT: the server without a
+# capability, dropped from the bounding set (a root process has only what
+# is in it), and with a small RLIMIT_MEMLOCK.
+printf '#!/bin/sh\nexec setpriv --bounding-set=-sys_resource --inh-caps=-sys_resource "%s" "$@"\n' \
+    "$NBDKIT" > "$tmp/nbdkit-no-resource"
+printf '#!/bin/sh\nexec setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock prlimit --memlock=65536 "%s" "$@"\n' \
+    "$NBDKIT" > "$tmp/nbdkit-low-memlock"
+chmod +x "$tmp/nbdkit-no-resource" "$tmp/nbdkit-low-memlock"
+if ! has_capability 8; then
+    # Not allowed to drop: run the server as it is (a user without
+    # CAP_SETPCAP has neither capability unless given them on purpose).
+    printf '#!/bin/sh\nexec "%s" "$@"\n' "$NBDKIT" > "$tmp/nbdkit-no-resource"
+    printf '#!/bin/sh\nexec prlimit --memlock=65536 "%s" "$@"\n' "$NBDKIT" \
+        > "$tmp/nbdkit-low-memlock"
+    has_capability $CAP_SYS_RESOURCE && fail "CAP_SYS_RESOURCE without CAP_SETPCAP: cannot drop it for the test"
+fi
+real_nbdkit="$NBDKIT"
+NBDKIT="$tmp/nbdkit-no-resource"
+expect_refusal 'swap=on: cannot make .*PR_SET_IO_FLUSHER refused.*CAP_SYS_RESOURCE.*oom_score_adj' \
+    swap=on mem_limit=8M
+NBDKIT="$tmp/nbdkit-low-memlock"
+expect_refusal 'swap=on: cannot make .*RLIMIT_MEMLOCK is 64 KiB and there is no CAP_IPC_LOCK' \
+    swap=on mem_limit=8M
+NBDKIT="$real_nbdkit"
+
+# ---- serving ---------------------------------------------------------
+cat > "$tmp/serve.py" <<'EOF'
+import os, random, sys, time, nbd
+
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
+
+stats_path, mode, uri = sys.argv[1], sys.argv[2], sys.argv[3]
+flusher_expected = int(sys.argv[4])      # -1: not looked at (no swap=)
+locked_expected = sys.argv[5] == "yes"
+check_rss = sys.argv[6] == "yes"
+def stat(name):
+    return next_stat(stats_path, name)
+def stat_text(name):
+    stat("process_rss")                    # a fresh file
+    for line in open(stats_path):
+        key, _, value = line.strip().partition(": ")
+        if key == name:
+            return value
+    raise AssertionError("no %s" % name)
+
+B = 4096
+BLOCKS = 8192                              # 32 MiB
+idle = stat("process_rss")
+h = nbd.NBD(); h.connect_uri(uri)
+r = random.Random(1)
+data = {}
+for i in range(BLOCKS):
+    data[i] = (r.randbytes(1800) * 3)[:B]
+    h.pwrite(data[i], i * B)
+for i in range(0, BLOCKS, 97):
+    assert h.pread(B, i * B) == data[i], "block %d" % i
+full = stat("process_rss")
+assert stat_text("swap_mode") == mode, stat_text("swap_mode")
+flusher = stat("swap_io_flusher_worker")
+assert flusher == flusher_expected, \
+    "worker thread IO flusher %d, expected %d" % (flusher, flusher_expected)
+locked = stat("swap_locked_bytes")
+assert (locked > 0) == locked_expected, "locked bytes %d" % locked
+reserve, misses = stat("reserve_bytes"), stat("reserve_misses")
+if mode != "off":
+    assert reserve > 0, "no swap reserve"
+if mode == "on":
+    assert stat("swap_oom_score_adj") == -1000
+h.trim(BLOCKS * B, 0)
+time.sleep(2.5)
+after = stat("process_rss")
+print("swap=%s: RSS idle %.1f MiB, with 32 MiB stored %.1f MiB, 2.5 s after "
+      "trimming it all %.1f MiB; locked %.0f MiB (mappings); reserve %.0f MiB, "
+      "%d misses; worker IO flusher %d"
+      % (mode, idle / 2**20, full / 2**20, after / 2**20, locked / 2**20,
+         reserve / 2**20, misses, flusher))
+assert full > idle + 8 * 2**20, "the data did not show in RSS"
+if check_rss:
+    assert after <= idle + 16 * 2**20, \
+        "RSS %.1f MiB after the trim, idle %.1f MiB" % (after / 2**20, idle / 2**20)
+h.shutdown()
+EOF
+
+check_rss=no
+[ "$SANITIZERS" = no ] && check_rss=yes
+can_lock=no
+if has_capability $CAP_IPC_LOCK || [ "$(ulimit -l)" = unlimited ]; then
+    can_lock=yes
+fi
+flusher=0
+has_capability $CAP_SYS_RESOURCE && flusher=1
+stats="$tmp/stats"
+zram_nbdkit -U - "$PLUGIN" 64M swap=try mem_limit=64M stats="$stats" \
+    --run "python3 '$tmp/serve.py' '$stats' try \"\$uri\" $flusher $can_lock $check_rss"
+if [ "$flusher" = 0 ]; then
+    grep -q 'swap=try: going on without: PR_SET_IO_FLUSHER refused' "$NBDKIT_STDERR" \
+        || fail "swap=try did not warn about what it went without"
+fi
+if [ "$can_lock" = yes ]; then
+    # Captive: nbdkit --run serves from a process it forks after its
+    # mlockall, which a fork does not inherit.
+    ZRAM_CAPTIVE=1 zram_nbdkit --swap -U - "$PLUGIN" 64M stats="$stats" \
+        --run "python3 '$tmp/serve.py' '$stats' off \"\$uri\" -1 yes $check_rss"
+fi
+if [ "$flusher" = 1 ]; then
+    zram_nbdkit -U - "$PLUGIN" 64M swap=on mem_limit=64M stats="$stats" \
+        --run "python3 '$tmp/serve.py' '$stats' on \"\$uri\" 1 $can_lock $check_rss"
+    echo "ok: swap=on served with CAP_SYS_RESOURCE"
+else
+    echo "note: no CAP_SYS_RESOURCE here: swap=on was shown refusing, not serving"
+fi
+echo "ok: swap mode"
