@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -1674,6 +1676,201 @@ test_memory_returns (void **state)
   free (h);
 }
 
+
+/* ---------------------------------------------------------------------- */
+/* 12. Memory comes back when the process locks its memory (swap mode:    */
+/*     mlockall with MCL_ONFAULT; nbdkit --swap: without), and the runs   */
+/*     it gave back are locked again when reused.                          */
+
+struct locked_result {
+  int status;                   /* 0 ok, 77 could not lock, else failed */
+  uint64_t rss_full, rss_freed, locked_full, locked_freed, locked_reused;
+};
+
+/* A field of /proc/self/status in KiB. */
+static uint64_t
+status_kib (const char *name)
+{
+  FILE *fp = fopen ("/proc/self/status", "r");
+  char line[256];
+  uint64_t value = 0;
+  size_t length = strlen (name);
+  while (fp && fgets (line, sizeof line, fp))
+    if (strncmp (line, name, length) == 0 && line[length] == ':')
+      value = strtoull (line + length + 1, NULL, 10);
+  if (fp)
+    fclose (fp);
+  return value;
+}
+
+/* In a child (the lock must not outlive the case): 8192 one-page objects,
+ * every other one freed, so every chunk stays half used and its freed
+ * runs must be given back one by one; then as many allocated again.
+ */
+static struct locked_result
+locked_child (int lock_flags)
+{
+  struct locked_result result = { .status = 1 };
+  enum { N = 8192 };
+  if (mlockall (lock_flags) == -1) {
+    result.status = 77;
+    return result;
+  }
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_IMMEDIATE);
+  static zs_handle_t h[N];
+  uint8_t buf[PAGE];
+  for (unsigned i = 0; i < N; i++) {
+    h[i] = zs_malloc (pool, PAGE);
+    memset (buf, (int) i, PAGE);
+    if (!h[i] || zs_write (pool, h[i], buf, PAGE) != 0)
+      return result;
+  }
+  result.rss_full = status_kib ("VmRSS");
+  result.locked_full = status_kib ("VmLck");
+  for (unsigned i = 0; i < N; i += 2)
+    zs_free (pool, h[i]);
+  zs_pool_flush (pool);
+  result.rss_freed = status_kib ("VmRSS");
+  result.locked_freed = status_kib ("VmLck");
+  for (unsigned i = 0; i < N; i += 2) {
+    h[i] = zs_malloc (pool, PAGE);
+    memset (buf, (int) i, PAGE);
+    if (!h[i] || zs_write (pool, h[i], buf, PAGE) != 0)
+      return result;
+  }
+  result.locked_reused = status_kib ("VmLck");
+  for (unsigned i = 0; i < N; i++) {
+    const uint8_t *p = zs_read_begin (pool, h[i], NULL);
+    bool intact = p[0] == (uint8_t) i && p[PAGE - 1] == (uint8_t) i;
+    zs_read_end (pool, h[i], p);
+    if (!intact)
+      return result;
+  }
+  zs_pool_destroy (pool);
+  result.status = 0;
+  return result;
+}
+
+static void
+test_memory_returns_when_locked (void **state)
+{
+  (void) state;
+  static const struct { int flags; const char *name; } modes[] = {
+    { MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT, "swap=on (MCL_ONFAULT)" },
+    { MCL_CURRENT | MCL_FUTURE, "nbdkit --swap (MCL_FUTURE)" },
+  };
+  for (unsigned m = 0; m < 2; m++) {
+    int pipe_fds[2];
+    assert_int_equal (pipe (pipe_fds), 0);
+    pid_t pid = fork ();
+    assert_true (pid != -1);
+    if (pid == 0) {
+      struct locked_result result = locked_child (modes[m].flags);
+      ssize_t written = write (pipe_fds[1], &result, sizeof result);
+      _exit (written == sizeof result ? 0 : 1);
+    }
+    close (pipe_fds[1]);
+    struct locked_result result;
+    assert_int_equal (read (pipe_fds[0], &result, sizeof result), sizeof result);
+    close (pipe_fds[0]);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    if (result.status == 77) {
+      print_message ("%s: mlockall refused here (no CAP_IPC_LOCK, small "
+                     "RLIMIT_MEMLOCK): not run\n", modes[m].name);
+      continue;
+    }
+    print_message ("%s: RSS %" PRIu64 " KiB full, %" PRIu64 " KiB after "
+                   "freeing half; locked %" PRIu64 " -> %" PRIu64 " -> %"
+                   PRIu64 " KiB (reused)\n", modes[m].name, result.rss_full,
+                   result.rss_freed, result.locked_full, result.locked_freed,
+                   result.locked_reused);
+    assert_int_equal (result.status, 0);
+    /* 16 MiB were freed: at least 12 of them must leave the RSS. */
+    assert_true (result.rss_freed + 12 * 1024 <= result.rss_full);
+    /* Given back means unlocked, and locked again when reused. */
+    assert_true (result.locked_freed + 12 * 1024 <= result.locked_full);
+    assert_true (result.locked_reused >= result.locked_freed + 12 * 1024);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* 13. The reserve: populated chunks counted in the limit, taken by new    */
+/*     zspages before the OS is asked, and never costing the data room.   */
+
+static unsigned
+fill_until_refused (struct zs_pool *pool, zs_handle_t *h, unsigned max)
+{
+  unsigned n = 0;
+  while (n < max && (h[n] = zs_malloc (pool, PAGE)) != 0)
+    n++;
+  assert_true (n < max);
+  assert_int_equal (errno, ENOSPC);
+  return n;
+}
+
+static void
+test_reserve (void **state)
+{
+  (void) state;
+  enum { LIMIT = 16 << 20, RESERVE = 4 << 20, MAX = 8192 };
+  zs_handle_t *h = calloc (MAX, sizeof *h);
+  assert_non_null (h);
+
+  struct zs_pool_config config;
+  zs_pool_config_init (&config);
+  config.mem_limit = LIMIT;
+  config.free_mode = ZS_FREE_IMMEDIATE;
+  struct zs_pool *plain = zs_pool_create (&config);
+  unsigned plain_count = fill_until_refused (plain, h, MAX);
+  zs_pool_destroy (plain);
+
+  config.reserve_bytes = RESERVE;
+  struct zs_pool *pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  assert_true (zs_pool_reserve_low (pool));
+  assert_int_equal (zs_pool_reserve_refill (pool), RESERVE);
+  assert_false (zs_pool_reserve_low (pool));
+  struct zs_pool_stats st;
+  get_stats (pool, &st);
+  assert_int_equal (st.reserve_bytes, RESERVE);
+  assert_int_equal (st.reserve_refills, RESERVE);
+  assert_true (st.limit_used >= RESERVE);
+
+  /* The first chunks come from the reserve: no miss. */
+  for (unsigned i = 0; i < 256; i++)
+    assert_true ((h[i] = zs_malloc (pool, PAGE)) != 0);
+  get_stats (pool, &st);
+  assert_int_equal (st.reserve_misses, 0);
+  assert_true (st.reserve_bytes < RESERVE);
+  for (unsigned i = 0; i < 256; i++)
+    zs_free (pool, h[i]);
+
+  /* Full: as many objects as without a reserve, which was given up. */
+  assert_int_equal (zs_pool_reserve_refill (pool) % (2 << 20), 0);
+  unsigned count = fill_until_refused (pool, h, MAX);
+  get_stats (pool, &st);
+  print_message ("reserve: %u objects fit with it, %u without; %" PRIu64
+                 " misses, %" PRIu64 " bytes left in it\n", count, plain_count,
+                 st.reserve_misses, st.reserve_bytes);
+  assert_int_equal (count, plain_count);
+  assert_int_equal (st.reserve_bytes, 0);
+  assert_true (st.reserve_misses > 0);
+  assert_true (st.limit_used <= LIMIT);
+  /* At the limit nothing can be added to it. */
+  assert_int_equal (zs_pool_reserve_refill (pool), 0);
+
+  for (unsigned i = 0; i < count; i++)
+    zs_free (pool, h[i]);
+  assert_int_equal (zs_pool_reserve_refill (pool), RESERVE);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  assert_true (st.limit_used >= RESERVE && st.limit_used < RESERVE + PAGE * 8);
+  zs_pool_destroy (pool);
+  free (h);
+}
+
 /* ---------------------------------------------------------------------- */
 
 int
@@ -1698,6 +1895,8 @@ main (void)
     cmocka_unit_test (test_bad_input),
     cmocka_unit_test (test_names_and_print),
     cmocka_unit_test (test_memory_returns),
+    cmocka_unit_test (test_memory_returns_when_locked),
+    cmocka_unit_test (test_reserve),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);
