@@ -1728,6 +1728,10 @@ locked_child (int lock_flags)
   }
   result.rss_full = status_kib ("VmRSS");
   result.locked_full = status_kib ("VmLck");
+  if (result.locked_full == 0) {
+    result.status = 77;         /* AddressSanitizer ignores mlockall */
+    return result;
+  }
   for (unsigned i = 0; i < N; i += 2)
     zs_free (pool, h[i]);
   zs_pool_flush (pool);
@@ -1756,9 +1760,12 @@ static void
 test_memory_returns_when_locked (void **state)
 {
   (void) state;
+  /* Only future mappings (the pool's chunks): MCL_CURRENT without
+   * MCL_ONFAULT would populate a sanitizer's terabytes of shadow.
+   */
   static const struct { int flags; const char *name; } modes[] = {
-    { MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT, "swap=on (MCL_ONFAULT)" },
-    { MCL_CURRENT | MCL_FUTURE, "nbdkit --swap (MCL_FUTURE)" },
+    { MCL_FUTURE | MCL_ONFAULT, "swap=on (MCL_ONFAULT)" },
+    { MCL_FUTURE, "nbdkit --swap (MCL_FUTURE)" },
   };
   for (unsigned m = 0; m < 2; m++) {
     int pipe_fds[2];
@@ -1777,8 +1784,9 @@ test_memory_returns_when_locked (void **state)
     int status;
     assert_int_equal (waitpid (pid, &status, 0), pid);
     if (result.status == 77) {
-      print_message ("%s: mlockall refused here (no CAP_IPC_LOCK, small "
-                     "RLIMIT_MEMLOCK): not run\n", modes[m].name);
+      print_message ("%s: not run: mlockall refused (no CAP_IPC_LOCK, small "
+                     "RLIMIT_MEMLOCK) or ignored (AddressSanitizer)\n",
+                     modes[m].name);
       continue;
     }
     print_message ("%s: RSS %" PRIu64 " KiB full, %" PRIu64 " KiB after "

@@ -40,30 +40,38 @@ expect_refusal 'swap_reserve: only with swap=on' swap_reserve=2M mem_limit=8M
 expect_refusal 'swap_reserve: .* more than half of mem_limit' \
     swap=try swap_reserve=8M mem_limit=8M
 
-# Wrappers that zram_nbdkit can run as NBDKIT: the server without a
-# capability, dropped from the bounding set (a root process has only what
-# is in it), and with a small RLIMIT_MEMLOCK.
-printf '#!/bin/sh\nexec setpriv --bounding-set=-sys_resource --inh-caps=-sys_resource "%s" "$@"\n' \
-    "$NBDKIT" > "$tmp/nbdkit-no-resource"
-printf '#!/bin/sh\nexec setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock prlimit --memlock=65536 "%s" "$@"\n' \
-    "$NBDKIT" > "$tmp/nbdkit-low-memlock"
-chmod +x "$tmp/nbdkit-no-resource" "$tmp/nbdkit-low-memlock"
-if ! has_capability 8; then
-    # Not allowed to drop: run the server as it is (a user without
-    # CAP_SETPCAP has neither capability unless given them on purpose).
-    printf '#!/bin/sh\nexec "%s" "$@"\n' "$NBDKIT" > "$tmp/nbdkit-no-resource"
-    printf '#!/bin/sh\nexec prlimit --memlock=65536 "%s" "$@"\n' "$NBDKIT" \
-        > "$tmp/nbdkit-low-memlock"
-    has_capability $CAP_SYS_RESOURCE && fail "CAP_SYS_RESOURCE without CAP_SETPCAP: cannot drop it for the test"
+# The server without a capability, dropped from the bounding set (a root
+# process has only what is in it), or with a small RLIMIT_MEMLOCK: the
+# command before "--" runs the server, in the sanitizer environment.
+expect_refusal_under ()
+{
+    local pattern="$1" prefix=()
+    shift
+    while [ "$1" != -- ]; do prefix+=("$1"); shift; done
+    shift
+    local err="$tmp/refusal.err"
+    if env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "${prefix[@]}" \
+           "$NBDKIT" "$PLUGIN" 1M "$@" --run true 2>"$err"; then
+        fail "started with $* under ${prefix[*]}"
+    fi
+    cat "$err" >&2
+    ! grep -Eq "$SANITIZER_PATTERN" "$err" || fail "sanitizer report"
+    grep -Eq "$pattern" "$err" \
+        || fail "with $* under ${prefix[*]}: the message does not say '$pattern'"
+}
+if has_capability 8; then              # CAP_SETPCAP: may drop capabilities
+    no_resource=(setpriv --bounding-set=-sys_resource --inh-caps=-sys_resource)
+    no_ipc_lock=(setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock)
+else
+    # Then this user has neither capability unless given them on purpose.
+    has_capability $CAP_SYS_RESOURCE \
+        && fail "CAP_SYS_RESOURCE without CAP_SETPCAP: cannot drop it for the test"
+    no_resource=(env) no_ipc_lock=(env)
 fi
-real_nbdkit="$NBDKIT"
-NBDKIT="$tmp/nbdkit-no-resource"
-expect_refusal 'swap=on: cannot make .*PR_SET_IO_FLUSHER refused.*CAP_SYS_RESOURCE.*oom_score_adj' \
-    swap=on mem_limit=8M
-NBDKIT="$tmp/nbdkit-low-memlock"
-expect_refusal 'swap=on: cannot make .*RLIMIT_MEMLOCK is 64 KiB and there is no CAP_IPC_LOCK' \
-    swap=on mem_limit=8M
-NBDKIT="$real_nbdkit"
+expect_refusal_under 'swap=on: cannot make .*PR_SET_IO_FLUSHER refused.*CAP_SYS_RESOURCE.*oom_score_adj' \
+    "${no_resource[@]}" -- swap=on mem_limit=8M
+expect_refusal_under 'swap=on: cannot make .*RLIMIT_MEMLOCK is 64 KiB and there is no CAP_IPC_LOCK' \
+    "${no_ipc_lock[@]}" prlimit --memlock=65536 -- swap=on mem_limit=8M
 
 # ---- serving ---------------------------------------------------------
 cat > "$tmp/serve.py" <<'EOF'
@@ -126,8 +134,10 @@ EOF
 
 check_rss=no
 [ "$SANITIZERS" = no ] && check_rss=yes
+# The sanitizer runtimes make mlockall a no-op.
 can_lock=no
-if has_capability $CAP_IPC_LOCK || [ "$(ulimit -l)" = unlimited ]; then
+if [ "$SANITIZERS" = no ] \
+       && { has_capability $CAP_IPC_LOCK || [ "$(ulimit -l)" = unlimited ]; }; then
     can_lock=yes
 fi
 flusher=0
