@@ -201,6 +201,13 @@ zs_pool_reserve_refill (struct zs_pool *pool)
   return added;
 }
 
+void
+zs_pool_reserve_release (struct zs_pool *pool)
+{
+  while (reserve_give_up_one (pool))
+    ;
+}
+
 bool
 zs_pool_reserve_low (struct zs_pool *pool)
 {

@@ -180,6 +180,10 @@ extern uint64_t zs_compact (struct zs_pool *pool);
 extern uint64_t zs_pool_reserve_refill (struct zs_pool *pool);
 /* True when the reserve holds less than half its target. */
 extern bool zs_pool_reserve_low (struct zs_pool *pool);
+/* Give the whole reserve back to the operating system (a pool that holds
+ * nothing needs none until it is written to again).
+ */
+extern void zs_pool_reserve_release (struct zs_pool *pool);
 
 /* Count bytes the caller holds for what it stores (its own metadata)
  * against the pool's memory limit: 0, or -1 with errno ENOSPC (after

@@ -719,6 +719,17 @@ store_reserve_refill (struct block_store *store)
 }
 
 bool
+store_reserve_release_if_empty (struct block_store *store)
+{
+  struct zs_pool_stats pool;
+  zs_pool_stats (store->pool, &pool);
+  if (pool.pages_used > 0 || pool.reserve_bytes == 0)
+    return false;
+  zs_pool_reserve_release (store->pool);
+  return true;
+}
+
+bool
 store_reserve_low (struct block_store *store)
 {
   return zs_pool_reserve_low (store->pool);

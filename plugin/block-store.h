@@ -138,6 +138,8 @@ extern uint64_t store_freeable (struct block_store *store, uint64_t *pages_used)
  */
 extern uint64_t store_reserve_refill (struct block_store *store);
 extern bool store_reserve_low (struct block_store *store);
+/* Give the reserve back if the store holds no object: true if it did. */
+extern bool store_reserve_release_if_empty (struct block_store *store);
 
 /* Compact the allocator's pool (zs_compact): returns pages freed. */
 extern uint64_t store_compact (struct block_store *store);

@@ -21,6 +21,10 @@ static bool stopping;
  * by the thread before it refills, so a burst of requests wakes it once.
  */
 static atomic_bool refill_requested;
+/* The reserve is kept from the first wake on, so that an idle server that
+ * was never written to holds no reserve.
+ */
+static atomic_bool reserve_active;
 static bool running;
 static pthread_t thread;
 static struct block_store *store;
@@ -52,7 +56,15 @@ housekeeping_round (void)
   store_flush (store);          /* first: pending frees are waste too */
   if (compact_threshold >= 0)
     compact_if_wasteful ();
-  store_reserve_refill (store); /* swap mode's reserve, if it has one */
+  /* Swap mode's reserve: kept while the store holds data, given back
+   * when it holds none (the next write takes it up again).
+   */
+  if (atomic_load (&reserve_active)) {
+    if (store_reserve_release_if_empty (store))
+      atomic_store (&reserve_active, false);
+    else
+      store_reserve_refill (store);
+  }
   if (stats_path)
     stats_file_write (store, stats_path);
 }
@@ -78,6 +90,7 @@ housekeeper_main (void *arg)
        * that comes during a round is not lost.
        */
       if (atomic_exchange (&refill_requested, false)) {
+        atomic_store (&reserve_active, true);
         pthread_mutex_unlock (&lock);
         store_reserve_refill (store);
         pthread_mutex_lock (&lock);

@@ -22,7 +22,9 @@
  */
 extern int housekeeper_start (struct block_store *store, const char *stats_path,
                               int compact_threshold);
-/* Wake the thread now (the swap reserve is low). */
+/* Wake the thread now: the swap reserve is low (the first wake starts
+ * keeping it).
+ */
 extern void housekeeper_wake (void);
 /* Stop the thread, then flush and write the stats file one last time. */
 extern void housekeeper_stop (void);

@@ -32,7 +32,7 @@
 #define ZRAM_COMPACT_THRESHOLD_DEFAULT 2
 
 /* The swap reserve by default: this, but at most an eighth of mem_limit. */
-#define ZRAM_SWAP_RESERVE_DEFAULT ((uint64_t) 16 << 20)
+#define ZRAM_SWAP_RESERVE_DEFAULT ((uint64_t) 8 << 20)
 
 static struct store_config config;
 static bool size_given, level_given, reserve_given;
@@ -239,7 +239,7 @@ zram_config_complete (void)
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
   "                          OOM-proof; needs mem_limit (default off).\n" \
   "swap_reserve=SIZE         Swap mode: populated pages kept ready (default\n" \
-  "                          16M, at most mem_limit/8).\n" \
+  "                          8M, at most mem_limit/8).\n" \
   "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
   "lock=class|pool           Tuning: allocator locking (default class).\n" \
   "free=batched|immediate    Tuning: allocator free mode (default batched)."

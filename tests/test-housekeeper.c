@@ -68,6 +68,12 @@ store_reserve_refill (struct block_store *store)
 }
 
 bool
+store_reserve_release_if_empty (struct block_store *store)
+{
+  return false;
+}
+
+bool
 store_reserve_low (struct block_store *store)
 {
   return false;

@@ -120,6 +120,8 @@ if mode == "on":
 h.trim(BLOCKS * B, 0)
 time.sleep(2.5)
 after = stat("process_rss")
+# Nothing stored: the reserve went back too.
+assert stat("reserve_bytes") == 0, "reserve kept with nothing stored"
 print("swap=%s: RSS idle %.1f MiB, with 32 MiB stored %.1f MiB, 2.5 s after "
       "trimming it all %.1f MiB; locked %.0f MiB (mappings); reserve %.0f MiB, "
       "%d misses; worker IO flusher %d"
