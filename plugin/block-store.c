@@ -29,6 +29,8 @@ struct block_store {
   _Atomic uint64_t reads;
   _Atomic uint64_t writes;
   _Atomic uint64_t compact_ns;    /* time spent in store_compact */
+  uint64_t created_ns;            /* monotonic: block access times count
+                                     from here */
 };
 
 /* What an entry holds, detached from the table. */
@@ -36,6 +38,8 @@ struct block_content {
   enum block_kind kind;
   uint64_t value;
   uint32_t zeroed;                /* see struct block_entry */
+  unsigned flags;                 /* BLOCK_FLAG_* */
+  uint32_t atime;                 /* last access, store_clock */
 };
 
 static inline uint32_t
@@ -59,6 +63,22 @@ counter_add (_Atomic uint64_t *counter, int64_t delta)
   atomic_fetch_add_explicit (counter, (uint64_t) delta, memory_order_relaxed);
 }
 
+static uint64_t
+monotonic_ns (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* Seconds since the store was created, as block entries keep them. */
+static uint32_t
+store_clock (const struct block_store *store)
+{
+  uint64_t seconds = (monotonic_ns () - store->created_ns) / 1000000000;
+  return seconds < BLOCK_ATIME_MAX ? seconds : BLOCK_ATIME_MAX;
+}
+
 static inline pthread_mutex_t *
 stripe_for (struct block_store *store, uint64_t block)
 {
@@ -77,6 +97,7 @@ store_create (const struct store_config *config)
     return NULL;
   store->size = config->size;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
+  store->created_ns = monotonic_ns ();
   store->pool = zs_pool_create (&config->pool);
   if (!store->pool)
     goto fail;
@@ -280,11 +301,31 @@ entry_load (const struct block_entry *entry)
 {
   struct block_content content = { .kind = BLOCK_EMPTY };
   if (entry) {
-    content.kind = atomic_load_explicit (&entry->kind, memory_order_relaxed);
+    uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+    content.kind = block_state_kind (state);
+    content.flags = block_state_flags (state);
+    content.atime = block_state_atime (state);
     content.value = atomic_load_explicit (&entry->value, memory_order_relaxed);
     content.zeroed = atomic_load_explicit (&entry->zeroed, memory_order_relaxed);
   }
   return content;
+}
+
+/* A read accessed the entry (stripe lock held): the idle flag goes and
+ * the access time is now, stored only when either changes (at most once
+ * a second per block).
+ */
+static void
+entry_touch (struct block_store *store, struct block_entry *entry,
+             const struct block_content *content)
+{
+  uint32_t now = store_clock (store);
+  if (content->atime != now || (content->flags & BLOCK_FLAG_IDLE))
+    atomic_store_explicit (&entry->state,
+                           block_state_make (content->kind,
+                                             content->flags & ~BLOCK_FLAG_IDLE,
+                                             now),
+                           memory_order_relaxed);
 }
 
 /* Store new content into an entry of leaf, whose old content was old,
@@ -297,7 +338,10 @@ entry_store (struct block_store *store, struct block_leaf *leaf,
              const struct block_content *content)
 {
   atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
-  atomic_store_explicit (&entry->kind, content->kind, memory_order_relaxed);
+  /* A write is an access: the flags go, the access time is now. */
+  atomic_store_explicit (&entry->state,
+                         block_state_make (content->kind, 0, store_clock (store)),
+                         memory_order_relaxed);
   atomic_store_explicit (&entry->zeroed, content->zeroed, memory_order_relaxed);
   if (old->kind != BLOCK_EMPTY && content->kind == BLOCK_EMPTY)
     block_leaf_release (&store->table, leaf);
@@ -425,6 +469,8 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out)
                                                   &leaf);
   struct block_content content = entry_load (entry);
   r = block_decode (store, &content, out);
+  if (content.kind != BLOCK_EMPTY)
+    entry_touch (store, entry, &content);
   pthread_mutex_unlock (stripe_for (store, block));
   return r;
 }
@@ -669,6 +715,132 @@ store_extents (struct block_store *store, uint64_t count, uint64_t offset,
   return r;
 }
 
+/* Call visit for every stored block in [first, first + count), in order,
+ * inside a table walk (no stripe lock: the leaves stay alive), until it
+ * returns false.  keep_going is asked once per leaf.
+ */
+static void
+stored_blocks_walk (struct block_store *store, uint64_t first, uint64_t count,
+                    bool (*visit) (void *opaque, uint64_t block,
+                                   struct block_entry *entry),
+                    bool (*keep_going) (void *opaque), void *opaque)
+{
+  uint64_t end = count < store->blocks - first ? first + count : store->blocks;
+  uint64_t block = first;
+
+  block_table_walk_begin (&store->table);
+  while (block < end) {
+    uint64_t leaf_block = block;
+    struct block_entry *leaf = block_table_next_leaf (&store->table, &leaf_block);
+    if (!leaf || leaf_block >= end || (keep_going && !keep_going (opaque)))
+      break;
+    if (leaf_block > block)
+      block = leaf_block;
+    for (; block < leaf_block + BLOCK_TABLE_FANOUT && block < end; block++) {
+      struct block_entry *entry = &leaf[block - leaf_block];
+      uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+      if (block_state_kind (state) != BLOCK_EMPTY
+          && !visit (opaque, block, entry))
+        goto done;
+    }
+  }
+ done:
+  block_table_walk_end (&store->table);
+}
+
+struct idle_marking {
+  uint32_t now, min_age;
+  uint64_t marked;
+  bool (*keep_going) (void *opaque);
+  void *opaque;
+};
+
+static bool
+idle_mark_one (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct idle_marking *marking = opaque;
+  uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+  /* A write that replaces the state meanwhile wins: it is an access. */
+  while (block_state_kind (state) != BLOCK_EMPTY
+         && !(state & BLOCK_FLAG_IDLE)
+         && marking->now - block_state_atime (state) >= marking->min_age) {
+    if (atomic_compare_exchange_weak (&entry->state, &state,
+                                      state | BLOCK_FLAG_IDLE)) {
+      marking->marked++;
+      break;
+    }
+  }
+  return true;
+}
+
+static bool
+idle_keep_going (void *opaque)
+{
+  struct idle_marking *marking = opaque;
+  return !marking->keep_going || marking->keep_going (marking->opaque);
+}
+
+uint64_t
+store_mark_idle (struct block_store *store, uint32_t min_age,
+                 bool (*keep_going) (void *opaque), void *opaque)
+{
+  struct idle_marking marking = {
+    .now = store_clock (store), .min_age = min_age,
+    .keep_going = keep_going, .opaque = opaque,
+  };
+  stored_blocks_walk (store, 0, store->blocks, idle_mark_one, idle_keep_going,
+                      &marking);
+  return marking.marked;
+}
+
+struct state_listing {
+  struct block_store *store;
+  store_block_state_fn emit;
+  void *opaque;
+};
+
+static bool
+block_state_one (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct state_listing *listing = opaque;
+  uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+  if (block_state_kind (state) == BLOCK_EMPTY)
+    return true;
+  struct store_block_state info = {
+    .block = block,
+    .atime = block_state_atime (state),
+    .same = block_state_kind (state) == BLOCK_SAME,
+    .huge = block_state_kind (state) == BLOCK_RAW,
+    .idle = (state & BLOCK_FLAG_IDLE) != 0,
+  };
+  return listing->emit (listing->opaque, &info) == 0;
+}
+
+static bool
+listing_keep_going (void *opaque)
+{
+  (void) opaque;
+  return true;
+}
+
+int
+store_block_state (struct block_store *store, uint64_t first, uint64_t count,
+                   store_block_state_fn emit, void *opaque)
+{
+  struct state_listing listing = { store, emit, opaque };
+  if (first >= store->blocks)
+    return 0;
+  stored_blocks_walk (store, first, count, block_state_one, listing_keep_going,
+                      &listing);
+  return 0;
+}
+
+uint32_t
+store_now (const struct block_store *store)
+{
+  return store_clock (store);
+}
+
 /* The table's reclaim grace period: take and drop every stripe lock. */
 static void
 stripes_sweep (void *opaque)
@@ -681,13 +853,6 @@ stripes_sweep (void *opaque)
   }
 }
 
-static uint64_t
-monotonic_ns (void)
-{
-  struct timespec now;
-  clock_gettime (CLOCK_MONOTONIC, &now);
-  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
-}
 
 uint64_t
 store_freeable (struct block_store *store, uint64_t *pages_used)

@@ -133,6 +133,33 @@ extern void store_flush (struct block_store *store);
  */
 extern uint64_t store_freeable (struct block_store *store, uint64_t *pages_used);
 
+/* Idle tracking (zram's idle marking).  Each stored block keeps the time
+ * of its last read or write, in seconds since the store was created
+ * (store_now), and an idle flag that an access clears.  store_mark_idle
+ * sets the flag on every stored block not accessed for min_age seconds
+ * (0: all of them) and returns how many it marked; keep_going, if not
+ * NULL, is asked between pieces of the walk and stops it by returning
+ * false.
+ */
+extern uint32_t store_now (const struct block_store *store);
+extern uint64_t store_mark_idle (struct block_store *store, uint32_t min_age,
+                                 bool (*keep_going) (void *opaque),
+                                 void *opaque);
+
+/* zram's debugfs block_state: every stored block in [first, first+count),
+ * in order, until emit returns -1.
+ */
+struct store_block_state {
+  uint64_t block;
+  uint32_t atime;                 /* seconds, as store_now */
+  bool same, huge, idle;          /* zram's s, h and i flags */
+};
+typedef int (*store_block_state_fn) (void *opaque,
+                                     const struct store_block_state *state);
+extern int store_block_state (struct block_store *store, uint64_t first,
+                              uint64_t count, store_block_state_fn emit,
+                              void *opaque);
+
 /* The allocator's reserve of populated pages (zs_pool_reserve_refill):
  * top it up; is it below half?
  */

@@ -53,9 +53,22 @@ enum block_kind {
                               block rewritten in place (block-store.c) */
 };
 
+/* Flags of a block (zram's block_state letters in brackets). */
+#define BLOCK_FLAG_IDLE 0x10u   /* [i] not accessed since marked idle */
+#define BLOCK_FLAG_MASK 0xf0u
+#define BLOCK_KIND_MASK 0x0fu
+#define BLOCK_ATIME_SHIFT 8
+#define BLOCK_ATIME_MAX 0xffffffu /* seconds: 194 days, then it saturates */
+
 struct block_entry {
   _Atomic uint64_t value;
-  _Atomic uint32_t kind;      /* enum block_kind */
+  /* kind (bits 0..3, enum block_kind), flags (bits 4..7, BLOCK_FLAG_*),
+   * last access (bits 8..31, seconds since the store was created).
+   * Written under the stripe lock, except that the idle marker sets
+   * BLOCK_FLAG_IDLE with a compare-and-swap during a walk (a write that
+   * races with it wins: it is an access).
+   */
+  _Atomic uint32_t state;
   /* A range of a block that holds data (an object or a fill word) which
    * reads as zeros whatever the data says: first << 16 | end, 0 for none.
    * How a partial zero is stored when the block's new encoding needs
@@ -64,6 +77,27 @@ struct block_entry {
    */
   _Atomic uint32_t zeroed;
 };
+
+static inline uint32_t
+block_state_make (unsigned kind, unsigned flags, uint32_t atime)
+{
+  return kind | flags | atime << BLOCK_ATIME_SHIFT;
+}
+static inline unsigned
+block_state_kind (uint32_t state)
+{
+  return state & BLOCK_KIND_MASK;
+}
+static inline unsigned
+block_state_flags (uint32_t state)
+{
+  return state & BLOCK_FLAG_MASK;
+}
+static inline uint32_t
+block_state_atime (uint32_t state)
+{
+  return state >> BLOCK_ATIME_SHIFT;
+}
 
 struct block_leaf;
 
