@@ -8,6 +8,31 @@
 #include "dlist.h"
 #include "page-source.h"
 
+#ifndef MADV_DONTNEED_LOCKED
+#define MADV_DONTNEED_LOCKED 24 /* Linux 5.18 */
+#endif
+
+/* Give a range of freed pages back to the system: false if they stay.
+ * Locked pages (mlockall) refuse MADV_DONTNEED: MADV_DONTNEED_LOCKED
+ * (Linux 5.18) drops them and keeps the mapping whole; before it, they
+ * are unlocked first (*unlocked: lock them again when reused), which
+ * splits the mapping.
+ */
+static bool
+range_give_back (unsigned char *start, size_t length, bool *unlocked)
+{
+  if (madvise (start, length, MADV_DONTNEED) == 0)
+    return true;
+  if (errno != EINVAL)
+    return false;
+  if (madvise (start, length, MADV_DONTNEED_LOCKED) == 0)
+    return true;
+  if (munlock (start, length) == -1)
+    return false;
+  *unlocked = true;
+  return madvise (start, length, MADV_DONTNEED) == 0;
+}
+
 void
 page_source_init (struct page_source *source)
 {
@@ -16,6 +41,7 @@ page_source_init (struct page_source *source)
   source->reserve = NULL;
   atomic_init (&source->reserve_chunks, 0);
   atomic_init (&source->reserve_misses, 0);
+  atomic_init (&source->reserve_spare_pages, 0);
   source->reserve_target = 0;
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
     pthread_mutex_init (&source->lists[len].lock, NULL);
@@ -27,11 +53,41 @@ page_source_init (struct page_source *source)
   }
 }
 
-static void
-chunk_unmap (struct page_chunk *chunk)
+/* The never-used runs of a reserve chunk: populated, not counted as
+ * pages of zspages.  The run list's lock is held.
+ */
+static uint64_t
+chunk_spare_pages (const struct page_chunk *chunk)
 {
+  return chunk->from_reserve
+    ? (uint64_t) (chunk->runs - chunk->never_used) * chunk->run_pages : 0;
+}
+
+/* Unmap a chunk, whose list lock is not held (it is off every list). */
+static void
+chunk_unmap (struct page_source *source, struct page_chunk *chunk)
+{
+  atomic_fetch_sub (&source->reserve_spare_pages, chunk_spare_pages (chunk));
   munmap (chunk->base, PAGE_CHUNK_BYTES);
   free (chunk);
+}
+
+/* The newest reserve chunk, or NULL.  spare_pages of it stay populated
+ * and unused (0 when it is dropped): they are counted as spare before the
+ * chunk leaves the stack, so page_source_reserve_pages never reads low.
+ */
+static void *
+reserve_take (struct page_source *source, uint64_t spare_pages)
+{
+  pthread_mutex_lock (&source->reserve_lock);
+  struct reserve_chunk *chunk = source->reserve;
+  if (chunk) {
+    source->reserve = chunk->next;
+    atomic_fetch_add (&source->reserve_spare_pages, spare_pages);
+    atomic_fetch_sub (&source->reserve_chunks, 1);
+  }
+  pthread_mutex_unlock (&source->reserve_lock);
+  return chunk;
 }
 
 void
@@ -42,13 +98,15 @@ page_source_destroy (struct page_source *source)
     while (list->all) {
       struct page_chunk *chunk = list->all;
       list->all = chunk->all_next;
-      chunk_unmap (chunk);
+      chunk_unmap (source, chunk);
     }
     list->partial = NULL;
     pthread_mutex_destroy (&list->lock);
   }
-  while (page_source_reserve_drop (source))
-    ;
+  /* The reserve's chunks (the spare runs went with their chunks). */
+  void *base;
+  while ((base = reserve_take (source, 0)))
+    munmap (base, PAGE_CHUNK_BYTES);
   pthread_mutex_destroy (&source->reserve_lock);
 }
 
@@ -87,28 +145,51 @@ page_source_reserve_add (struct page_source *source)
   return 0;
 }
 
-/* The newest reserve chunk, or NULL. */
-static void *
-reserve_take (struct page_source *source)
+uint64_t
+page_source_reserve_pages (struct page_source *source)
 {
-  pthread_mutex_lock (&source->reserve_lock);
-  struct reserve_chunk *chunk = source->reserve;
-  if (chunk) {
-    source->reserve = chunk->next;
-    atomic_fetch_sub (&source->reserve_chunks, 1);
+  return atomic_load (&source->reserve_chunks) * PAGE_CHUNK_PAGES
+    + atomic_load (&source->reserve_spare_pages);
+}
+
+/* Give back the never-used runs of one reserve chunk: false if no chunk
+ * has any.  The list lock is held across the madvise, so none of those
+ * runs can be handed out meanwhile.
+ */
+static bool
+reserve_spare_drop (struct page_source *source)
+{
+  for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
+    struct page_run_list *list = &source->lists[len];
+    pthread_mutex_lock (&list->lock);
+    for (struct page_chunk *chunk = list->all; chunk; chunk = chunk->all_next) {
+      uint64_t spare = chunk_spare_pages (chunk);
+      if (spare == 0)
+        continue;
+      size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
+      bool unlocked = false;
+      range_give_back (chunk->base + chunk->never_used * run_bytes,
+                       spare * ZS_PAGE_SIZE, &unlocked);
+      chunk->locked |= unlocked;
+      chunk->from_reserve = false;
+      atomic_fetch_sub (&source->reserve_spare_pages, spare);
+      pthread_mutex_unlock (&list->lock);
+      return true;
+    }
+    pthread_mutex_unlock (&list->lock);
   }
-  pthread_mutex_unlock (&source->reserve_lock);
-  return chunk;
+  return false;
 }
 
 bool
 page_source_reserve_drop (struct page_source *source)
 {
-  void *base = reserve_take (source);
-  if (!base)
-    return false;
-  munmap (base, PAGE_CHUNK_BYTES);
-  return true;
+  void *base = reserve_take (source, 0);
+  if (base) {
+    munmap (base, PAGE_CHUNK_BYTES);
+    return true;
+  }
+  return reserve_spare_drop (source);
 }
 
 /* A new chunk: from the reserve when it has one. */
@@ -119,8 +200,16 @@ chunk_map (struct page_source *source, unsigned run_pages)
   struct page_chunk *chunk = malloc (sizeof *chunk + runs * sizeof (uint16_t));
   if (!chunk)
     return NULL;
-  void *base = reserve_take (source);
-  if (!base) {
+  void *base = reserve_take (source, (uint64_t) runs * run_pages);
+  chunk->from_reserve = base != NULL;
+  if (base) {
+    /* The tail no run covers is never used: give it back now. */
+    size_t used = (size_t) runs * run_pages * ZS_PAGE_SIZE;
+    if (used < PAGE_CHUNK_BYTES)
+      madvise ((unsigned char *) base + used, PAGE_CHUNK_BYTES - used,
+               MADV_DONTNEED_LOCKED);
+  }
+  else {
     if (source->reserve_target)
       atomic_fetch_add (&source->reserve_misses, 1);
     base = chunk_mapping ();
@@ -197,19 +286,24 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     list->empty_chunks--;
   if (chunk->free_top > 0)
     index = chunk->free_stack[--chunk->free_top];
-  else
+  else {
     index = chunk->never_used++;
+    /* A reserve chunk's run: a zspage's page from now on. */
+    if (chunk->from_reserve)
+      atomic_fetch_sub (&source->reserve_spare_pages, run_pages);
+  }
   if (--chunk->free_count == 0)
     DLIST_REMOVE (list->partial, chunk, prev, next);
   bool locked = chunk->locked;
   pthread_mutex_unlock (&list->lock);
 
   unsigned char *run = chunk->base + (size_t) index * run_pages * ZS_PAGE_SIZE;
-  /* Its pages were unlocked to be given back: lock (and populate) them. */
-  if (locked && mlock (run, (size_t) run_pages * ZS_PAGE_SIZE) == 0) {
-    *chunk_out = chunk;
-    return run;
-  }
+  /* Its pages were unlocked to be given back (a kernel before 5.18): lock
+   * them again, on fault as mlockall(MCL_ONFAULT) would, so the mapping
+   * can merge back; they are populated below.
+   */
+  if (locked)
+    mlock2 (run, (size_t) run_pages * ZS_PAGE_SIZE, MLOCK_ONFAULT);
 #ifdef MADV_POPULATE_WRITE
   /* One call instead of a fault per page; older kernels refuse it with
    * EINVAL and the pages fault in as they are touched, as before.
@@ -272,21 +366,21 @@ purge_runs (struct page_source *source, struct page_run_list *list,
   }
   pthread_mutex_unlock (&list->lock);
   for (unsigned i = 0; i < unmaps; i++)
-    chunk_unmap (unmap[i]);
+    chunk_unmap (source, unmap[i]);
 
   for (unsigned i = 0, j; i < n; i = j) {
     for (j = i + 1; j < n && entries[i].run
            && entries[j].run == entries[j - 1].run + run_bytes; j++)
       ;
-    if (entries[i].run
-        && madvise (entries[i].run, (j - i) * run_bytes, MADV_DONTNEED) == -1
-        && errno == EINVAL) {
-      /* Locked pages (mlockall): unlock them, then they can go. */
-      munlock (entries[i].run, (j - i) * run_bytes);
-      madvise (entries[i].run, (j - i) * run_bytes, MADV_DONTNEED);
-      for (unsigned k = i; k < j; k++)
-        entries[k].was_locked = true;
-    }
+    if (!entries[i].run)
+      continue;
+    bool unlocked = false;
+    if (!range_give_back (entries[i].run, (j - i) * run_bytes, &unlocked))
+      atomic_fetch_sub_explicit (&source->pages_returned,
+                                 (uint64_t) (j - i) * run_pages,
+                                 memory_order_relaxed);
+    for (unsigned k = i; k < j; k++)
+      entries[k].was_locked = unlocked;
   }
 
   unmaps = 0;
@@ -301,7 +395,7 @@ purge_runs (struct page_source *source, struct page_run_list *list,
   }
   pthread_mutex_unlock (&list->lock);
   for (unsigned i = 0; i < unmaps; i++)
-    chunk_unmap (unmap[i]);
+    chunk_unmap (source, unmap[i]);
 }
 
 void

@@ -27,10 +27,13 @@
  * LOCKED MEMORY (swap, nbdkit --swap)
  *   Under mlockall the kernel refuses MADV_DONTNEED on locked pages.  The
  *   purge does not assume either way: when madvise fails with EINVAL it
- *   munlocks the range and gives it back then, and marks the chunk, so
- *   that its runs are locked again (mlock, which also populates them)
- *   when they are handed out again.  Unmapping a whole chunk needs no
- *   unlocking.
+ *   uses MADV_DONTNEED_LOCKED (Linux 5.18), which drops locked pages and
+ *   leaves the mapping whole; on older kernels it munlocks the range
+ *   first and marks the chunk, so that its runs are locked again
+ *   (mlock2 MLOCK_ONFAULT) when they are handed out again - each such
+ *   munlock splits the mapping, and the kernel's limit on mappings
+ *   (vm.max_map_count) bounds how far that can go.  Unmapping a whole
+ *   chunk needs neither.
  *
  * THE RESERVE (swap mode's forward progress)
  *   With a reserve target, the page source keeps up to that many chunks
@@ -38,8 +41,11 @@
  *   filled by page_source_reserve_add from a background thread.  A new
  *   chunk is taken from the reserve when it holds one, so a write needs no
  *   mmap and no page fault; an empty reserve is a miss, counted, and the
- *   chunk is mapped as usual.  The pool counts reserve chunks against its
- *   memory limit (pool.c).
+ *   chunk is mapped as usual.  A chunk taken from the reserve keeps its
+ *   never-used runs populated: they still count as reserve pages (spare)
+ *   until a zspage takes them, the chunk is unmapped, or a drop gives them
+ *   back.  The pool counts reserve pages against its memory limit
+ *   (pool.c), so what is resident stays within it.
  */
 
 #ifndef ZSALLOC_PAGE_SOURCE_H
@@ -68,6 +74,9 @@ struct page_chunk {
   unsigned free_top;              /* entries in free_stack */
   bool locked;                    /* a purge found its pages locked: lock
                                      runs again when handing them out */
+  bool from_reserve;              /* its never-used runs are populated
+                                     (a reserve chunk): they count as
+                                     reserve_spare_pages */
   uint16_t free_stack[];          /* recycled run indexes */
 };
 
@@ -101,6 +110,8 @@ struct page_source {
   struct reserve_chunk *reserve;  /* populated chunk mappings, newest first */
   _Atomic uint64_t reserve_chunks; /* on the reserve stack */
   _Atomic uint64_t reserve_misses; /* chunks mapped with the reserve empty */
+  _Atomic uint64_t reserve_spare_pages; /* never-used runs of chunks taken
+                                           from the reserve: populated */
   unsigned reserve_target;        /* chunks to keep; 0: no reserve */
 };
 
@@ -117,7 +128,14 @@ extern void page_run_free (struct page_source *source, struct page_chunk *chunk,
 extern void page_source_purge (struct page_source *source);
 /* Map and populate one chunk onto the reserve: 0, or -1 with errno. */
 extern int page_source_reserve_add (struct page_source *source);
-/* Unmap one reserve chunk: false when the reserve is empty. */
+/* Give back one reserve chunk, or else the populated never-used runs of
+ * one chunk taken from the reserve: false when there is neither.
+ */
 extern bool page_source_reserve_drop (struct page_source *source);
+/* Populated pages held for the reserve: its chunks, and the never-used
+ * runs of chunks taken from it.  Never reads low while pages move from
+ * one to the other.
+ */
+extern uint64_t page_source_reserve_pages (struct page_source *source);
 
 #endif /* ZSALLOC_PAGE_SOURCE_H */

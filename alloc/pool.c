@@ -107,6 +107,24 @@ limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
   return true;
 }
 
+/* Give the limit back what reserve pages taken (or dropped) since the
+ * last settle were charged (see THE RESERVE).  Returns the bytes given.
+ */
+static uint64_t
+reserve_settle (struct zs_pool *pool)
+{
+  uint64_t charged = atomic_load (&pool->reserve_charged);
+  for (;;) {
+    uint64_t held = page_source_reserve_pages (&pool->pages);
+    if (held >= charged)
+      return 0;
+    if (atomic_compare_exchange_weak (&pool->reserve_charged, &charged, held)) {
+      limit_discharge (pool, (charged - held) * ZS_PAGE_SIZE);
+      return (charged - held) * ZS_PAGE_SIZE;
+    }
+  }
+}
+
 /* The outcome of asking for a new zspage's pages. */
 enum reservation {
   RESERVED,             /* the pages are counted, the zspage in transit */
@@ -123,7 +141,9 @@ static enum reservation
 zspage_reserve (struct zs_pool *pool, struct size_class *class)
 {
   uint64_t seen;
-  if (!limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen))
+  if (!limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen)
+      && (!reserve_settle (pool)
+          || !limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen)))
     return account_transit (seen) ? IN_TRANSIT : REFUSED;
 
   uint64_t pages = atomic_fetch_add (&pool->pages_used, class->pages_per_zspage)
@@ -156,25 +176,7 @@ limit_discharge (struct zs_pool *pool, uint64_t bytes)
   atomic_fetch_sub (&pool->limit_account, bytes);
 }
 
-/* Give the limit back what reserve chunks taken (or dropped) since the
- * last settle were charged (see THE RESERVE).
- */
-static void
-reserve_settle (struct zs_pool *pool)
-{
-  uint64_t charged = atomic_load (&pool->reserve_charged);
-  for (;;) {
-    uint64_t held = atomic_load (&pool->pages.reserve_chunks);
-    if (held >= charged)
-      return;
-    if (atomic_compare_exchange_weak (&pool->reserve_charged, &charged, held)) {
-      limit_discharge (pool, (charged - held) * PAGE_CHUNK_BYTES);
-      return;
-    }
-  }
-}
-
-/* The limit refuses: drop a reserve chunk to make room (true if any). */
+/* The limit refuses: give up reserve pages to make room (true if any). */
 static bool
 reserve_give_up_one (struct zs_pool *pool)
 {
@@ -186,15 +188,20 @@ reserve_give_up_one (struct zs_pool *pool)
 uint64_t
 zs_pool_reserve_refill (struct zs_pool *pool)
 {
-  uint64_t added = 0;
+  uint64_t added = 0, seen;
   reserve_settle (pool);
-  while (atomic_load (&pool->pages.reserve_chunks) < pool->pages.reserve_target
-         && limit_charge (pool, PAGE_CHUNK_BYTES)) {
+  /* Each chunk is counted and in transit while it is mapped and
+   * populated, so a refusal meanwhile waits for it (MEMORY LIMIT).
+   */
+  while (page_source_reserve_pages (&pool->pages)
+         < (uint64_t) pool->pages.reserve_target * PAGE_CHUNK_PAGES
+         && limit_add (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
-      limit_discharge (pool, PAGE_CHUNK_BYTES);
+      atomic_fetch_sub (&pool->limit_account, PAGE_CHUNK_BYTES + LIMIT_TRANSIT);
       break;
     }
-    atomic_fetch_add (&pool->reserve_charged, 1);
+    atomic_fetch_add (&pool->reserve_charged, PAGE_CHUNK_PAGES);
+    atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
     atomic_fetch_add (&pool->reserve_refills, 1);
     added += PAGE_CHUNK_BYTES;
   }
@@ -211,8 +218,8 @@ zs_pool_reserve_release (struct zs_pool *pool)
 bool
 zs_pool_reserve_low (struct zs_pool *pool)
 {
-  return atomic_load_explicit (&pool->pages.reserve_chunks, memory_order_relaxed)
-    * 2 < pool->pages.reserve_target;
+  return page_source_reserve_pages (&pool->pages) * 2
+    < (uint64_t) pool->pages.reserve_target * PAGE_CHUNK_PAGES;
 }
 
 int
@@ -264,6 +271,10 @@ zs_malloc (struct zs_pool *pool, size_t size)
      */
     err = errno;
     pthread_mutex_unlock (class->lock);
+    if (err == ENOSPC && reserve_give_up_one (pool)) {
+      pthread_mutex_lock (class->lock);
+      continue;
+    }
     if (err != ENOSPC || flushed || pool->config.free_mode != ZS_FREE_BATCHED) {
       if (err == ENOSPC)
         atomic_fetch_add (&pool->limit_hits, 1);
@@ -296,13 +307,13 @@ zs_malloc (struct zs_pool *pool, size_t size)
       atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
     }
-    if (reservation == REFUSED
-        && atomic_load (&pool->pages.reserve_chunks) > 0) {
+    if (reservation == REFUSED && page_source_reserve_pages (&pool->pages)) {
       /* The reserve's pages are the data's before they are anything. */
       pthread_mutex_unlock (class->lock);
-      reserve_give_up_one (pool);
+      bool dropped = reserve_give_up_one (pool);
       pthread_mutex_lock (class->lock);
-      continue;
+      if (dropped)
+        continue;
     }
     if (reservation == REFUSED && flushed && compacted) {
       atomic_fetch_add (&pool->limit_hits, 1);

@@ -136,12 +136,18 @@
  *
  * THE RESERVE (page-source.h)
  *   zs_pool_reserve_refill maps populated chunks onto the page source's
- *   reserve, each first counted against the limit (limit_charge) and
- *   then in reserve_charged.  A zspage that takes a reserve chunk leaves
- *   reserve_charged above the reserve's count; reserve_settle gives the
- *   difference back to the limit (the zspage's own reservation counts its
- *   pages).  An allocation the limit refuses first drops reserve chunks:
- *   the reserve never costs the data room under the limit.
+ *   reserve.  Each is counted against the limit and put in transit in one
+ *   compare-and-swap before it is mapped, counted in reserve_charged
+ *   (pages) once it is on the stack, then taken out of transit: a refusal
+ *   meanwhile waits for it like for a zspage.  The page source counts the
+ *   reserve's pages, spare runs of chunks taken from it included
+ *   (page_source_reserve_pages), and never reads low; when it reads below
+ *   reserve_charged - zspages took the pages, whose own reservations
+ *   count them, or they were dropped - reserve_settle gives the difference
+ *   back to the limit.  zspage_reserve settles before it refuses, and an
+ *   allocation the limit refuses (a zspage or a cell block) first gives up
+ *   reserve pages: the reserve never costs the data room under the
+ *   limit.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   pool->compact_lock         there is one mover at a time, and the
@@ -278,7 +284,7 @@ struct zs_pool {
   _Atomic uint64_t pages_used_max;
   _Atomic uint64_t limit_hits;
   _Atomic uint64_t metadata_bytes;
-  _Atomic uint64_t reserve_charged; /* reserve chunks counted against the
+  _Atomic uint64_t reserve_charged; /* reserve pages counted against the
                                        limit (see THE RESERVE) */
   _Atomic uint64_t reserve_refills; /* chunks added to the reserve, ever */
 };

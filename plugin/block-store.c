@@ -888,9 +888,10 @@ store_reserve_release_if_empty (struct block_store *store)
 {
   struct zs_pool_stats pool;
   zs_pool_stats (store->pool, &pool);
-  if (pool.pages_used > 0 || pool.reserve_bytes == 0)
+  if (pool.pages_used > 0)
     return false;
-  zs_pool_reserve_release (store->pool);
+  if (pool.reserve_bytes > 0)
+    zs_pool_reserve_release (store->pool);
   return true;
 }
 

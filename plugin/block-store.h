@@ -165,7 +165,9 @@ extern int store_block_state (struct block_store *store, uint64_t first,
  */
 extern uint64_t store_reserve_refill (struct block_store *store);
 extern bool store_reserve_low (struct block_store *store);
-/* Give the reserve back if the store holds no object: true if it did. */
+/* If the store holds no object, give the reserve back (if it has one)
+ * and return true: none is needed until the next write.
+ */
 extern bool store_reserve_release_if_empty (struct block_store *store);
 
 /* Compact the allocator's pool (zs_compact): returns pages freed. */

@@ -51,7 +51,7 @@ compact_if_wasteful (void)
 }
 
 static void
-housekeeping_round (void)
+housekeeping_round (bool last)
 {
   store_flush (store);          /* first: pending frees are waste too */
   if (compact_threshold >= 0)
@@ -59,7 +59,7 @@ housekeeping_round (void)
   /* Swap mode's reserve: kept while the store holds data, given back
    * when it holds none (the next write takes it up again).
    */
-  if (atomic_load (&reserve_active)) {
+  if (atomic_load (&reserve_active) && !last) {
     if (store_reserve_release_if_empty (store))
       atomic_store (&reserve_active, false);
     else
@@ -75,7 +75,7 @@ housekeeper_main (void *arg)
   pthread_mutex_lock (&lock);
   while (!stopping) {
     pthread_mutex_unlock (&lock);
-    housekeeping_round ();
+    housekeeping_round (false);
     pthread_mutex_lock (&lock);
 
     /* A monotonic deadline: a step of the wall clock (NTP, an operator's
@@ -113,6 +113,8 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   stats_path = the_stats_path;
   compact_threshold = the_compact_threshold;
   stopping = false;
+  atomic_store (&refill_requested, false);
+  atomic_store (&reserve_active, false);
   int err = pthread_create (&thread, NULL, housekeeper_main, NULL);
   if (err) {
     errno = err;
@@ -144,5 +146,5 @@ housekeeper_stop (void)
   pthread_mutex_unlock (&lock);
   pthread_join (thread, NULL);
   running = false;
-  housekeeping_round ();
+  housekeeping_round (true);    /* no refill: the store is going away */
 }

@@ -93,6 +93,31 @@ add_missing (char *message, size_t size, const char *what)
   snprintf (message + used, size - used, "%s%s", used ? "; " : "", what);
 }
 
+/* The kernel counts a locked mapping in full against RLIMIT_MEMLOCK,
+ * touched or not (MCL_ONFAULT included): nbdkit's thread stacks and
+ * malloc's arenas alone come to about a GiB with 16 threads, and with
+ * MCL_FUTURE a mapping past the limit fails.  So no finite limit is safe
+ * to promise: true (and the message in item) unless the limit is
+ * unlimited or the process has CAP_IPC_LOCK.
+ */
+static bool
+memlock_problem (char *item, size_t size)
+{
+  struct rlimit memlock;
+  if (has_capability (CAP_IPC_LOCK_BIT)
+      || getrlimit (RLIMIT_MEMLOCK, &memlock) == -1
+      || memlock.rlim_cur == RLIM_INFINITY)
+    return false;
+  snprintf (item, size,
+            "RLIMIT_MEMLOCK is %" PRIu64 " KiB and there is no "
+            "CAP_IPC_LOCK: every mapping locked counts in full (thread "
+            "stacks, malloc arenas), so the server would fail to map "
+            "memory; make it unlimited (ulimit -l unlimited, "
+            "LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK",
+            (uint64_t) memlock.rlim_cur / 1024);
+  return true;
+}
+
 int
 swap_mode_prepare (void)
 {
@@ -118,25 +143,8 @@ swap_mode_prepare (void)
     add_missing (missing, sizeof missing,
                  "oom_score_adj -1000 refused: it needs CAP_SYS_RESOURCE");
 
-  /* The kernel counts a locked mapping in full against RLIMIT_MEMLOCK,
-   * touched or not (MCL_ONFAULT included): nbdkit's thread stacks and
-   * malloc's arenas alone come to about a GiB with 16 threads, and with
-   * MCL_FUTURE a mapping past the limit fails.  So no finite limit is
-   * safe to promise.
-   */
-  struct rlimit memlock;
-  if (!has_capability (CAP_IPC_LOCK_BIT)
-      && getrlimit (RLIMIT_MEMLOCK, &memlock) == 0
-      && memlock.rlim_cur != RLIM_INFINITY) {
-    snprintf (item, sizeof item,
-              "RLIMIT_MEMLOCK is %" PRIu64 " KiB and there is no "
-              "CAP_IPC_LOCK: every mapping locked counts in full (thread "
-              "stacks, malloc arenas), so the server would fail to map "
-              "memory; make it unlimited (ulimit -l unlimited, "
-              "LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK",
-              (uint64_t) memlock.rlim_cur / 1024);
+  if (memlock_problem (item, sizeof item))
     add_missing (missing, sizeof missing, item);
-  }
 
   if (!*missing)
     return 0;
@@ -161,6 +169,17 @@ swap_mode_lock (void)
         && mlockall (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == 0)
       nbdkit_debug ("zram: memory is locked (nbdkit --swap): "
                     "now locked as it is touched (MCL_ONFAULT)");
+    return 0;
+  }
+  /* Again: nbdkit -u/-g may have dropped capabilities since .get_ready. */
+  char problem[512];
+  if (memlock_problem (problem, sizeof problem)) {
+    if (swap_mode == SWAP_ON) {
+      nbdkit_error ("swap=on: cannot lock memory: %s", problem);
+      return -1;
+    }
+    nbdkit_error ("zram: warning: swap=try: going on with memory not "
+                  "locked: %s", problem);
     return 0;
   }
   if (mlockall (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == -1) {

@@ -33,6 +33,8 @@
 
 /* The swap reserve by default: this, but at most an eighth of mem_limit. */
 #define ZRAM_SWAP_RESERVE_DEFAULT ((uint64_t) 8 << 20)
+/* The allocator keeps its reserve in chunks of this size. */
+#define ZRAM_RESERVE_UNIT ((uint64_t) 2 << 20)
 
 static struct store_config config;
 static bool size_given, level_given, reserve_given;
@@ -206,16 +208,22 @@ zram_config_complete (void)
     nbdkit_error ("swap_reserve: only with swap=on or swap=try");
     return -1;
   }
-  if (reserve_given && config.pool.reserve_bytes > config.pool.mem_limit / 2) {
-    nbdkit_error ("swap_reserve: %" PRIu64 " bytes is more than half of "
-                  "mem_limit (%" PRIu64 " bytes)", config.pool.reserve_bytes,
-                  config.pool.mem_limit);
-    return -1;
+  /* The reserve is kept in whole chunks of ZRAM_RESERVE_UNIT. */
+  if (reserve_given) {
+    config.pool.reserve_bytes = (config.pool.reserve_bytes + ZRAM_RESERVE_UNIT - 1)
+      / ZRAM_RESERVE_UNIT * ZRAM_RESERVE_UNIT;
+    if (config.pool.reserve_bytes > config.pool.mem_limit / 2) {
+      nbdkit_error ("swap_reserve: %" PRIu64 " bytes (in whole 2 MiB units) "
+                    "is more than half of mem_limit (%" PRIu64 " bytes)",
+                    config.pool.reserve_bytes, config.pool.mem_limit);
+      return -1;
+    }
   }
-  if (!reserve_given && swap_mode != SWAP_OFF) {
+  else if (swap_mode != SWAP_OFF) {
     config.pool.reserve_bytes = config.pool.mem_limit / 8;
     if (config.pool.reserve_bytes > ZRAM_SWAP_RESERVE_DEFAULT)
       config.pool.reserve_bytes = ZRAM_SWAP_RESERVE_DEFAULT;
+    config.pool.reserve_bytes -= config.pool.reserve_bytes % ZRAM_RESERVE_UNIT;
   }
   if (!level_given)
     config.level = codec_default_level (config.algorithm);

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1684,8 +1685,24 @@ test_memory_returns (void **state)
 
 struct locked_result {
   int status;                   /* 0 ok, 77 could not lock, else failed */
-  uint64_t rss_full, rss_freed, locked_full, locked_freed, locked_reused;
+  uint64_t rss_full, rss_freed, rss_reused;
+  uint64_t locked_full, locked_freed, locked_reused;
+  uint64_t mappings_full, mappings_freed;
 };
+
+/* Lines of /proc/self/maps: the process's mappings. */
+static uint64_t
+mapping_count (void)
+{
+  FILE *fp = fopen ("/proc/self/maps", "r");
+  uint64_t lines = 0;
+  int c;
+  while (fp && (c = getc (fp)) != EOF)
+    lines += c == '\n';
+  if (fp)
+    fclose (fp);
+  return lines;
+}
 
 /* A field of /proc/self/status in KiB. */
 static uint64_t
@@ -1728,6 +1745,7 @@ locked_child (int lock_flags)
   }
   result.rss_full = status_kib ("VmRSS");
   result.locked_full = status_kib ("VmLck");
+  result.mappings_full = mapping_count ();
   if (result.locked_full == 0) {
     result.status = 77;         /* AddressSanitizer ignores mlockall */
     return result;
@@ -1737,6 +1755,7 @@ locked_child (int lock_flags)
   zs_pool_flush (pool);
   result.rss_freed = status_kib ("VmRSS");
   result.locked_freed = status_kib ("VmLck");
+  result.mappings_freed = mapping_count ();
   for (unsigned i = 0; i < N; i += 2) {
     h[i] = zs_malloc (pool, PAGE);
     memset (buf, (int) i, PAGE);
@@ -1744,6 +1763,7 @@ locked_child (int lock_flags)
       return result;
   }
   result.locked_reused = status_kib ("VmLck");
+  result.rss_reused = status_kib ("VmRSS");
   for (unsigned i = 0; i < N; i++) {
     const uint8_t *p = zs_read_begin (pool, h[i], NULL);
     bool intact = p[0] == (uint8_t) i && p[PAGE - 1] == (uint8_t) i;
@@ -1790,16 +1810,23 @@ test_memory_returns_when_locked (void **state)
       continue;
     }
     print_message ("%s: RSS %" PRIu64 " KiB full, %" PRIu64 " KiB after "
-                   "freeing half; locked %" PRIu64 " -> %" PRIu64 " -> %"
-                   PRIu64 " KiB (reused)\n", modes[m].name, result.rss_full,
-                   result.rss_freed, result.locked_full, result.locked_freed,
-                   result.locked_reused);
+                   "freeing half, %" PRIu64 " KiB reused; locked %" PRIu64
+                   " -> %" PRIu64 " -> %" PRIu64 " KiB; mappings %" PRIu64
+                   " -> %" PRIu64 "\n", modes[m].name, result.rss_full,
+                   result.rss_freed, result.rss_reused, result.locked_full,
+                   result.locked_freed, result.locked_reused,
+                   result.mappings_full, result.mappings_freed);
     assert_int_equal (result.status, 0);
-    /* 16 MiB were freed: at least 12 of them must leave the RSS. */
+    /* 16 MiB were freed: at least 12 of them must leave the RSS, and
+     * come back when reused.
+     */
     assert_true (result.rss_freed + 12 * 1024 <= result.rss_full);
-    /* Given back means unlocked, and locked again when reused. */
-    assert_true (result.locked_freed + 12 * 1024 <= result.locked_full);
-    assert_true (result.locked_reused >= result.locked_freed + 12 * 1024);
+    assert_true (result.rss_reused >= result.rss_freed + 12 * 1024);
+    /* Locked still (MADV_DONTNEED_LOCKED keeps the mapping), and not cut
+     * into thousands of mappings (munlock of each freed run did that).
+     */
+    assert_true (result.locked_reused >= result.locked_full);
+    assert_true (result.mappings_freed <= result.mappings_full + 16);
   }
 }
 
@@ -1879,6 +1906,131 @@ test_reserve (void **state)
   free (h);
 }
 
+
+/* The reserve's regressions: a cell block refused while the reserve
+ * holds room must take that room; a refusal while a refill is in flight
+ * must not be made; what is resident must stay within the limit when
+ * chunks taken from the reserve keep populated runs unused.
+ */
+static void *
+refill_loop (void *arg)
+{
+  struct zs_pool *pool = arg;
+  for (int i = 0; i < 200000; i++) {
+    zs_pool_reserve_refill (pool);
+    if (i % 64 == 0)
+      sched_yield ();
+  }
+  return NULL;
+}
+
+struct refiller {
+  struct zs_pool *pool;
+  atomic_bool stop;
+};
+
+static void *
+refiller_main (void *arg)
+{
+  struct refiller *refiller = arg;
+  while (!atomic_load (&refiller->stop))
+    zs_pool_reserve_refill (refiller->pool);
+  return NULL;
+}
+
+static void
+test_reserve_edges (void **state)
+{
+  (void) state;
+  struct zs_pool_config config;
+
+  /* 1. A cell block (and a zspage) when only the reserve has room. */
+  zs_pool_config_init (&config);
+  config.mem_limit = (2 << 20) + 2000;
+  config.reserve_bytes = 2 << 20;
+  struct zs_pool *pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  assert_int_equal (zs_pool_reserve_refill (pool), 2 << 20);
+  zs_handle_t h = zs_malloc (pool, 100);
+  if (!h)
+    fail_msg ("zs_malloc (100) refused with 2 MiB of limit in the reserve: %s",
+              strerror (errno));
+  zs_free (pool, h);
+  zs_pool_destroy (pool);
+
+  /* 2. Fill to the limit while another thread refills the reserve:
+   * every round stores exactly as much as a pool without a reserve.
+   */
+  enum { LIMIT = 4 << 20, MAX = 2048, ROUNDS = 40 };
+  zs_handle_t *handles = calloc (MAX, sizeof *handles);
+  assert_non_null (handles);
+  zs_pool_config_init (&config);
+  config.mem_limit = LIMIT;
+  config.free_mode = ZS_FREE_IMMEDIATE;
+  pool = zs_pool_create (&config);
+  unsigned expected = fill_until_refused (pool, handles, MAX);
+  zs_pool_destroy (pool);
+  config.reserve_bytes = 2 << 20;
+  unsigned short_rounds = 0;
+  for (unsigned round = 0; round < ROUNDS; round++) {
+    pool = zs_pool_create (&config);
+    struct refiller refiller = { .pool = pool, .stop = false };
+    pthread_t thread;
+    assert_int_equal (pthread_create (&thread, NULL, refiller_main, &refiller), 0);
+    unsigned count = fill_until_refused (pool, handles, MAX);
+    atomic_store (&refiller.stop, true);
+    pthread_join (thread, NULL);
+    short_rounds += count != expected;
+    zs_pool_destroy (pool);
+  }
+  print_message ("reserve: %u of %u rounds filled short of %u objects while "
+                 "refilling\n", short_rounds, ROUNDS, expected);
+  assert_int_equal (short_rounds, 0);
+  free (handles);
+
+  /* 3. Chunks taken from the reserve by zspages of every length: the
+   * resident memory stays within the limit.
+   */
+  zs_pool_config_init (&config);
+  config.mem_limit = 24 << 20;
+  config.reserve_bytes = 16 << 20;
+  pool = zs_pool_create (&config);
+  uint64_t before = rss_bytes ();
+  zs_pool_reserve_refill (pool);
+  bool length_seen[ZS_CHAIN_MAX + 1] = { false };
+  zs_handle_t kept[ZS_CHAIN_MAX + 1];
+  unsigned lengths = 0;
+  for (unsigned c = 0; c < zs_class_count (pool); c++) {
+    struct zs_class_stats class;
+    zs_class_stats (pool, c, &class);
+    if (length_seen[class.pages_per_zspage])
+      continue;
+    length_seen[class.pages_per_zspage] = true;
+    kept[lengths] = zs_malloc (pool, class.size);
+    assert_true (kept[lengths] != 0);
+    lengths++;
+  }
+  zs_pool_reserve_refill (pool);
+  pthread_t thread;
+  assert_int_equal (pthread_create (&thread, NULL, refill_loop, pool), 0);
+  pthread_join (thread, NULL);
+  uint64_t growth = rss_bytes () - before;
+  struct zs_pool_stats st;
+  get_stats (pool, &st);
+  print_message ("reserve: %u zspage lengths; RSS grew %" PRIu64 " KiB, limit "
+                 "%" PRIu64 " KiB, counted %" PRIu64 " KiB (reserve %" PRIu64
+                 " KiB)\n", lengths, growth >> 10, st.mem_limit >> 10,
+                 st.limit_used >> 10, st.reserve_bytes >> 10);
+  assert_true (st.limit_used <= st.mem_limit);
+  /* What is resident is what is counted, give or take the handful of
+   * pages malloc and the test itself touch.
+   */
+  assert_true (growth <= st.limit_used + (1 << 20));
+  for (unsigned i = 0; i < lengths; i++)
+    zs_free (pool, kept[i]);
+  zs_pool_destroy (pool);
+}
+
 /* ---------------------------------------------------------------------- */
 
 int
@@ -1905,6 +2057,7 @@ main (void)
     cmocka_unit_test (test_memory_returns),
     cmocka_unit_test (test_memory_returns_when_locked),
     cmocka_unit_test (test_reserve),
+    cmocka_unit_test (test_reserve_edges),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -39,6 +39,9 @@ expect_refusal "swap: 'always' is not one of on\|try\|off" swap=always mem_limit
 expect_refusal 'swap_reserve: only with swap=on' swap_reserve=2M mem_limit=8M
 expect_refusal 'swap_reserve: .* more than half of mem_limit' \
     swap=try swap_reserve=8M mem_limit=8M
+# In whole 2 MiB units: 1M is 2M, more than half of 3M.
+expect_refusal 'swap_reserve: 2097152 bytes .* more than half of mem_limit' \
+    swap=try swap_reserve=1M mem_limit=3M
 
 # The server without a capability, dropped from the bounding set (a root
 # process has only what is in it), or with a small RLIMIT_MEMLOCK: the
