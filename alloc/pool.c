@@ -46,6 +46,7 @@ zs_pool_create (const struct zs_pool_config *config)
     return NULL;
   }
 
+  atomic_init (&pool->mem_limit, pool->config.mem_limit);
   page_source_init (&pool->pages);
   pool->pages.reserve_target = (pool->config.reserve_bytes + PAGE_CHUNK_BYTES - 1)
     / PAGE_CHUNK_BYTES;
@@ -97,8 +98,8 @@ limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
   uint64_t account = atomic_load_explicit (&pool->limit_account,
                                            memory_order_relaxed);
   do {
-    if (pool->config.mem_limit
-        && account_bytes (account + add) > pool->config.mem_limit) {
+    uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
+    if (limit && account_bytes (account + add) > limit) {
       *seen = account;
       return false;
     }
@@ -498,4 +499,26 @@ void
 zs_pool_get_config (const struct zs_pool *pool, struct zs_pool_config *config)
 {
   *config = pool->config;
+  config->mem_limit = atomic_load (&pool->mem_limit);
+}
+
+int
+zs_pool_set_mem_limit (struct zs_pool *pool, uint64_t limit)
+{
+  uint64_t old = atomic_exchange (&pool->mem_limit, limit);
+  /* Allocations that start from now on see the new limit.  If the pool
+   * already holds more, put the old one back: nothing changed.
+   */
+  if (limit && account_bytes (atomic_load (&pool->limit_account)) > limit) {
+    atomic_store (&pool->mem_limit, old);
+    errno = ENOSPC;
+    return -1;
+  }
+  return 0;
+}
+
+void
+zs_pool_reset_max (struct zs_pool *pool)
+{
+  atomic_store (&pool->pages_used_max, atomic_load (&pool->pages_used));
 }

@@ -35,7 +35,7 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
   stats->pages_used_max = atomic_load (&pool->pages_used_max);
   stats->pages_freed = atomic_load (&pool->pages.pages_returned);
   stats->limit_hits = atomic_load (&pool->limit_hits);
-  stats->mem_limit = pool->config.mem_limit;
+  stats->mem_limit = atomic_load (&pool->mem_limit);
   stats->metadata_bytes = atomic_load (&pool->metadata_bytes);
   stats->frees_pending = free_batches_pending (pool);
   stats->pages_compacted = atomic_load (&pool->pages_compacted);

@@ -276,6 +276,8 @@ struct zs_pool {
                                      OBJECTS */
   pthread_mutex_t compact_lock;   /* one mover at a time */
 
+  _Atomic uint64_t mem_limit;     /* config.mem_limit, changeable at run
+                                     time (zs_pool_set_mem_limit) */
   /* Pool-wide counters: atomics, no lock. */
   _Atomic uint64_t limit_account; /* bytes counted against the limit and
                                      zspages in transit, see MEMORY LIMIT */

@@ -172,6 +172,15 @@ extern void zs_pool_get_config (const struct zs_pool *pool,
  */
 extern uint64_t zs_compact (struct zs_pool *pool);
 
+/* Change the memory limit while the pool is in use (0: none).  -1 with
+ * errno ENOSPC if the pool already holds more than limit; nothing
+ * changes then.  It binds allocations that start after it: one already
+ * past its check may still land under the old limit.
+ */
+extern int zs_pool_set_mem_limit (struct zs_pool *pool, uint64_t limit);
+/* Restart pages_used_max from pages_used (zram's mem_used_max reset). */
+extern void zs_pool_reset_max (struct zs_pool *pool);
+
 /* Top up the reserve of populated pages (config.reserve_bytes) from the
  * operating system, as far as the memory limit allows; for a background
  * thread, so that allocations take pages that are already there.

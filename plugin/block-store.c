@@ -793,46 +793,75 @@ store_mark_idle (struct block_store *store, uint32_t min_age,
   return marking.marked;
 }
 
-struct state_listing {
-  struct block_store *store;
-  store_block_state_fn emit;
-  void *opaque;
+/* block_state gathers a batch of entries inside a walk and emits them
+ * after it: emit may block (a slow client), and the walk lock must not
+ * be held meanwhile (the table's reclaim waits for it).
+ */
+#define STATE_BATCH 256
+
+struct state_batch {
+  struct store_block_state states[STATE_BATCH];
+  unsigned count;
 };
 
 static bool
-block_state_one (void *opaque, uint64_t block, struct block_entry *entry)
+block_state_gather (void *opaque, uint64_t block, struct block_entry *entry)
 {
-  struct state_listing *listing = opaque;
+  struct state_batch *batch = opaque;
   uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
   if (block_state_kind (state) == BLOCK_EMPTY)
     return true;
-  struct store_block_state info = {
+  batch->states[batch->count++] = (struct store_block_state) {
     .block = block,
     .atime = block_state_atime (state),
     .same = block_state_kind (state) == BLOCK_SAME,
     .huge = block_state_kind (state) == BLOCK_RAW,
     .idle = (state & BLOCK_FLAG_IDLE) != 0,
   };
-  return listing->emit (listing->opaque, &info) == 0;
-}
-
-static bool
-listing_keep_going (void *opaque)
-{
-  (void) opaque;
-  return true;
+  return batch->count < STATE_BATCH;
 }
 
 int
 store_block_state (struct block_store *store, uint64_t first, uint64_t count,
                    store_block_state_fn emit, void *opaque)
 {
-  struct state_listing listing = { store, emit, opaque };
   if (first >= store->blocks)
     return 0;
-  stored_blocks_walk (store, first, count, block_state_one, listing_keep_going,
-                      &listing);
-  return 0;
+  uint64_t end = count < store->blocks - first ? first + count : store->blocks;
+  struct state_batch *batch = malloc (sizeof *batch);
+  if (!batch)
+    return -1;
+  int r = 0;
+  while (first < end && r == 0) {
+    batch->count = 0;
+    stored_blocks_walk (store, first, end - first, block_state_gather, NULL,
+                        batch);
+    for (unsigned i = 0; i < batch->count && r == 0; i++)
+      r = emit (opaque, &batch->states[i]);
+    if (batch->count < STATE_BATCH)
+      break;                    /* the walk reached the end */
+    first = batch->states[batch->count - 1].block + 1;
+  }
+  free (batch);
+  return r;
+}
+
+int
+store_set_mem_limit (struct block_store *store, uint64_t limit)
+{
+  return zs_pool_set_mem_limit (store->pool, limit);
+}
+
+void
+store_reset_mem_used_max (struct block_store *store)
+{
+  zs_pool_reset_max (store->pool);
+}
+
+void
+store_print_classes (struct block_store *store, FILE *fp)
+{
+  zs_pool_print_stats (store->pool, fp);
 }
 
 uint32_t

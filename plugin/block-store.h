@@ -48,6 +48,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "zsalloc.h"
 #include "block-table.h"
@@ -159,6 +160,14 @@ typedef int (*store_block_state_fn) (void *opaque,
 extern int store_block_state (struct block_store *store, uint64_t first,
                               uint64_t count, store_block_state_fn emit,
                               void *opaque);
+
+/* The control channel's knobs: mem_limit at run time (-1 with errno
+ * ENOSPC if more is held already; nothing changes then), mem_used_max
+ * restarted from now, the allocator's per-class table.
+ */
+extern int store_set_mem_limit (struct block_store *store, uint64_t limit);
+extern void store_reset_mem_used_max (struct block_store *store);
+extern void store_print_classes (struct block_store *store, FILE *fp);
 
 /* The allocator's reserve of populated pages (zs_pool_reserve_refill):
  * top it up; is it below half?

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "stats-file.h"
@@ -26,20 +27,53 @@ ratio (uint64_t numerator, uint64_t denominator)
   return denominator ? (double) numerator / denominator : 0;
 }
 
+/* zram's own column orders (Documentation/admin-guide/blockdev/zram.rst). */
+static void
+print_mm_stat (const struct store_stats *s, FILE *fp)
+{
+  fprintf (fp, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+           " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+           s->orig_data_size, s->compr_data_size, s->mem_used_total,
+           s->mem_limit, s->mem_used_max, s->same_pages, s->pages_compacted,
+           s->huge_pages, s->huge_pages_since);
+}
+
+static void
+print_io_stat (const struct store_stats *s, FILE *fp)
+{
+  fprintf (fp, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+           s->failed_reads, s->failed_writes, s->invalid_io, s->notify_free);
+}
+
+int
+stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
+{
+  struct store_stats s;
+  if (strcmp (name, "mm_stat") == 0) {
+    store_stats (store, &s);
+    print_mm_stat (&s, fp);
+  }
+  else if (strcmp (name, "io_stat") == 0) {
+    store_stats (store, &s);
+    print_io_stat (&s, fp);
+  }
+  else if (strcmp (name, "bd_stat") == 0)
+    fprintf (fp, "0 0 0\n");   /* no backing device */
+  else
+    return -1;
+  return 0;
+}
+
 void
 stats_print (struct block_store *store, FILE *fp)
 {
   struct store_stats s;
   store_stats (store, &s);
 
-  /* zram's own column order (Documentation/admin-guide/blockdev/zram.rst). */
-  fprintf (fp, "mm_stat %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
-           " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
-           s.orig_data_size, s.compr_data_size, s.mem_used_total,
-           s.mem_limit, s.mem_used_max, s.same_pages, s.pages_compacted,
-           s.huge_pages, s.huge_pages_since);
-  fprintf (fp, "io_stat %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
-           s.failed_reads, s.failed_writes, s.invalid_io, s.notify_free);
+  fprintf (fp, "mm_stat ");
+  print_mm_stat (&s, fp);
+  fprintf (fp, "io_stat ");
+  print_io_stat (&s, fp);
 
 #define FIELD(name) fprintf (fp, #name ": %" PRIu64 "\n", s.name)
   FIELD (orig_data_size);

@@ -13,6 +13,12 @@
 /* Print the statistics in the stats file format. */
 extern void stats_print (struct block_store *store, FILE *fp);
 
+/* Print one of zram's sysfs files as zram does ("mm_stat", "io_stat",
+ * "bd_stat"): 0, or -1 for another name.
+ */
+extern int stats_print_zram_file (struct block_store *store, const char *name,
+                                  FILE *fp);
+
 /* Whether the file can be written (a file beside it can be created):
  * 0, or -1 with errno.
  */

@@ -19,6 +19,7 @@
 #include <nbdkit-plugin.h>
 
 #include "block-store.h"
+#include "control.h"
 #include "error-text.h"
 #include "housekeeper.h"
 #include "server-check.h"
@@ -39,6 +40,7 @@
 static struct store_config config;
 static bool size_given, level_given, reserve_given;
 static char *stats_path;
+static char *ctl_path;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
@@ -55,6 +57,7 @@ zram_unload (void)
 {
   store_destroy (store);
   free (stats_path);
+  free (ctl_path);
 }
 
 /* Parse a size, naming the parameter on error (nbdkit's own message
@@ -163,6 +166,14 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "ctl") == 0) {
+    free (ctl_path);
+    ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
+    if (!ctl_path) {
+      nbdkit_error ("ctl: '%s' is not a usable socket name", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "swap") == 0) {
     if (swap_mode_parse (value) == -1)
       return -1;
@@ -242,6 +253,7 @@ zram_config_complete (void)
   "level=N                   lz4 acceleration 1..65537, zstd level (default 1).\n" \
   "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
+  "ctl=PATH                  Control channel: a Unix socket (nbdkit-zramctl).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
@@ -264,6 +276,8 @@ zram_get_ready (void)
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
+  if (ctl_path && control_listen (ctl_path) == -1)
+    return -1;
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
                 "raw from %zu bytes",
                 config.size, codec_name (config.algorithm), config.level,
@@ -283,12 +297,22 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     return -1;
   }
+  struct control_info info = {
+    .disksize = config.size,
+    .algorithm = codec_name (config.algorithm),
+    .level = config.level,
+  };
+  if (control_start (store, &info) == -1) {
+    nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));
+    return -1;
+  }
   return 0;
 }
 
 static void
 zram_cleanup (void)
 {
+  control_stop ();
   housekeeper_stop ();
   if (store) {
     char *text = NULL;

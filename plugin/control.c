@@ -1,0 +1,453 @@
+/* The control channel: see control.h. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "control.h"
+#include "error-text.h"
+#include "stats-file.h"
+#include "swap-mode.h"
+
+#define CONTROL_LINE_MAX 1024
+#define CONTROL_WORDS_MAX 8
+
+/* Set up in control_listen / control_start, torn down in control_stop,
+ * all on nbdkit's main thread; the control thread only reads them.
+ */
+static int listen_fd = -1;
+static char *socket_path;
+static int wake_pipe[2] = { -1, -1 };  /* written by control_stop */
+static pthread_t thread;
+static bool running;
+static struct block_store *store;
+static struct control_info info;
+
+/* A connected client and the reply being built for it. */
+struct client {
+  int fd;
+  bool gone;                    /* hung up, or a send failed */
+  char *reply;                  /* open_memstream buffer */
+  size_t reply_length;
+  FILE *out;
+};
+
+/* ---- the socket ------------------------------------------------------ */
+
+int
+control_listen (const char *path)
+{
+  struct sockaddr_un address = { .sun_family = AF_UNIX };
+  if (strlen (path) >= sizeof address.sun_path) {
+    nbdkit_error ("ctl: '%s' is too long for a socket name (%zu bytes at most)",
+                  path, sizeof address.sun_path - 1);
+    return -1;
+  }
+  strcpy (address.sun_path, path);
+
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1) {
+    nbdkit_error ("ctl: socket: %s", error_text (errno));
+    return -1;
+  }
+  /* A socket left by a server that is gone is replaced; anything else
+   * that is there is not touched.
+   */
+  struct stat st;
+  if (lstat (path, &st) == 0) {
+    if (!S_ISSOCK (st.st_mode)) {
+      nbdkit_error ("ctl: '%s' exists and is not a socket", path);
+      close (fd);
+      return -1;
+    }
+    if (connect (fd, (struct sockaddr *) &address, sizeof address) == 0) {
+      nbdkit_error ("ctl: '%s' is in use by another server", path);
+      close (fd);
+      return -1;
+    }
+    unlink (path);
+  }
+  /* Owner only, from the moment it exists. */
+  mode_t old_mask = umask (0177);
+  int r = bind (fd, (struct sockaddr *) &address, sizeof address);
+  umask (old_mask);
+  if (r == -1 || listen (fd, 4) == -1) {
+    nbdkit_error ("ctl: cannot listen on '%s': %s", path, error_text (errno));
+    close (fd);
+    return -1;
+  }
+  listen_fd = fd;
+  socket_path = strdup (path);
+  return 0;
+}
+
+/* ---- replies ------------------------------------------------------- */
+
+static void
+client_send (struct client *client, const char *bytes, size_t length)
+{
+  while (length > 0 && !client->gone) {
+    ssize_t sent = send (client->fd, bytes, length, MSG_NOSIGNAL);
+    if (sent == -1 && errno == EINTR)
+      continue;
+    if (sent <= 0) {
+      client->gone = true;
+      return;
+    }
+    bytes += sent;
+    length -= sent;
+  }
+}
+
+/* Send what the reply holds so far and start it again. */
+static void
+reply_flush (struct client *client)
+{
+  fflush (client->out);
+  client_send (client, client->reply, client->reply_length);
+  rewind (client->out);
+  client->reply_length = 0;
+  fflush (client->out);
+}
+
+static int
+reply_error (struct client *client, const char *format, ...)
+{
+  va_list args;
+  va_start (args, format);
+  fprintf (client->out, "error: ");
+  vfprintf (client->out, format, args);
+  fprintf (client->out, "\n");
+  va_end (args);
+  return -1;
+}
+
+/* True while the client is connected and the server is not stopping:
+ * asked between pieces of a long command.
+ */
+static bool
+client_still_there (void *opaque)
+{
+  struct client *client = opaque;
+  struct pollfd fds[] = {
+    { .fd = client->fd, .events = 0 },
+    { .fd = wake_pipe[0], .events = POLLIN },
+  };
+  if (poll (fds, 2, 0) > 0
+      && ((fds[0].revents & (POLLHUP | POLLERR)) || fds[1].revents))
+    client->gone = true;
+  return !client->gone;
+}
+
+/* ---- commands ------------------------------------------------------ */
+
+static int
+parse_number (const char *text, uint64_t *value)
+{
+  char *end;
+  errno = 0;
+  unsigned long long number = strtoull (text, &end, 10);
+  if (errno || end == text || *end || *text == '-')
+    return -1;
+  *value = number;
+  return 0;
+}
+
+static int
+command_info (struct client *client, int argc, char **argv)
+{
+  struct store_stats s;
+  store_stats (store, &s);
+  fprintf (client->out, "disksize %" PRIu64 "\n", info.disksize);
+  fprintf (client->out, "algorithm %s\n", info.algorithm);
+  fprintf (client->out, "level %d\n", info.level);
+  fprintf (client->out, "mem_limit %" PRIu64 "\n", s.mem_limit);
+  fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
+  return 0;
+}
+
+static int
+command_zram_file (struct client *client, int argc, char **argv)
+{
+  return stats_print_zram_file (store, argv[0], client->out);
+}
+
+static int
+command_stats (struct client *client, int argc, char **argv)
+{
+  stats_print (store, client->out);
+  return 0;
+}
+
+static int
+command_classes (struct client *client, int argc, char **argv)
+{
+  store_print_classes (store, client->out);
+  return 0;
+}
+
+static int
+command_compact (struct client *client, int argc, char **argv)
+{
+  uint64_t pages = store_compact (store);
+  store_flush (store);
+  fprintf (client->out, "pages_compacted %" PRIu64 "\n", pages);
+  return 0;
+}
+
+static int
+command_idle (struct client *client, int argc, char **argv)
+{
+  uint64_t age = 0;
+  if (strcmp (argv[1], "all") != 0
+      && (parse_number (argv[1], &age) == -1 || age > BLOCK_ATIME_MAX))
+    return reply_error (client, "idle: '%s' is neither 'all' nor an age in "
+                        "seconds (0..%u)", argv[1], BLOCK_ATIME_MAX);
+  uint64_t marked = store_mark_idle (store, age, client_still_there, client);
+  fprintf (client->out, "marked %" PRIu64 "\n", marked);
+  return 0;
+}
+
+static int
+command_mem_limit (struct client *client, int argc, char **argv)
+{
+  int64_t limit = nbdkit_parse_size (argv[1]);
+  if (limit == -1)
+    return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
+                        argv[1]);
+  if (limit == 0 && swap_mode != SWAP_OFF)
+    return reply_error (client, "mem_limit: swap mode needs a limit");
+  if (store_set_mem_limit (store, limit) == -1) {
+    struct store_stats s;
+    store_stats (store, &s);
+    return reply_error (client, "mem_limit: %" PRId64 " is below the %" PRIu64
+                        " bytes held now", limit, s.limit_used);
+  }
+  return 0;
+}
+
+static int
+command_mem_used_max (struct client *client, int argc, char **argv)
+{
+  if (strcmp (argv[1], "0") != 0)
+    return reply_error (client, "mem_used_max: only 0 (a reset) can be written");
+  store_reset_mem_used_max (store);
+  return 0;
+}
+
+static int
+emit_block_state (void *opaque, const struct store_block_state *state)
+{
+  struct client *client = opaque;
+  /* zram's format: index, access time (s.us), flags s w h i r n. */
+  fprintf (client->out, "%12" PRIu64 " %12" PRIu32 ".%06u %c%c%c%c%c%c\n",
+           state->block, state->atime, 0u,
+           state->same ? 's' : '.', '.', state->huge ? 'h' : '.',
+           state->idle ? 'i' : '.', '.', '.');
+  if (ftell (client->out) >= 65536) {
+    reply_flush (client);
+    if (!client_still_there (client))
+      return -1;
+  }
+  return client->gone ? -1 : 0;
+}
+
+static int
+command_block_state (struct client *client, int argc, char **argv)
+{
+  uint64_t first, count;
+  if (parse_number (argv[1], &first) == -1 || parse_number (argv[2], &count) == -1)
+    return reply_error (client, "block_state: START and COUNT are block numbers");
+  store_block_state (store, first, count, emit_block_state, client);
+  return 0;
+}
+
+static int command_help (struct client *client, int argc, char **argv);
+
+static const struct command {
+  const char *name;
+  int words;                    /* with the name */
+  const char *usage;
+  int (*run) (struct client *client, int argc, char **argv);
+} commands[] = {
+  { "info", 1, "info", command_info },
+  { "mm_stat", 1, "mm_stat", command_zram_file },
+  { "io_stat", 1, "io_stat", command_zram_file },
+  { "bd_stat", 1, "bd_stat", command_zram_file },
+  { "stats", 1, "stats", command_stats },
+  { "classes", 1, "classes", command_classes },
+  { "compact", 1, "compact", command_compact },
+  { "idle", 2, "idle all|SECONDS", command_idle },
+  { "mem_limit", 2, "mem_limit SIZE", command_mem_limit },
+  { "mem_used_max", 2, "mem_used_max 0", command_mem_used_max },
+  { "block_state", 3, "block_state START COUNT", command_block_state },
+  { "help", 1, "help", command_help },
+};
+
+static int
+command_help (struct client *client, int argc, char **argv)
+{
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf (client->out, "%s\n", commands[i].usage);
+  return 0;
+}
+
+/* Run one line; the reply ends with ok or error. */
+static void
+run_line (struct client *client, char *line)
+{
+  char *argv[CONTROL_WORDS_MAX + 1];
+  int argc = 0;
+  for (char *save, *word = strtok_r (line, " \t\r", &save); word;
+       word = strtok_r (NULL, " \t\r", &save)) {
+    if (argc == CONTROL_WORDS_MAX)
+      break;
+    argv[argc++] = word;
+  }
+  if (argc == 0)
+    return;                     /* an empty line: no reply */
+
+  int r = -1;
+  size_t i;
+  for (i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp (argv[0], commands[i].name) == 0)
+      break;
+  if (argc == CONTROL_WORDS_MAX)
+    reply_error (client, "too many words");
+  else if (i == sizeof commands / sizeof commands[0])
+    reply_error (client, "unknown command '%s' (try help)", argv[0]);
+  else if (argc != commands[i].words)
+    reply_error (client, "usage: %s", commands[i].usage);
+  else
+    r = commands[i].run (client, argc, argv);
+  if (r == 0)
+    fprintf (client->out, "ok\n");
+  reply_flush (client);
+}
+
+/* ---- the thread ------------------------------------------------------ */
+
+/* Read lines from a client and run them until it hangs up or the server
+ * stops.
+ */
+static void
+client_serve (int fd)
+{
+  struct client client = { .fd = fd };
+  client.out = open_memstream (&client.reply, &client.reply_length);
+  if (!client.out)
+    return;
+  char line[CONTROL_LINE_MAX];
+  size_t used = 0;
+
+  while (!client.gone) {
+    struct pollfd fds[] = {
+      { .fd = fd, .events = POLLIN },
+      { .fd = wake_pipe[0], .events = POLLIN },
+    };
+    if (poll (fds, 2, -1) == -1) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    if (fds[1].revents)
+      break;                    /* stopping */
+    ssize_t n = recv (fd, line + used, sizeof line - used, 0);
+    if (n <= 0)
+      break;
+    used += n;
+    char *end;
+    while (!client.gone && (end = memchr (line, '\n', used))) {
+      *end = '\0';
+      run_line (&client, line);
+      used -= end + 1 - line;
+      memmove (line, end + 1, used);
+    }
+    if (used == sizeof line) {
+      reply_error (&client, "line too long (%d bytes at most)", CONTROL_LINE_MAX);
+      reply_flush (&client);
+      break;
+    }
+  }
+  fclose (client.out);
+  free (client.reply);
+}
+
+static void *
+control_main (void *arg)
+{
+  for (;;) {
+    struct pollfd fds[] = {
+      { .fd = listen_fd, .events = POLLIN },
+      { .fd = wake_pipe[0], .events = POLLIN },
+    };
+    if (poll (fds, 2, -1) == -1) {
+      if (errno == EINTR)
+        continue;
+      return NULL;
+    }
+    if (fds[1].revents)
+      return NULL;
+    int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd == -1)
+      continue;
+    client_serve (fd);
+    close (fd);
+  }
+}
+
+int
+control_start (struct block_store *the_store, const struct control_info *the_info)
+{
+  if (listen_fd == -1)
+    return 0;
+  store = the_store;
+  info = *the_info;
+  if (pipe2 (wake_pipe, O_CLOEXEC) == -1)
+    return -1;
+  int err = pthread_create (&thread, NULL, control_main, NULL);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  running = true;
+  return 0;
+}
+
+void
+control_stop (void)
+{
+  if (running) {
+    char byte = 0;
+    ssize_t written = write (wake_pipe[1], &byte, 1);
+    (void) written;
+    pthread_join (thread, NULL);
+    running = false;
+  }
+  for (int i = 0; i < 2; i++)
+    if (wake_pipe[i] != -1) {
+      close (wake_pipe[i]);
+      wake_pipe[i] = -1;
+    }
+  if (listen_fd != -1) {
+    close (listen_fd);
+    listen_fd = -1;
+    unlink (socket_path);
+  }
+  free (socket_path);
+  socket_path = NULL;
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The control channel (ctl=PATH) end to end, with the raw protocol and
+# with nbdkit-zramctl: every command, bad commands (an error, nothing
+# changed), idle marking and block_state against real I/O, a runtime
+# mem_limit, a client that hangs up in the middle of a long command (the
+# server goes on), and bad ctl= paths at startup.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+requires nbdsh
+ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
+export ZRAMCTL
+
+# ---- bad ctl= paths ----------------------------------------------------
+touch "$tmp/not-a-socket"
+if zram_nbdkit -U - "$PLUGIN" 1M ctl="$tmp/not-a-socket" --run true; then
+    fail "started with ctl= naming a regular file"
+fi
+grep -q "ctl: '$tmp/not-a-socket' exists and is not a socket" "$NBDKIT_STDERR" \
+    || fail "no clear message for a ctl= path that is not a socket"
+
+# ---- a live server -----------------------------------------------------
+cat > "$tmp/ctl.py" <<'EOF'
+import json, os, re, socket, stat, subprocess, sys, nbd
+
+uri, ctl, stats_path = sys.argv[1], sys.argv[2], sys.argv[3]
+zramctl = os.environ["ZRAMCTL"]
+B = 4096
+
+def command(line, sock=None):
+    """Send a line, return (lines, ok)."""
+    own = sock is None
+    if own:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(ctl)
+    sock.sendall(line.encode() + b"\n")
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the control connection"
+        data += chunk
+        lines = data.decode().split("\n")
+        for i, l in enumerate(lines[:-1]):
+            if l == "ok" or l.startswith("error: "):
+                if own:
+                    sock.close()
+                return lines[:i], l == "ok", l
+    
+def ok(line):
+    lines, good, last = command(line)
+    assert good, "%r: %s" % (line, last)
+    return lines
+
+def error(line, pattern):
+    lines, good, last = command(line)
+    assert not good, "%r succeeded" % line
+    assert re.search(pattern, last), "%r: %s" % (line, last)
+
+def info():
+    return dict(l.split(" ", 1) for l in ok("info"))
+
+assert stat.S_IMODE(os.stat(ctl).st_mode) == 0o600, oct(os.stat(ctl).st_mode)
+
+h = nbd.NBD(); h.connect_uri(uri)
+size = h.get_size()
+# 300 compressible blocks, 10 zero blocks, 5 random (stored raw: huge).
+for i in range(300):
+    h.pwrite((b"block %06d " % i) * 300 + bytes(4096 - 3600), i * B)
+for i in range(300, 310):
+    h.pwrite(bytes(B), i * B)
+for i in range(310, 315):
+    h.pwrite(os.urandom(B), i * B)
+STORED = 315
+
+before = info()
+assert int(before["disksize"]) == size, before
+assert before["algorithm"] == os.environ.get("COMP", "lz4"), before
+mm = [int(x) for x in ok("mm_stat")[0].split()]
+assert len(mm) == 9 and mm[0] == STORED * B, mm
+assert len(ok("io_stat")[0].split()) == 4
+assert ok("bd_stat") == ["0 0 0"]
+assert any(l.startswith("compression_ratio: ") for l in ok("stats"))
+assert any("size" in l for l in ok("classes"))
+assert "block_state START COUNT" in ok("help")
+
+# Bad commands: an error each, nothing changed.
+error("bogus", r"unknown command 'bogus'")
+error("idle", r"usage: idle all\|SECONDS")
+error("idle -1", r"idle: '-1' is neither")
+error("idle soon", r"idle: 'soon' is neither")
+error("mem_limit abc", r"mem_limit: 'abc' is not a size")
+error("mem_limit 1K", r"mem_limit: 1024 is below the \d+ bytes held now")
+error("mem_used_max 5", r"only 0")
+error("block_state 0", r"usage: block_state START COUNT")
+error("block_state x 1", r"START and COUNT")
+error("a b c d e f g h i", r"too many words")
+after = info()
+del before["uptime"], after["uptime"]
+assert before == after, (before, after)
+
+# Idle marking and block_state.
+assert ok("idle 3600") == ["marked 0"]
+assert ok("idle all") == ["marked %d" % STORED]
+assert ok("idle all") == ["marked 0"]
+h.pread(B, 7 * B)
+h.pwrite(((b"rewritten %06d " % 9) * 256)[:B], 9 * B)
+line_re = re.compile(r"^ +(\d+) +(\d+)\.(\d{6}) ([s.])([w.])([h.])([i.])([r.])([n.])$")
+states = {}
+for l in ok("block_state 0 %d" % (size // B)):
+    m = line_re.match(l)
+    assert m, "block_state line %r" % l
+    states[int(m.group(1))] = m.group(4) + m.group(6) + m.group(7)
+assert len(states) == STORED, len(states)
+assert states[7] == "..." and states[9] == "...", (states[7], states[9])
+assert states[8] == "..i", states[8]
+assert states[305] == "s.i" and states[312] == ".hi", (states[305], states[312])
+assert ok("block_state 300 2") and len(ok("block_state 300 2")) == 2
+assert ok("block_state %d 5" % (size // B)) == []
+marked = ok("idle all"); assert marked == ["marked 2"], marked
+
+# Runtime mem_limit and the high-water mark.
+ok("mem_limit 64M")
+assert info()["mem_limit"] == str(64 << 20)
+h.pwrite(b"y" * B, 400 * B)
+ok("mem_used_max 0")
+mm = [int(x) for x in ok("mm_stat")[0].split()]
+assert mm[4] == mm[2], mm            # mem_used_max == mem_used_total
+ok("mem_limit 0")
+assert ok("compact")[0].startswith("pages_compacted ")
+
+# A client that hangs up in the middle of a long reply: fill the device
+# so block_state has megabytes to say, ask, and close at once.
+h.pwrite(bytes(range(256)) * 16 * 4096, 0)
+sock = socket.socket(socket.AF_UNIX); sock.connect(ctl)
+sock.sendall(b"block_state 0 100000000\n")
+sock.recv(100)
+sock.close()
+# The server goes on: I/O and a new control connection both work.
+assert h.pread(B, 4095 * B) == bytes(range(256)) * 16
+assert int(info()["disksize"]) == size
+
+# The tool: the table, JSON, a command, an error, an unreachable socket.
+table = subprocess.run([zramctl, ctl], capture_output=True, text=True, check=True).stdout
+header, row = table.splitlines()
+assert header.split() == ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO"], header
+assert row.split()[0] == ctl and row.split()[2] == "%dM" % (size >> 20), row
+doc = json.loads(subprocess.run([zramctl, "--json", ctl], capture_output=True,
+                                text=True, check=True).stdout)
+server = doc["zram"][0]
+mm = [int(x) for x in ok("mm_stat")[0].split()]
+assert server["name"] == ctl and server["disksize"] == size, server
+assert server["data"] == mm[0] and server["compr"] == mm[1], (server, mm)
+run = subprocess.run([zramctl, "idle", ctl, "all"], capture_output=True, text=True)
+assert run.returncode == 0 and run.stdout.startswith("marked "), run
+run = subprocess.run([zramctl, "mem_limit", ctl, "1K"], capture_output=True, text=True)
+assert run.returncode == 1 and "is below the" in run.stderr, run
+run = subprocess.run([zramctl, ctl + ".missing"], capture_output=True, text=True)
+assert run.returncode == 1 and "No such file" in run.stderr, run
+h.shutdown()
+print("ok: control channel")
+EOF
+
+for comp in lz4 zstd; do
+    export COMP=$comp
+    zram_nbdkit -U - "$PLUGIN" 64M comp=$comp ctl="$tmp/ctl" stats="$tmp/stats" \
+        --run "python3 '$tmp/ctl.py' \"\$uri\" '$tmp/ctl' '$tmp/stats'"
+    [ ! -e "$tmp/ctl" ] || fail "the control socket was left behind"
+done
+
+# A socket another server still listens on is not taken over.
+zram_nbdkit -U "$tmp/sock2" -P "$tmp/pid2" "$PLUGIN" 1M ctl="$tmp/ctl2"
+cleanup_add 'kill "$(cat "$tmp/pid2")"'
+if zram_nbdkit -U - "$PLUGIN" 1M ctl="$tmp/ctl2" --run true; then
+    fail "a second server took over the control socket"
+fi
+grep -q "ctl: '$tmp/ctl2' is in use by another server" "$NBDKIT_STDERR" \
+    || fail "no clear message for a control socket in use"
+"$ZRAMCTL" info "$tmp/ctl2" | grep -q '^disksize 1048576$' \
+    || fail "the first server lost its control socket"
+echo "ok: ctl= paths"
