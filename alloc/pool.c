@@ -463,6 +463,14 @@ zs_object_room (struct zs_pool *pool, zs_handle_t handle)
   return class_of_handle (pool, handle)->size;
 }
 
+size_t
+zs_size_room (struct zs_pool *pool, size_t size)
+{
+  if (size == 0 || size > ZS_MAX_OBJECT_SIZE)
+    return 0;
+  return class_for_size (pool, size)->size;
+}
+
 int
 zs_resize (struct zs_pool *pool, zs_handle_t handle, size_t size)
 {

@@ -145,6 +145,10 @@ extern size_t zs_object_size (struct zs_pool *pool, zs_handle_t handle);
 
 /* The most the object's slot holds: its size class's slot size. */
 extern size_t zs_object_room (struct zs_pool *pool, zs_handle_t handle);
+/* The slot size an object of size bytes would get (its class's room);
+ * 0 for a size out of range.
+ */
+extern size_t zs_size_room (struct zs_pool *pool, size_t size);
 
 /* Change an object's size in place, keeping its slot and its bytes:
  * 0, or -1 with errno ERANGE when the new size belongs to another size

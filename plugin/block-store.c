@@ -11,7 +11,13 @@ struct block_store {
   uint64_t size;
   uint64_t blocks;
   struct zs_pool *pool;
-  struct codec *codec;
+  /* codecs[0] compresses every write; codecs[1..recomp_count], the
+   * recompression algorithms by priority, only recompress.  A block's
+   * priority bits say which one decodes it.
+   */
+  struct codec *codecs[1 + STORE_RECOMP_MAX];
+  enum codec_algorithm algorithms[1 + STORE_RECOMP_MAX];
+  unsigned recomp_count;
   size_t raw_threshold;           /* compressed size stored raw from here */
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
@@ -29,6 +35,8 @@ struct block_store {
   _Atomic uint64_t reads;
   _Atomic uint64_t writes;
   _Atomic uint64_t compact_ns;    /* time spent in store_compact */
+  _Atomic uint64_t recomp_blocks;
+  _Atomic uint64_t recomp_bytes_saved;
   uint64_t created_ns;            /* monotonic: block access times count
                                      from here */
 };
@@ -49,6 +57,19 @@ zeroed_range (size_t first, size_t end)
 }
 static inline size_t zeroed_first (uint32_t zeroed) { return zeroed >> 16; }
 static inline size_t zeroed_end (uint32_t zeroed) { return zeroed & 0xffff; }
+
+static inline unsigned
+content_priority (const struct block_content *content)
+{
+  return (content->flags & BLOCK_PRIORITY_MASK) >> BLOCK_PRIORITY_SHIFT;
+}
+
+/* The codec that compressed content's object. */
+static inline struct codec *
+content_codec (struct block_store *store, const struct block_content *content)
+{
+  return store->codecs[content_priority (content)];
+}
 
 static inline bool
 content_has_object (const struct block_content *content)
@@ -101,9 +122,22 @@ store_create (const struct store_config *config)
   store->pool = zs_pool_create (&config->pool);
   if (!store->pool)
     goto fail;
-  store->codec = codec_create (config->algorithm, config->level);
-  if (!store->codec)
+  if (config->recomp_count > STORE_RECOMP_MAX) {
+    errno = EINVAL;
     goto fail;
+  }
+  store->recomp_count = config->recomp_count;
+  store->algorithms[0] = config->algorithm;
+  store->codecs[0] = codec_create (config->algorithm, config->level);
+  if (!store->codecs[0])
+    goto fail;
+  for (unsigned p = 1; p <= store->recomp_count; p++) {
+    store->algorithms[p] = config->recomp[p - 1].algorithm;
+    store->codecs[p] = codec_create (config->recomp[p - 1].algorithm,
+                                     config->recomp[p - 1].level);
+    if (!store->codecs[p])
+      goto fail;
+  }
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -114,6 +148,8 @@ store_create (const struct store_config *config)
   int saved = errno;
   if (store->pool)
     zs_pool_destroy (store->pool);
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
+    codec_destroy (store->codecs[p]);
   free (store);
   errno = saved;
   return NULL;
@@ -129,7 +165,8 @@ store_destroy (struct block_store *store)
    */
   block_table_destroy (&store->table);
   zs_pool_destroy (store->pool);
-  codec_destroy (store->codec);
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
+    codec_destroy (store->codecs[p]);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_destroy (&store->stripes[i]);
   free (store);
@@ -167,12 +204,13 @@ block_encode (struct block_store *store, const unsigned char *block,
   const void *payload = compressed;
 
   content->zeroed = 0;
+  content->flags = 0;           /* compressed by codecs[0] */
   if (block_is_same_filled (block, &content->value)) {
     content->kind = BLOCK_SAME;
     return 0;
   }
 
-  int length = codec_compress (store->codec, block, compressed,
+  int length = codec_compress (store->codecs[0], block, compressed,
                                store->raw_threshold - 1);
   if (length == -1)
     return -1;
@@ -223,6 +261,7 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
                        struct block_content *content)
 {
   content->zeroed = 0;
+  content->flags = 0;           /* compressed by codecs[0] */
   if (block_is_same_filled (block, &content->value)) {
     content->kind = BLOCK_SAME;
     return 0;
@@ -234,7 +273,7 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
   zs_handle_t handle = old->value;
   size_t size = zs_object_size (store->pool, handle);
   size_t room = zs_object_room (store->pool, handle);
-  int length = codec_compress (store->codec, block, compressed,
+  int length = codec_compress (store->codecs[0], block, compressed,
                                room < store->raw_threshold - 1
                                ? room : store->raw_threshold - 1);
   if (length == -1)
@@ -284,7 +323,7 @@ block_decode (struct block_store *store, const struct block_content *content,
     if (content->kind == BLOCK_RAW)
       memcpy (block, object, STORE_BLOCK_SIZE);
     else
-      r = codec_decompress (store->codec, object, length,
+      r = codec_decompress (content_codec (store, content), object, length,
                             content->kind == BLOCK_COMPRESSED_PADDED, block);
     zs_read_end (store->pool, handle, object);
     break;
@@ -338,9 +377,13 @@ entry_store (struct block_store *store, struct block_leaf *leaf,
              const struct block_content *content)
 {
   atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
-  /* A write is an access: the flags go, the access time is now. */
+  /* A write is an access: idle and incompressible go, the access time is
+   * now; the priority says which codec the object was compressed with.
+   */
   atomic_store_explicit (&entry->state,
-                         block_state_make (content->kind, 0, store_clock (store)),
+                         block_state_make (content->kind,
+                                           content->flags & BLOCK_PRIORITY_MASK,
+                                           store_clock (store)),
                          memory_order_relaxed);
   atomic_store_explicit (&entry->zeroed, content->zeroed, memory_order_relaxed);
   if (old->kind != BLOCK_EMPTY && content->kind == BLOCK_EMPTY)
@@ -526,6 +569,7 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
           && zeroed_merge (old.zeroed, from, from + length, &content.zeroed)) {
         content.kind = old.kind;
         content.value = old.value;
+        content.flags = old.flags;      /* its codec, for one */
         r = 0;
       }
     }
@@ -817,6 +861,8 @@ block_state_gather (void *opaque, uint64_t block, struct block_entry *entry)
     .same = block_state_kind (state) == BLOCK_SAME,
     .huge = block_state_kind (state) == BLOCK_RAW,
     .idle = (state & BLOCK_FLAG_IDLE) != 0,
+    .recompressed = (state & BLOCK_PRIORITY_MASK) != 0,
+    .incompressible = (state & BLOCK_FLAG_INCOMPRESSIBLE) != 0,
   };
   return batch->count < STATE_BATCH;
 }
@@ -868,6 +914,178 @@ uint32_t
 store_now (const struct block_store *store)
 {
   return store_clock (store);
+}
+
+/* ---- recompression ------------------------------------------------- */
+
+const char *
+store_recompress_algorithm (const struct block_store *store, unsigned priority)
+{
+  if (priority < 1 || priority > store->recomp_count)
+    return NULL;
+  return codec_name (store->algorithms[priority]);
+}
+
+/* A batch of candidate blocks gathered in a walk. */
+struct recompress_batch {
+  const struct store_recompress_request *request;
+  unsigned top_priority;          /* the highest priority tried */
+  uint64_t blocks[STATE_BATCH];
+  unsigned count;
+};
+
+static bool
+recompress_wanted (const struct recompress_batch *batch, uint32_t state)
+{
+  unsigned kind = block_state_kind (state);
+  if (kind != BLOCK_COMPRESSED && kind != BLOCK_RAW
+      && kind != BLOCK_COMPRESSED_PADDED)
+    return false;
+  if ((state & BLOCK_FLAG_INCOMPRESSIBLE)
+      || ((state & BLOCK_PRIORITY_MASK) >> BLOCK_PRIORITY_SHIFT)
+         >= batch->top_priority)
+    return false;
+  if ((batch->request->type & RECOMPRESS_IDLE) && !(state & BLOCK_FLAG_IDLE))
+    return false;
+  if ((batch->request->type & RECOMPRESS_HUGE) && kind != BLOCK_RAW)
+    return false;
+  return true;
+}
+
+static bool
+recompress_gather (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct recompress_batch *batch = opaque;
+  if (recompress_wanted (batch, atomic_load_explicit (&entry->state,
+                                                      memory_order_relaxed)))
+    batch->blocks[batch->count++] = block;
+  return batch->count < STATE_BATCH;
+}
+
+/* Recompress one block, all under its stripe lock (one block's decode
+ * and compressions: what a read or write of a block on that stripe may
+ * wait for).  Adds to result.
+ */
+static int
+recompress_block (struct block_store *store, uint64_t block,
+                  const struct recompress_batch *batch,
+                  struct store_recompress_result *result)
+{
+  unsigned char plain[STORE_BLOCK_SIZE], compressed[STORE_BLOCK_SIZE];
+  struct block_leaf *leaf;
+  pthread_mutex_t *stripe = stripe_for (store, block);
+  int r = 0;
+
+  pthread_mutex_lock (stripe);
+  struct block_entry *entry = block_table_lookup (&store->table, block, false,
+                                                  &leaf);
+  uint32_t state = entry ? atomic_load (&entry->state) : 0;
+  if (!entry || !recompress_wanted (batch, state))
+    goto out;                   /* changed since the walk */
+  struct block_content old = entry_load (entry);
+  size_t old_size = zs_object_size (store->pool, old.value);
+  size_t old_room = zs_object_room (store->pool, old.value);
+  if (old_size < batch->request->threshold)
+    goto out;
+  /* The zeroed overlay stays as it is: decode the object alone. */
+  struct block_content stored = old;
+  stored.zeroed = 0;
+  if ((r = block_decode (store, &stored, plain)) == -1)
+    goto out;
+  result->tried++;
+
+  /* The first algorithm, by priority, that lands in a smaller class. */
+  unsigned first = batch->request->priority ? batch->request->priority
+    : content_priority (&old) + 1;
+  unsigned priority = 0;
+  int length = 0;
+  for (unsigned p = first; p <= batch->top_priority && !priority; p++) {
+    length = codec_compress (store->codecs[p], plain, compressed,
+                             store->raw_threshold - 1);
+    if (length == -1) {
+      r = -1;
+      goto out;
+    }
+    if (length > 0 && zs_size_room (store->pool, length) < old_room)
+      priority = p;
+  }
+  if (!priority) {
+    /* Nothing shrinks it: skip it from now on. */
+    atomic_store (&entry->state, state | BLOCK_FLAG_INCOMPRESSIBLE);
+    result->incompressible++;
+    goto out;
+  }
+  zs_handle_t handle = zs_malloc (store->pool, length);
+  if (!handle) {
+    r = -1;
+    goto out;
+  }
+  zs_write (store->pool, handle, compressed, length);
+  struct block_content content = {
+    .kind = BLOCK_COMPRESSED, .value = handle, .zeroed = old.zeroed,
+  };
+  content_account (store, &old, -1, old_size);
+  content_account (store, &content, 1, length);
+  atomic_store_explicit (&entry->value, handle, memory_order_relaxed);
+  /* Not an access: the access time and the idle flag stay. */
+  atomic_store_explicit (&entry->state,
+                         block_state_make (BLOCK_COMPRESSED,
+                                           (block_state_flags (state)
+                                            & BLOCK_FLAG_IDLE)
+                                           | priority << BLOCK_PRIORITY_SHIFT,
+                                           block_state_atime (state)),
+                         memory_order_relaxed);
+  pthread_mutex_unlock (stripe);
+  zs_free (store->pool, old.value);
+  result->recompressed++;
+  result->bytes_saved += old_size - length;
+  counter_add (&store->recomp_blocks, 1);
+  counter_add (&store->recomp_bytes_saved, old_size - length);
+  return 0;
+
+ out:
+  pthread_mutex_unlock (stripe);
+  return r;
+}
+
+int
+store_recompress (struct block_store *store,
+                  const struct store_recompress_request *request,
+                  bool (*keep_going) (void *opaque), void *opaque,
+                  struct store_recompress_result *result)
+{
+  memset (result, 0, sizeof *result);
+  if (store->recomp_count == 0 || request->priority > store->recomp_count
+      || request->type < RECOMPRESS_IDLE || request->type > RECOMPRESS_HUGE_IDLE) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct recompress_batch *batch = malloc (sizeof *batch);
+  if (!batch)
+    return -1;
+  batch->request = request;
+  batch->top_priority = request->priority ? request->priority
+    : store->recomp_count;
+  uint64_t next = 0;
+  int r = 0;
+  while (next < store->blocks && r == 0) {
+    if (keep_going && !keep_going (opaque))
+      break;
+    batch->count = 0;
+    stored_blocks_walk (store, next, store->blocks - next, recompress_gather,
+                        NULL, batch);
+    for (unsigned i = 0; i < batch->count && r == 0; i++) {
+      if (request->max_blocks && result->tried >= request->max_blocks)
+        goto done;
+      r = recompress_block (store, batch->blocks[i], batch, result);
+    }
+    if (batch->count < STATE_BATCH)
+      break;
+    next = batch->blocks[batch->count - 1] + 1;
+  }
+ done:
+  free (batch);
+  return r;
 }
 
 /* The table's reclaim grace period: take and drop every stripe lock. */
@@ -964,7 +1182,10 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->writes = atomic_load (&store->writes);
   stats->table_bytes = atomic_load (&store->table.bytes);
   stats->metadata_bytes = pool.metadata_bytes;
-  stats->codec_bytes = codec_memory (store->codec);
+  for (unsigned p = 0; p <= store->recomp_count; p++)
+    stats->codec_bytes += codec_memory (store->codecs[p]);
+  stats->recomp_blocks = atomic_load (&store->recomp_blocks);
+  stats->recomp_bytes_saved = atomic_load (&store->recomp_bytes_saved);
   stats->reserve_bytes = pool.reserve_bytes;
   stats->reserve_refills = pool.reserve_refills;
   stats->reserve_misses = pool.reserve_misses;

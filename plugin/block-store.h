@@ -57,10 +57,18 @@
 #define STORE_BLOCK_SIZE 4096
 #define STORE_STRIPES 1024
 
+#define STORE_RECOMP_MAX 3
+
 struct store_config {
   uint64_t size;                  /* device size in bytes, >= 1 */
   enum codec_algorithm algorithm;
   int level;
+  /* Recompression algorithms, priority 1..recomp_count in this order. */
+  unsigned recomp_count;
+  struct {
+    enum codec_algorithm algorithm;
+    int level;
+  } recomp[STORE_RECOMP_MAX];
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
 };
 
@@ -89,6 +97,8 @@ struct store_stats {
   uint64_t reserve_bytes;         /* swap reserve: populated pages ready */
   uint64_t reserve_refills;       /* bytes it was topped up with, ever */
   uint64_t reserve_misses;        /* chunks mapped with it empty, ever */
+  uint64_t recomp_blocks;         /* blocks recompressed, ever */
+  uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
 };
 
 struct block_store;
@@ -154,12 +164,46 @@ struct store_block_state {
   uint64_t block;
   uint32_t atime;                 /* seconds, as store_now */
   bool same, huge, idle;          /* zram's s, h and i flags */
+  bool recompressed, incompressible; /* zram's r and n flags */
 };
 typedef int (*store_block_state_fn) (void *opaque,
                                      const struct store_block_state *state);
 extern int store_block_state (struct block_store *store, uint64_t first,
                               uint64_t count, store_block_state_fn emit,
                               void *opaque);
+
+/* Recompression (zram's recompress): blocks matching the request are
+ * compressed again with the recompression algorithms, in priority order
+ * (or only the one of request->priority), and the result kept only if it
+ * lands in a smaller size class of the allocator; a block that none
+ * shrinks is marked incompressible and skipped from then on, and one
+ * already recompressed at a priority is skipped by that priority and
+ * lower ones.  Each block is decoded, compressed and swapped under its
+ * stripe lock: a read or write waits for one block's recompression at
+ * most, and nothing it writes meanwhile can be lost.
+ */
+enum store_recompress_type {
+  RECOMPRESS_IDLE = 1,            /* idle blocks */
+  RECOMPRESS_HUGE = 2,            /* blocks stored raw */
+  RECOMPRESS_HUGE_IDLE = 3,       /* both */
+};
+struct store_recompress_request {
+  enum store_recompress_type type;
+  size_t threshold;               /* only objects of at least this size */
+  uint64_t max_blocks;            /* at most this many tried; 0: all */
+  unsigned priority;              /* 1..recomp_count, or 0: every one */
+};
+struct store_recompress_result {
+  uint64_t tried, recompressed, incompressible, bytes_saved;
+};
+/* 0, or -1 with errno (EINVAL: no such priority, no algorithm). */
+extern int store_recompress (struct block_store *store,
+                             const struct store_recompress_request *request,
+                             bool (*keep_going) (void *opaque), void *opaque,
+                             struct store_recompress_result *result);
+/* The name of a recompression priority's algorithm, or NULL. */
+extern const char *store_recompress_algorithm (const struct block_store *store,
+                                               unsigned priority);
 
 /* The control channel's knobs: mem_limit at run time (-1 with errno
  * ENOSPC if more is held already; nothing changes then), mem_used_max

@@ -55,6 +55,11 @@ enum block_kind {
 
 /* Flags of a block (zram's block_state letters in brackets). */
 #define BLOCK_FLAG_IDLE 0x10u   /* [i] not accessed since marked idle */
+#define BLOCK_FLAG_INCOMPRESSIBLE 0x20u /* [n] no recompression shrank it */
+#define BLOCK_PRIORITY_SHIFT 6  /* [r] bits 6..7: the algorithm that
+                                   compressed it, 0 primary, 1..3 the
+                                   recompression algorithms */
+#define BLOCK_PRIORITY_MASK 0xc0u
 #define BLOCK_FLAG_MASK 0xf0u
 #define BLOCK_KIND_MASK 0x0fu
 #define BLOCK_ATIME_SHIFT 8

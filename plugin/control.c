@@ -257,7 +257,8 @@ emit_block_state (void *opaque, const struct store_block_state *state)
   fprintf (client->out, "%12" PRIu64 " %12" PRIu32 ".%06u %c%c%c%c%c%c\n",
            state->block, state->atime, 0u,
            state->same ? 's' : '.', '.', state->huge ? 'h' : '.',
-           state->idle ? 'i' : '.', '.', '.');
+           state->idle ? 'i' : '.', state->recompressed ? 'r' : '.',
+           state->incompressible ? 'n' : '.');
   if (ftell (client->out) >= 65536) {
     reply_flush (client);
     if (!client_still_there (client))
@@ -276,11 +277,78 @@ command_block_state (struct client *client, int argc, char **argv)
   return 0;
 }
 
+/* recompress type=idle|huge|huge_idle [threshold=BYTES] [max_pages=N]
+ * [algo=NAME|priority=N], zram's syntax.
+ */
+static int
+command_recompress (struct client *client, int argc, char **argv)
+{
+  static const char *const types[] = { NULL, "idle", "huge", "huge_idle" };
+  struct store_recompress_request request = { 0 };
+  const char *algorithm = NULL;
+  for (int i = 1; i < argc; i++) {
+    char *value = strchr (argv[i], '=');
+    if (!value)
+      return reply_error (client, "recompress: '%s' is not KEY=VALUE", argv[i]);
+    *value++ = '\0';
+    uint64_t number = 0;
+    if (strcmp (argv[i], "type") == 0) {
+      for (int t = RECOMPRESS_IDLE; t <= RECOMPRESS_HUGE_IDLE; t++)
+        if (strcmp (value, types[t]) == 0)
+          request.type = t;
+      if (!request.type)
+        return reply_error (client, "recompress: type '%s' is not one of "
+                            "idle|huge|huge_idle", value);
+    }
+    else if (strcmp (argv[i], "algo") == 0)
+      algorithm = value;
+    else if (parse_number (value, &number) == -1)
+      return reply_error (client, "recompress: %s: '%s' is not a number",
+                          argv[i], value);
+    else if (strcmp (argv[i], "threshold") == 0)
+      request.threshold = number;
+    else if (strcmp (argv[i], "max_pages") == 0)
+      request.max_blocks = number;
+    else if (strcmp (argv[i], "priority") == 0) {
+      if (!store_recompress_algorithm (store, number))
+        return reply_error (client, "recompress: no algorithm has priority "
+                            "%" PRIu64, number);
+      request.priority = number;
+    }
+    else
+      return reply_error (client, "recompress: unknown key '%s'", argv[i]);
+  }
+  if (!request.type)
+    return reply_error (client, "recompress: type=idle|huge|huge_idle is needed");
+  if (algorithm) {
+    for (unsigned p = 1; store_recompress_algorithm (store, p); p++)
+      if (strcmp (store_recompress_algorithm (store, p), algorithm) == 0) {
+        request.priority = p;
+        break;
+      }
+    if (!request.priority)
+      return reply_error (client, "recompress: algo=%s is not a recompression "
+                          "algorithm (recomp_algorithm=)", algorithm);
+  }
+  if (!store_recompress_algorithm (store, 1))
+    return reply_error (client, "recompress: the server has no recompression "
+                        "algorithm (recomp_algorithm=)");
+  struct store_recompress_result result;
+  if (store_recompress (store, &request, client_still_there, client,
+                        &result) == -1)
+    return reply_error (client, "recompress: %s", error_text (errno));
+  fprintf (client->out, "tried %" PRIu64 "\nrecompressed %" PRIu64
+           "\nincompressible %" PRIu64 "\nbytes_saved %" PRIu64 "\n",
+           result.tried, result.recompressed, result.incompressible,
+           result.bytes_saved);
+  return 0;
+}
+
 static int command_help (struct client *client, int argc, char **argv);
 
 static const struct command {
   const char *name;
-  int words;                    /* with the name */
+  int words;                    /* with the name; -N: 2 to N */
   const char *usage;
   int (*run) (struct client *client, int argc, char **argv);
 } commands[] = {
@@ -295,6 +363,8 @@ static const struct command {
   { "mem_limit", 2, "mem_limit SIZE", command_mem_limit },
   { "mem_used_max", 2, "mem_used_max 0", command_mem_used_max },
   { "block_state", 3, "block_state START COUNT", command_block_state },
+  { "recompress", -5, "recompress type=idle|huge|huge_idle [threshold=BYTES] "
+    "[max_pages=N] [algo=NAME|priority=N]", command_recompress },
   { "help", 1, "help", command_help },
 };
 
@@ -330,7 +400,8 @@ run_line (struct client *client, char *line)
     reply_error (client, "too many words");
   else if (i == sizeof commands / sizeof commands[0])
     reply_error (client, "unknown command '%s' (try help)", argv[0]);
-  else if (argc != commands[i].words)
+  else if (commands[i].words > 0 ? argc != commands[i].words
+           : argc < 2 || argc > -commands[i].words)
     reply_error (client, "usage: %s", commands[i].usage);
   else
     r = commands[i].run (client, argc, argv);

@@ -14,6 +14,7 @@
  *   mem_limit SIZE         change the limit (never below what is held)
  *   mem_used_max 0         restart the high-water mark
  *   block_state START COUNT   zram's debugfs block_state lines
+ *   recompress type=... [threshold=] [max_pages=] [algo=|priority=]
  *   help
  *
  * THREADS.  One control thread (started in .after_fork, stopped in

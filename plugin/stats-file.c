@@ -100,6 +100,8 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (reserve_bytes);
   FIELD (reserve_refills);
   FIELD (reserve_misses);
+  FIELD (recomp_blocks);
+  FIELD (recomp_bytes_saved);
 #undef FIELD
   fprintf (fp, "process_rss: %" PRIu64 "\n", process_rss_bytes ());
   swap_mode_print (fp);

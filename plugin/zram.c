@@ -39,6 +39,8 @@
 
 static struct store_config config;
 static bool size_given, level_given, reserve_given;
+/* recomp_algorithm= by priority (1..STORE_RECOMP_MAX), as given. */
+static bool recomp_given[STORE_RECOMP_MAX + 1];
 static char *stats_path;
 static char *ctl_path;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
@@ -90,6 +92,72 @@ parse_choice (const char *key, const char *value, const char *const *names,
               "%s%s", i ? "|" : "", names[i]);
   nbdkit_error ("%s: '%s' is not one of %s", key, value, accepted);
   return -1;
+}
+
+/* recomp_algorithm=NAME[:level=N][:priority=P] (',' works as ':' too):
+ * a recompression algorithm; without priority, the next free one.
+ */
+static int
+parse_recomp_algorithm (const char *value)
+{
+  static const char *const algorithms[] = { "lz4", "zstd" };
+  char *copy = strdup (value);
+  if (!copy) {
+    nbdkit_error ("recomp_algorithm: %s", error_text (errno));
+    return -1;
+  }
+  char *save, *name = strtok_r (copy, ":,", &save);
+  int algorithm, level = INT32_MIN;
+  unsigned priority = 0;
+  int r = -1;
+  if (!name || parse_choice ("recomp_algorithm", name, algorithms, 2,
+                             &algorithm) == -1)
+    goto out;
+  for (char *option; (option = strtok_r (NULL, ":,", &save)); ) {
+    if (strncmp (option, "level=", 6) == 0) {
+      if (nbdkit_parse_int ("recomp_algorithm level", option + 6, &level) == -1)
+        goto out;
+    }
+    else if (strncmp (option, "priority=", 9) == 0) {
+      if (nbdkit_parse_unsigned ("recomp_algorithm priority", option + 9,
+                                 &priority) == -1)
+        goto out;
+      if (priority < 1 || priority > STORE_RECOMP_MAX) {
+        nbdkit_error ("recomp_algorithm: priority %u is not 1..%d", priority,
+                      STORE_RECOMP_MAX);
+        goto out;
+      }
+    }
+    else {
+      nbdkit_error ("recomp_algorithm: '%s' is not level=N or priority=N",
+                    option);
+      goto out;
+    }
+  }
+  if (!priority)
+    for (priority = 1; priority <= STORE_RECOMP_MAX && recomp_given[priority];
+         priority++)
+      ;
+  if (priority > STORE_RECOMP_MAX || recomp_given[priority]) {
+    nbdkit_error ("recomp_algorithm: at most %d, one per priority",
+                  STORE_RECOMP_MAX);
+    goto out;
+  }
+  int min, max;
+  if (level == INT32_MIN)
+    level = codec_default_level (algorithm);
+  else if (!codec_level_is_valid (algorithm, level, &min, &max)) {
+    nbdkit_error ("recomp_algorithm: level %d is not a valid %s level (%d..%d)",
+                  level, codec_name (algorithm), min, max);
+    goto out;
+  }
+  recomp_given[priority] = true;
+  config.recomp[priority - 1].algorithm = algorithm;
+  config.recomp[priority - 1].level = level;
+  r = 0;
+ out:
+  free (copy);
+  return r;
 }
 
 static int
@@ -166,6 +234,10 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "recomp_algorithm") == 0) {
+    if (parse_recomp_algorithm (value) == -1)
+      return -1;
+  }
   else if (strcmp (key, "ctl") == 0) {
     free (ctl_path);
     ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
@@ -215,6 +287,18 @@ zram_config_complete (void)
   }
   if (swap_mode_check_config (config.pool.mem_limit) == -1)
     return -1;
+  /* Priorities 1..N without a gap. */
+  config.recomp_count = 0;
+  for (unsigned p = 1; p <= STORE_RECOMP_MAX; p++) {
+    if (!recomp_given[p])
+      continue;
+    if (p != config.recomp_count + 1) {
+      nbdkit_error ("recomp_algorithm: priority %u is given but %u is not",
+                    p, config.recomp_count + 1);
+      return -1;
+    }
+    config.recomp_count = p;
+  }
   if (reserve_given && swap_mode == SWAP_OFF) {
     nbdkit_error ("swap_reserve: only with swap=on or swap=try");
     return -1;
@@ -254,6 +338,8 @@ zram_config_complete (void)
   "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
   "ctl=PATH                  Control channel: a Unix socket (nbdkit-zramctl).\n" \
+  "recomp_algorithm=ALGO[:level=N][:priority=P]\n" \
+  "                          A recompression algorithm (up to 3).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \

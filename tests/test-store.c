@@ -706,6 +706,300 @@ test_concurrent_mixed_immediate_pool_lock (void **state)
   run_mixed (ZS_FREE_IMMEDIATE, ZS_LOCK_POOL, 1);
 }
 
+/* ---- recompression -------------------------------------------------- */
+
+/* Text-like content (words of a small vocabulary in a random order):
+ * lz4 leaves room that zstd takes, so recompression has work.  Kinds:
+ * text, random (stored raw, shrinks with nothing), same-filled.
+ */
+static void
+recomp_fill (unsigned char *buf, uint64_t block, uint64_t version)
+{
+  static const char *const words[] = {
+    "alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta ", "eta ",
+    "theta ", "iota ", "kappa ", "lambda ", "mu ", "nu ", "xi ", "omicron ",
+    "pi ", "rho ", "sigma ", "tau ", "upsilon ", "phi ", "chi ", "psi ",
+    "omega ", "block ", "store ", "zspage ", "class ", "handle ", "cell ",
+  };
+  uint64_t state = block * 0x9e3779b97f4a7c15ull + version * 7919 + 1;
+  switch (block % 8) {
+  case 0:                       /* random: raw */
+    for (size_t i = 0; i < BS; i += 8) {
+      uint64_t word = xorshift64 (&state);
+      memcpy (buf + i, &word, 8);
+    }
+    break;
+  case 1:                       /* same-filled: no header */
+    memset (buf, (int) (block + version), BS);
+    return;
+  default: {
+    size_t used = 0;
+    while (used < BS) {
+      const char *word = words[xorshift64 (&state) % 30];
+      size_t length = strlen (word);
+      if (length > BS - used)
+        length = BS - used;
+      memcpy (buf + used, word, length);
+      used += length;
+    }
+  }
+  }
+  memcpy (buf, &block, 8);
+  memcpy (buf + 8, &version, 8);
+}
+
+static struct block_store *
+make_recompressing_store (uint64_t blocks)
+{
+  struct store_config config = {
+    .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
+    .recomp_count = 2,
+    .recomp = { { CODEC_ZSTD, 3 }, { CODEC_ZSTD, 19 } },
+  };
+  zs_pool_config_init (&config.pool);
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+  return store;
+}
+
+/* Every block reads back as the model says (version 0: never written). */
+static void
+recomp_verify (struct block_store *store, const uint64_t *versions,
+               const bool *present, uint64_t first, uint64_t count)
+{
+  unsigned char got[BS], want[BS];
+  for (uint64_t b = first; b < first + count; b++) {
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    if (present[b])
+      recomp_fill (want, b, versions[b]);
+    else
+      memset (want, 0, BS);
+    if (memcmp (got, want, BS) != 0)
+      fail_msg ("block %" PRIu64 " (version %" PRIu64 ") differs", b,
+                versions[b]);
+  }
+}
+
+struct recomp_flags {
+  uint64_t recompressed, incompressible, idle;
+};
+
+static int
+count_flags (void *opaque, const struct store_block_state *state)
+{
+  struct recomp_flags *flags = opaque;
+  flags->recompressed += state->recompressed;
+  flags->incompressible += state->incompressible;
+  flags->idle += state->idle;
+  return 0;
+}
+
+static void
+test_recompress (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 512 };
+  struct block_store *store = make_recompressing_store (BLOCKS);
+  uint64_t versions[BLOCKS] = { 0 };
+  bool present[BLOCKS] = { false };
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    versions[b] = 1;
+    present[b] = true;
+    recomp_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  struct store_stats before;
+  store_stats (store, &before);
+
+  /* Idle blocks only: nothing is idle yet. */
+  struct store_recompress_request request = { .type = RECOMPRESS_IDLE };
+  struct store_recompress_result result;
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  assert_int_equal (result.tried, 0);
+
+  assert_int_equal (store_mark_idle (store, 0, NULL, NULL), BLOCKS);
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  struct store_stats after;
+  store_stats (store, &after);
+  print_message ("recompress: tried %" PRIu64 ", recompressed %" PRIu64
+                 ", incompressible %" PRIu64 ", saved %" PRIu64 " bytes; "
+                 "compressed %" PRIu64 " -> %" PRIu64 " bytes, pool %" PRIu64
+                 " -> %" PRIu64 "\n", result.tried, result.recompressed,
+                 result.incompressible, result.bytes_saved,
+                 before.compr_data_size, after.compr_data_size,
+                 before.mem_used_total, after.mem_used_total);
+  /* 6 in 8 are text, 1 in 8 random, 1 in 8 same-filled (no object). */
+  assert_int_equal (result.tried, BLOCKS * 7 / 8);
+  assert_true (result.recompressed >= BLOCKS * 6 / 8 * 9 / 10);
+  assert_true (result.incompressible >= BLOCKS / 8);
+  assert_int_equal (before.compr_data_size - after.compr_data_size,
+                    result.bytes_saved);
+  assert_int_equal (after.recomp_bytes_saved, result.bytes_saved);
+  assert_int_equal (after.recomp_blocks, result.recompressed);
+  recomp_verify (store, versions, present, 0, BLOCKS);
+
+  struct recomp_flags flags = { 0 };
+  store_block_state (store, 0, BLOCKS, count_flags, &flags);
+  assert_int_equal (flags.recompressed, result.recompressed);
+  assert_int_equal (flags.incompressible, result.incompressible);
+
+  /* Again: the incompressible and those at the top priority are skipped;
+   * those of priority 1 get one more try, at priority 2 only.
+   */
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_recompress_result again;
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &again), 0);
+  assert_true (again.tried <= result.recompressed);
+  assert_int_equal (again.incompressible + again.recompressed <= again.tried, 1);
+  recomp_verify (store, versions, present, 0, BLOCKS);
+
+  /* Recompressed blocks overwritten, patched, zeroed in part, trimmed. */
+  for (uint64_t b = 2; b < BLOCKS; b += 8) {
+    versions[b]++;
+    recomp_fill (buf, b, versions[b]);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  for (uint64_t b = 3; b < BLOCKS; b += 8) {
+    /* A partial write decodes the old block with its own codec. */
+    unsigned char old[BS];
+    recomp_fill (old, b, versions[b]);
+    recomp_fill (buf, b, versions[b] + 1);
+    memcpy (old + 100, buf + 100, 1000);
+    assert_int_equal (store_write (store, old + 100, 1000, b * BS + 100), 0);
+    assert_int_equal (store_read (store, buf, BS, b * BS), 0);
+    assert_memory_equal (buf, old, BS);
+    /* Keep the model: write the whole block as it now is. */
+    versions[b]++;
+    recomp_fill (buf, b, versions[b]);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  for (uint64_t b = 4; b < BLOCKS; b += 8) {
+    assert_int_equal (store_trim (store, BS, b * BS), 0);
+    present[b] = false;
+  }
+  recomp_verify (store, versions, present, 0, BLOCKS);
+
+  /* Bad requests change nothing. */
+  struct store_recompress_request bad = { .type = RECOMPRESS_IDLE, .priority = 3 };
+  assert_int_equal (store_recompress (store, &bad, NULL, NULL, &result), -1);
+  assert_int_equal (errno, EINVAL);
+  store_destroy (store);
+}
+
+/* Recompression beside I/O: threads own disjoint ranges and write, patch,
+ * trim and verify them against their own model while the main thread
+ * marks everything idle and recompresses, again and again.
+ */
+enum { RECOMP_THREADS = 3, RECOMP_RANGE = 128 };
+
+struct recomp_worker {
+  struct block_store *store;
+  uint64_t first;
+  uint64_t versions[RECOMP_RANGE];
+  bool present[RECOMP_RANGE];
+  atomic_bool *stop;
+  uint64_t operations;
+  pthread_t thread;
+};
+
+static void *
+recomp_worker_main (void *arg)
+{
+  struct recomp_worker *w = arg;
+  uint64_t rng = w->first * 31 + 7;
+  unsigned char buf[BS], got[BS];
+  while (!atomic_load (w->stop)) {
+    unsigned i = xorshift64 (&rng) % RECOMP_RANGE;
+    uint64_t b = w->first + i;
+    switch (xorshift64 (&rng) % 4) {
+    case 0: case 1:
+      w->versions[i]++;
+      recomp_fill (buf, b, w->versions[i]);
+      if (store_write (w->store, buf, BS, b * BS) == -1)
+        return (void *) "write failed";
+      w->present[i] = true;
+      break;
+    case 2:
+      if (store_trim (w->store, BS, b * BS) == -1)
+        return (void *) "trim failed";
+      w->present[i] = false;
+      break;
+    default:
+      if (store_read (w->store, got, BS, b * BS) == -1)
+        return (void *) "read failed";
+      if (w->present[i])
+        recomp_fill (buf, b, w->versions[i]);
+      else
+        memset (buf, 0, BS);
+      if (memcmp (got, buf, BS) != 0)
+        return (void *) "a block read back wrong";
+    }
+    w->operations++;
+  }
+  return NULL;
+}
+
+static void
+test_recompress_beside_io (void **state)
+{
+  (void) state;
+  struct block_store *store = make_recompressing_store (RECOMP_THREADS * RECOMP_RANGE);
+  atomic_bool stop = false;
+  struct recomp_worker *workers = calloc (RECOMP_THREADS, sizeof *workers);
+  assert_non_null (workers);
+  unsigned char buf[BS];
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    workers[t].store = store;
+    workers[t].first = t * RECOMP_RANGE;
+    workers[t].stop = &stop;
+    for (unsigned i = 0; i < RECOMP_RANGE; i++) {
+      workers[t].versions[i] = 1;
+      workers[t].present[i] = true;
+      recomp_fill (buf, workers[t].first + i, 1);
+      assert_int_equal (store_write (store, buf, BS, (workers[t].first + i) * BS), 0);
+    }
+  }
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    assert_int_equal (pthread_create (&workers[t].thread, NULL,
+                                      recomp_worker_main, &workers[t]), 0);
+  }
+  uint64_t recompressed = 0;
+  int round;
+  for (round = 0; round < 60; round++) {
+    struct store_recompress_request request = {
+      .type = round % 3 == 2 ? RECOMPRESS_HUGE : RECOMPRESS_IDLE,
+    };
+    struct store_recompress_result result;
+    store_mark_idle (store, 0, NULL, NULL);
+    assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+    recompressed += result.recompressed;
+  }
+  atomic_store (&stop, true);
+  uint64_t operations = 0;
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    void *failure;
+    pthread_join (workers[t].thread, &failure);
+    if (failure)
+      fail_msg ("worker %u: %s", t, (const char *) failure);
+    operations += workers[t].operations;
+  }
+  print_message ("recompress beside I/O: %" PRIu64 " blocks recompressed in 60 "
+                 "rounds, %" PRIu64 " operations\n", recompressed, operations);
+  assert_true (recompressed > 0);
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    uint64_t versions[RECOMP_THREADS * RECOMP_RANGE] = { 0 };
+    bool present[RECOMP_THREADS * RECOMP_RANGE] = { false };
+    memcpy (versions + workers[t].first, workers[t].versions,
+            sizeof workers[t].versions);
+    memcpy (present + workers[t].first, workers[t].present,
+            sizeof workers[t].present);
+    recomp_verify (store, versions, present, workers[t].first, RECOMP_RANGE);
+  }
+  free (workers);
+  store_destroy (store);
+}
+
 int
 main (void)
 {
@@ -721,6 +1015,8 @@ main (void)
     cmocka_unit_test (test_concurrent_mixed_batched),
     cmocka_unit_test (test_concurrent_mixed_immediate_pool_lock),
     cmocka_unit_test (test_concurrent_mixed_leaves),
+    cmocka_unit_test (test_recompress),
+    cmocka_unit_test (test_recompress_beside_io),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
