@@ -168,6 +168,77 @@ for comp in lz4 zstd; do
     [ ! -e "$tmp/ctl" ] || fail "the control socket was left behind"
 done
 
+# ---- recompression through the control channel -------------------------
+for bad in "recomp_algorithm=brotli" "recomp_algorithm=zstd:priority=2" \
+           "recomp_algorithm=zstd:level=99" "recomp_algorithm=zstd:speed=1"; do
+    if zram_nbdkit -U - "$PLUGIN" 1M "$bad" --run true; then
+        fail "started with $bad"
+    fi
+    grep -q "recomp_algorithm" "$NBDKIT_STDERR" || fail "$bad: no message naming recomp_algorithm"
+done
+
+cat > "$tmp/recomp.py" <<'EOF'
+import random, re, socket, sys, nbd
+
+uri, ctl = sys.argv[1], sys.argv[2]
+B = 4096
+def command(line):
+    sock = socket.socket(socket.AF_UNIX); sock.connect(ctl)
+    sock.sendall(line.encode() + b"\n")
+    data = b""
+    while not re.search(rb"(^|\n)(ok|error: [^\n]*)\n$", data):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    sock.close()
+    lines = data.decode().splitlines()
+    return lines[:-1], lines[-1]
+
+words = [w.encode() for w in "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()]
+r = random.Random(5)
+blocks = {}
+h = nbd.NBD(); h.connect_uri(uri)
+for i in range(400):
+    text = b" ".join(r.choice(words) for _ in range(900))[:B]
+    blocks[i] = text.ljust(B, b".")
+    h.pwrite(blocks[i], i * B)
+
+lines, last = command("recompress type=bogus")
+assert last.startswith("error: recompress: type 'bogus'"), last
+lines, last = command("recompress type=idle algo=lz4")
+assert last.startswith("error: recompress: algo=lz4 is not"), last
+lines, last = command("recompress type=idle priority=2")
+assert last.startswith("error: recompress: no algorithm has priority 2"), last
+lines, last = command("recompress")
+assert last.startswith("error: usage: recompress"), last
+
+assert command("idle all")[1] == "ok"
+lines, last = command("recompress type=idle threshold=100")
+assert last == "ok", last
+result = dict(l.split(" ", 1) for l in lines)
+print("recompress:", result)
+assert int(result["recompressed"]) > 300, result
+assert int(result["bytes_saved"]) > 0, result
+lines, last = command("block_state 0 400")
+assert sum(l.split()[-1][4] == "r" for l in lines) == int(result["recompressed"])
+for i, data in blocks.items():
+    assert h.pread(B, i * B) == data, "block %d" % i
+# A partial overwrite of a recompressed block.
+h.pwrite(b"X" * 100, 5 * B + 10)
+blocks[5] = blocks[5][:10] + b"X" * 100 + blocks[5][110:]
+assert h.pread(B, 5 * B) == blocks[5]
+stats, last = command("stats")
+saved = [l for l in stats if l.startswith("recomp_bytes_saved: ")]
+assert saved and int(saved[0].split()[1]) == int(result["bytes_saved"]), saved
+h.shutdown()
+print("ok: recompression")
+EOF
+zram_nbdkit -U - "$PLUGIN" 8M comp=lz4 recomp_algorithm=zstd:level=19 ctl="$tmp/ctl3" \
+    --run "python3 '$tmp/recomp.py' \"\$uri\" '$tmp/ctl3'"
+zram_nbdkit -U - "$PLUGIN" 1M ctl="$tmp/ctl4" --run "
+    '$ZRAMCTL' recompress '$tmp/ctl4' type=idle 2>'$tmp/norecomp.err' && exit 1
+    grep -q 'no recompression algorithm' '$tmp/norecomp.err'"
+
 # A socket another server still listens on is not taken over.
 zram_nbdkit -U "$tmp/sock2" -P "$tmp/pid2" "$PLUGIN" 1M ctl="$tmp/ctl2"
 cleanup_add 'kill "$(cat "$tmp/pid2")"'
