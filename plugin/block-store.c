@@ -930,6 +930,7 @@ store_recompress_algorithm (const struct block_store *store, unsigned priority)
 struct recompress_batch {
   const struct store_recompress_request *request;
   unsigned top_priority;          /* the highest priority tried */
+  uint32_t now;                   /* store_clock when it started */
   uint64_t blocks[STATE_BATCH];
   unsigned count;
 };
@@ -949,7 +950,7 @@ recompress_wanted (const struct recompress_batch *batch, uint32_t state)
     return false;
   if ((batch->request->type & RECOMPRESS_HUGE) && kind != BLOCK_RAW)
     return false;
-  return true;
+  return batch->now - block_state_atime (state) >= batch->request->min_age;
 }
 
 static bool
@@ -1064,6 +1065,7 @@ store_recompress (struct block_store *store,
   if (!batch)
     return -1;
   batch->request = request;
+  batch->now = store_clock (store);
   batch->top_priority = request->priority ? request->priority
     : store->recomp_count;
   uint64_t next = 0;

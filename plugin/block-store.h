@@ -192,6 +192,8 @@ struct store_recompress_request {
   size_t threshold;               /* only objects of at least this size */
   uint64_t max_blocks;            /* at most this many tried; 0: all */
   unsigned priority;              /* 1..recomp_count, or 0: every one */
+  uint32_t min_age;               /* only blocks not accessed for this
+                                     many seconds (0: any) */
 };
 struct store_recompress_result {
   uint64_t tried, recompressed, incompressible, bytes_saved;

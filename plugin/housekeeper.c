@@ -30,6 +30,30 @@ static pthread_t thread;
 static struct block_store *store;
 static const char *stats_path;
 static int compact_threshold;           /* percent, or -1: never */
+static struct housekeeper_policy policy; /* 0s: off */
+
+/* What the policy may do in one round, so that I/O keeps its pace. */
+#define POLICY_BLOCKS_PER_ROUND 2048
+
+/* The automatic policy: mark what was not accessed for idle_after
+ * seconds idle, and recompress the idle blocks not accessed for
+ * recompress_after seconds, a bounded number per round.
+ */
+static void
+policy_round (void)
+{
+  if (policy.idle_after)
+    store_mark_idle (store, policy.idle_after, NULL, NULL);
+  if (policy.recompress_after) {
+    struct store_recompress_request request = {
+      .type = RECOMPRESS_IDLE,
+      .max_blocks = POLICY_BLOCKS_PER_ROUND,
+      .min_age = policy.recompress_after,
+    };
+    struct store_recompress_result result;
+    store_recompress (store, &request, NULL, NULL, &result);
+  }
+}
 
 /* Compact when the pages compaction could free are at least
  * compact_threshold percent of the pool's pages.
@@ -54,6 +78,8 @@ static void
 housekeeping_round (bool last)
 {
   store_flush (store);          /* first: pending frees are waste too */
+  if (!last)
+    policy_round ();
   if (compact_threshold >= 0)
     compact_if_wasteful ();
   /* Swap mode's reserve: kept while the store holds data, given back
@@ -122,6 +148,12 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   }
   running = true;
   return 0;
+}
+
+void
+housekeeper_set_policy (const struct housekeeper_policy *the_policy)
+{
+  policy = *the_policy;
 }
 
 void

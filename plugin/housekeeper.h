@@ -2,7 +2,8 @@
  * block table's empty leaves and drains the allocator's deferred frees
  * and resident free pages (store_flush), so memory comes back within a
  * second of being freed even when no request arrives, compacts the pool
- * when enough of it is waste (compact=auto), tops up the swap reserve
+ * when enough of it is waste (compact=auto), runs the automatic idle and
+ * recompression policy (housekeeper_set_policy), tops up the swap reserve
  * (swap mode), then rewrites the stats= file when there is one.  A
  * request that finds the reserve below half wakes it early
  * (housekeeper_wake).
@@ -22,6 +23,18 @@
  */
 extern int housekeeper_start (struct block_store *store, const char *stats_path,
                               int compact_threshold);
+/* The automatic policy (off by default): every round, mark the blocks
+ * not accessed for idle_after seconds idle, and recompress (with the
+ * store's recompression algorithms) idle blocks not accessed for
+ * recompress_after seconds, at most a few thousand per round.  0: off.
+ * Before housekeeper_start.
+ */
+struct housekeeper_policy {
+  uint32_t idle_after;
+  uint32_t recompress_after;
+};
+extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
+
 /* Wake the thread now: the swap reserve is low (the first wake starts
  * keeping it).
  */

@@ -39,6 +39,7 @@
 
 static struct store_config config;
 static bool size_given, level_given, reserve_given;
+static struct housekeeper_policy policy;
 /* recomp_algorithm= by priority (1..STORE_RECOMP_MAX), as given. */
 static bool recomp_given[STORE_RECOMP_MAX + 1];
 static char *stats_path;
@@ -238,6 +239,21 @@ zram_config (const char *key, const char *value)
     if (parse_recomp_algorithm (value) == -1)
       return -1;
   }
+  else if (strcmp (key, "idle_after") == 0
+           || strcmp (key, "recompress_after") == 0) {
+    unsigned seconds;
+    if (nbdkit_parse_unsigned (key, value, &seconds) == -1)
+      return -1;
+    if (seconds > BLOCK_ATIME_MAX) {
+      nbdkit_error ("%s: %u seconds is more than %u", key, seconds,
+                    BLOCK_ATIME_MAX);
+      return -1;
+    }
+    if (key[0] == 'i')
+      policy.idle_after = seconds;
+    else
+      policy.recompress_after = seconds;
+  }
   else if (strcmp (key, "ctl") == 0) {
     free (ctl_path);
     ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
@@ -287,6 +303,13 @@ zram_config_complete (void)
   }
   if (swap_mode_check_config (config.pool.mem_limit) == -1)
     return -1;
+  if (policy.recompress_after && !recomp_given[1]) {
+    nbdkit_error ("recompress_after: needs recomp_algorithm= (what to "
+                  "recompress with)");
+    return -1;
+  }
+  if (policy.recompress_after && !policy.idle_after)
+    policy.idle_after = policy.recompress_after;
   /* Priorities 1..N without a gap. */
   config.recomp_count = 0;
   for (unsigned p = 1; p <= STORE_RECOMP_MAX; p++) {
@@ -340,6 +363,8 @@ zram_config_complete (void)
   "ctl=PATH                  Control channel: a Unix socket (nbdkit-zramctl).\n" \
   "recomp_algorithm=ALGO[:level=N][:priority=P]\n" \
   "                          A recompression algorithm (up to 3).\n" \
+  "idle_after=SECONDS        Policy: mark blocks idle after this (default off).\n" \
+  "recompress_after=SECONDS  Policy: recompress idle blocks after this (off).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
@@ -377,6 +402,7 @@ zram_after_fork (void)
 {
   if (swap_mode_lock () == -1)
     return -1;
+  housekeeper_set_policy (&policy);
   if (housekeeper_start (store, stats_path,
                          config.pool.compact_before_refusal
                          ? (int) compact_threshold : -1) == -1) {

@@ -67,6 +67,22 @@ store_reserve_refill (struct block_store *store)
   return 0;
 }
 
+uint64_t
+store_mark_idle (struct block_store *store, uint32_t min_age,
+                 bool (*keep_going) (void *opaque), void *opaque)
+{
+  return 0;
+}
+
+int
+store_recompress (struct block_store *store,
+                  const struct store_recompress_request *request,
+                  bool (*keep_going) (void *opaque), void *opaque,
+                  struct store_recompress_result *result)
+{
+  return 0;
+}
+
 bool
 store_reserve_release_if_empty (struct block_store *store)
 {

@@ -239,6 +239,49 @@ zram_nbdkit -U - "$PLUGIN" 1M ctl="$tmp/ctl4" --run "
     '$ZRAMCTL' recompress '$tmp/ctl4' type=idle 2>'$tmp/norecomp.err' && exit 1
     grep -q 'no recompression algorithm' '$tmp/norecomp.err'"
 
+# ---- the automatic policy ------------------------------------------------
+if zram_nbdkit -U - "$PLUGIN" 1M recompress_after=5 --run true; then
+    fail "recompress_after started without recomp_algorithm"
+fi
+grep -q "recompress_after: needs recomp_algorithm" "$NBDKIT_STDERR" \
+    || fail "recompress_after without recomp_algorithm: no clear message"
+
+cat > "$tmp/policy.py" <<'EOF'
+import os, random, sys, time, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
+
+uri, stats_path = sys.argv[1], sys.argv[2]
+B = 4096
+words = [w.encode() for w in "one two three four five six seven eight nine ten".split()]
+r = random.Random(9)
+h = nbd.NBD(); h.connect_uri(uri)
+blocks = {}
+for i in range(600):
+    blocks[i] = (b" ".join(r.choice(words) for _ in range(1200))[:B]).ljust(B, b"-")
+    h.pwrite(blocks[i], i * B)
+# Hot blocks: rewritten all along, never idle long enough.
+deadline = time.monotonic() + 6
+version = 0
+while time.monotonic() < deadline:
+    for i in range(0, 50):
+        version += 1
+        blocks[i] = (b"hot %d %d " % (i, version) * 400)[:B]
+        h.pwrite(blocks[i], i * B)
+    time.sleep(0.05)
+recompressed = next_stat(stats_path, "recomp_blocks")
+print("policy: %d blocks recompressed in 6 s" % recompressed)
+assert recompressed >= 500, recompressed
+assert recompressed < 600, "hot blocks were recompressed too: %d" % recompressed
+for i, data in blocks.items():
+    assert h.pread(B, i * B) == data, "block %d" % i
+h.shutdown()
+print("ok: policy")
+EOF
+zram_nbdkit -U - "$PLUGIN" 8M comp=lz4 recomp_algorithm=zstd:level=9 \
+    idle_after=1 recompress_after=2 stats="$tmp/stats5" \
+    --run "python3 '$tmp/policy.py' \"\$uri\" '$tmp/stats5'"
+
 # A socket another server still listens on is not taken over.
 zram_nbdkit -U "$tmp/sock2" -P "$tmp/pid2" "$PLUGIN" 1M ctl="$tmp/ctl2"
 cleanup_add 'kill "$(cat "$tmp/pid2")"'
