@@ -1077,7 +1077,8 @@ store_recompress (struct block_store *store,
     stored_blocks_walk (store, next, store->blocks - next, recompress_gather,
                         NULL, batch);
     for (unsigned i = 0; i < batch->count && r == 0; i++) {
-      if (request->max_blocks && result->tried >= request->max_blocks)
+      if ((request->max_blocks && result->tried >= request->max_blocks)
+          || (keep_going && !keep_going (opaque)))
         goto done;
       r = recompress_block (store, batch->blocks[i], batch, result);
     }

@@ -198,7 +198,10 @@ struct store_recompress_request {
 struct store_recompress_result {
   uint64_t tried, recompressed, incompressible, bytes_saved;
 };
-/* 0, or -1 with errno (EINVAL: no such priority, no algorithm). */
+/* keep_going (if not NULL) is asked before each block and stops the work
+ * by returning false.  0, or -1 with errno (EINVAL: no such priority, no
+ * algorithm).
+ */
 extern int store_recompress (struct block_store *store,
                              const struct store_recompress_request *request,
                              bool (*keep_going) (void *opaque), void *opaque,

@@ -32,8 +32,26 @@ static const char *stats_path;
 static int compact_threshold;           /* percent, or -1: never */
 static struct housekeeper_policy policy; /* 0s: off */
 
-/* What the policy may do in one round, so that I/O keeps its pace. */
+/* What the policy may do in one round (a second), so that I/O keeps its
+ * pace: this many blocks, and this much time.
+ */
 #define POLICY_BLOCKS_PER_ROUND 2048
+#define POLICY_NS_PER_ROUND (50 * 1000000ull)
+
+static uint64_t
+monotonic_ns (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static bool
+within_round_budget (void *opaque)
+{
+  const uint64_t *deadline = opaque;
+  return monotonic_ns () < *deadline;
+}
 
 /* The automatic policy: mark what was not accessed for idle_after
  * seconds idle, and recompress the idle blocks not accessed for
@@ -51,7 +69,8 @@ policy_round (void)
       .min_age = policy.recompress_after,
     };
     struct store_recompress_result result;
-    store_recompress (store, &request, NULL, NULL, &result);
+    uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
+    store_recompress (store, &request, within_round_budget, &deadline, &result);
   }
 }
 

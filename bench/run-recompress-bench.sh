@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Recompression and the automatic policy, on a real memory image:
+#
+#   1. memory: the image (IMAGE_MIB) copied with nbdcopy into each server,
+#      2 s later the logical/RSS ratio (image bytes over the server's RSS
+#      above its idle RSS):
+#        - nbdkit memory allocator=zstd (32 KiB units, the peer),
+#        - zram comp=zstd,
+#        - zram comp=lz4, then `idle all` + `recompress type=idle` with
+#          recomp_algorithm=zstd:level=LEVEL through the control channel,
+#        - zram comp=zstd, then the same recompression;
+#      and the time recompression took.
+#   2. I/O beside the policy: the image loaded, then fio 4 KiB random
+#      writes (2 jobs x iodepth 16, RUNTIME s) on the first 64 MiB while
+#      idle_after=1 recompress_after=2 recompresses the rest, against the
+#      same without the policy; REPEATS alternating runs, medians.
+#
+#   bench/run-recompress-bench.sh            # about 8 minutes on 2 cores
+#
+# Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
+# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory io").
+set -euo pipefail
+export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
+export LC_ALL=C
+cd "$(dirname "$(readlink -f "$0")")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
+ZRAMCTL=$(readlink -f "$BUILD_DIR/tools/nbdkit-zramctl")
+: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
+NBDKIT=${NBDKIT:-nbdkit}
+IMAGE_MIB=${IMAGE_MIB:-256}
+IMAGE=${IMAGE:-${TMPDIR:-/tmp}/nbdkit-zram-memimage-${IMAGE_MIB}M.img}
+LEVEL=${LEVEL:-19}
+RUNTIME=${RUNTIME:-10}
+REPEATS=${REPEATS:-3}
+SIZE=$((IMAGE_MIB * 2))M
+
+die () { echo "run-recompress-bench: $*" >&2; exit 1; }
+[ -f "$PLUGIN" ] || die "no plugin at $PLUGIN: build first"
+[ -x "$ZRAMCTL" ] || die "no nbdkit-zramctl: build first"
+for prog in "$NBDKIT" nbdcopy nbdinfo fio; do
+    command -v "$prog" >/dev/null || die "$prog not found"
+done
+[ -f "$IMAGE" ] || bench/make-memory-image.sh "$IMAGE" "$IMAGE_MIB" >&2 ||
+    die "make-memory-image.sh failed"
+
+tmp=$(mktemp -d)
+server_pid=
+cleanup () {
+    [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || :
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$server_pid/status"; }
+serve () {
+    rm -f "$tmp/sock" "$tmp/ctl"
+    "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
+    server_pid=$!
+    for _ in $(seq 100); do [ -S "$tmp/sock" ] && break; sleep 0.1; done
+    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
+    nbdinfo --size "nbd+unix:///?socket=$tmp/sock" >/dev/null
+    sleep 1
+}
+stop () { kill "$server_pid"; wait "$server_pid" 2>/dev/null || :; server_pid=; }
+image_bytes=$(stat -c %s "$IMAGE")
+
+# memory NAME RECOMPRESS(yes|no) SERVER-ARGS...
+memory () {
+    local name="$1" recompress="$2"
+    shift 2
+    serve "$@"
+    local idle loaded seconds=-
+    idle=$(rss_kib)
+    nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
+    sleep 2
+    loaded=$(rss_kib)
+    local after=$loaded
+    if [ "$recompress" = yes ]; then
+        "$ZRAMCTL" idle "$tmp/ctl" all >/dev/null
+        local start=$SECONDS
+        "$ZRAMCTL" recompress "$tmp/ctl" type=idle > "$tmp/recompress.out"
+        seconds=$((SECONDS - start))
+        "$ZRAMCTL" compact "$tmp/ctl" >/dev/null
+        sleep 2
+        after=$(rss_kib)
+    fi
+    stop
+    /usr/bin/python3 - "$name" "$image_bytes" "$idle" "$loaded" "$after" "$seconds" <<'EOF'
+import sys
+name, image, idle, loaded, after, seconds = sys.argv[1:]
+image, idle, loaded, after = int(image), int(idle) * 1024, int(loaded) * 1024, int(after) * 1024
+print("| %s | %.1f | %.2f | %.1f | %.2f | %s |" % (
+    name, (loaded - idle) / 2**20, image / (loaded - idle),
+    (after - idle) / 2**20, image / (after - idle), seconds))
+EOF
+}
+
+PARTS=${PARTS:-memory io}
+if [[ " $PARTS " = *" memory "* ]]; then
+echo "Memory, $IMAGE_MIB MiB memory image, logical / (RSS - idle RSS):"
+echo
+echo "| server | RSS above idle, loaded (MiB) | ratio | after recompression (MiB) | ratio | recompression s |"
+echo "|---|---:|---:|---:|---:|---:|"
+memory "memory allocator=zstd" no memory "$SIZE" allocator=zstd
+memory "zram comp=zstd" no "$PLUGIN" "$SIZE" comp=zstd
+memory "zram comp=lz4 + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=lz4 \
+    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
+memory "zram comp=zstd + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=zstd \
+    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
+fi
+[[ " $PARTS " = *" io "* ]] || exit 0
+
+# ---- I/O beside the policy ----------------------------------------------
+fio_iops () {
+    fio --name=hot --ioengine=nbd --uri="nbd+unix:///?socket=$tmp/sock" \
+        --rw=randwrite --bs=4k --size=64M --numjobs=2 --iodepth=16 \
+        --time_based --runtime="$RUNTIME" --group_reporting \
+        --output-format=json 2>"$tmp/fio.err" |
+      sed -n '/^{/,$p' |   # the nbd engine prints lines before the JSON
+      /usr/bin/python3 -c 'import json, sys; print(int(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'
+}
+: > "$tmp/iops"
+for round in $(seq "$REPEATS"); do
+    for mode in policy off; do
+        args=("$PLUGIN" "$SIZE" comp=lz4 recomp_algorithm=zstd:level="$LEVEL" stats="$tmp/stats")
+        [ "$mode" = policy ] && args+=(idle_after=1 recompress_after=2)
+        serve "${args[@]}"
+        nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
+        sleep 2
+        before=$(awk -F': ' '/^recomp_blocks:/ { print $2 }' "$tmp/stats")
+        iops=$(fio_iops)
+        after=$(awk -F': ' '/^recomp_blocks:/ { print $2 }' "$tmp/stats")
+        stop
+        echo "$mode $iops $((after - before))" >> "$tmp/iops"
+    done
+done
+echo
+/usr/bin/python3 - "$tmp/iops" "$RUNTIME" <<'EOF'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    mode, iops, recompressed = line.split()
+    runs.setdefault(mode, []).append((int(iops), int(recompressed)))
+policy = statistics.median(i for i, _ in runs["policy"])
+off = statistics.median(i for i, _ in runs["off"])
+print("4 KiB random writes on 64 MiB, %s s, median of %d: policy %d IOPS "
+      "(recompressing %d blocks meanwhile), off %d IOPS: %.2fx"
+      % (sys.argv[2], len(runs["off"]), policy,
+         statistics.median(r for _, r in runs["policy"]), off, policy / off))
+EOF
