@@ -1018,7 +1018,9 @@ recompress_block (struct block_store *store, uint64_t block,
   }
   zs_handle_t handle = zs_malloc (store->pool, length);
   if (!handle) {
-    r = -1;
+    /* At the limit: this one stays as it is, the next may fit. */
+    if (errno != ENOSPC)
+      r = -1;
     goto out;
   }
   zs_write (store->pool, handle, compressed, length);
