@@ -7,6 +7,42 @@
 
 #include "block-store.h"
 
+/* A packed unit (cold packing, block-store.h): the compressed bytes of
+ * count blocks, in parts of at most STORE_PACK_PART bytes.  live counts
+ * the entries that point to it; the one that drops it to 0 frees it.
+ * Everything else is fixed once the unit is made.
+ */
+struct pack_unit {
+  _Atomic uint32_t live;
+  struct pack_unit *prev, *next;  /* store->units, under units_lock */
+  bool dissolve_failed;           /* under units_lock: skip it */
+  uint64_t blocks[STORE_PACK_MAX]; /* the block packed at each index */
+  unsigned count;
+  size_t length;                  /* compressed bytes */
+  uint64_t id;                    /* never reused: the decode cache's key */
+  unsigned parts;
+  zs_handle_t part[];
+} __attribute__ ((aligned (STORE_PACK_MAX)));
+
+#define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
+#define UNIT_CACHE_SLOTS 16
+
+/* A decoded unit, kept for the next read of one of its blocks.  Owned by
+ * the store (no thread-local buffers: design-hazards.md #11); a reader
+ * that finds its slot busy decodes into a buffer of its own.
+ */
+struct unit_cache {
+  pthread_mutex_t lock;           /* guards id and data */
+  uint64_t id;                    /* 0: empty */
+  unsigned char data[STORE_PACK_MAX * STORE_BLOCK_SIZE];
+};
+
+static inline size_t
+unit_bytes (unsigned parts)
+{
+  return sizeof (struct pack_unit) + parts * sizeof (zs_handle_t);
+}
+
 struct block_store {
   uint64_t size;
   uint64_t blocks;
@@ -35,6 +71,17 @@ struct block_store {
   _Atomic uint64_t reads;
   _Atomic uint64_t writes;
   _Atomic uint64_t compact_ns;    /* time spent in store_compact */
+  /* Cold packing: its codec (zstd, its own contexts, sized for units),
+   * the decode cache, the counters.
+   */
+  struct codec *pack_codec;
+  pthread_mutex_t units_lock;     /* guards units, and every unit's links
+                                     and dissolve_failed; a leaf */
+  struct pack_unit *units;
+  struct unit_cache *unit_cache;
+  _Atomic uint64_t unit_ids;
+  _Atomic uint64_t packed_blocks;
+  _Atomic uint64_t pack_units;
   _Atomic uint64_t recomp_blocks;
   _Atomic uint64_t recomp_bytes_saved;
   uint64_t created_ns;            /* monotonic: block access times count
@@ -138,6 +185,14 @@ store_create (const struct store_config *config)
     if (!store->codecs[p])
       goto fail;
   }
+  store->pack_codec = codec_create (CODEC_ZSTD,
+                                    config->pack_level ? config->pack_level : 3);
+  store->unit_cache = calloc (UNIT_CACHE_SLOTS, sizeof *store->unit_cache);
+  if (!store->pack_codec || !store->unit_cache)
+    goto fail;
+  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++)
+    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
+  pthread_mutex_init (&store->units_lock, NULL);
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -150,6 +205,8 @@ store_create (const struct store_config *config)
     zs_pool_destroy (store->pool);
   for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
     codec_destroy (store->codecs[p]);
+  codec_destroy (store->pack_codec);
+  free (store->unit_cache);
   free (store);
   errno = saved;
   return NULL;
@@ -167,6 +224,17 @@ store_destroy (struct block_store *store)
   zs_pool_destroy (store->pool);
   for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
     codec_destroy (store->codecs[p]);
+  codec_destroy (store->pack_codec);
+  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++)
+    pthread_mutex_destroy (&store->unit_cache[i].lock);
+  free (store->unit_cache);
+  /* The units' parts went with the pool; their descriptors go here. */
+  while (store->units) {
+    struct pack_unit *unit = store->units;
+    store->units = unit->next;
+    free (unit);
+  }
+  pthread_mutex_destroy (&store->units_lock);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_destroy (&store->stripes[i]);
   free (store);
@@ -298,6 +366,88 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
   return 1;
 }
 
+static inline struct pack_unit *
+content_unit (const struct block_content *content)
+{
+  return (struct pack_unit *) (uintptr_t) (content->value & ~UNIT_INDEX_MASK);
+}
+
+/* Decode a whole unit into data (count blocks). */
+static int
+unit_decode_all (struct block_store *store, const struct pack_unit *unit,
+                 unsigned char *data)
+{
+  unsigned char *compressed = malloc (unit->length);
+  if (!compressed)
+    return -1;
+  size_t at = 0;
+  for (unsigned i = 0; i < unit->parts; i++) {
+    size_t length = zs_object_size (store->pool, unit->part[i]);
+    const void *bytes = zs_read_begin (store->pool, unit->part[i], NULL);
+    memcpy (compressed + at, bytes, length);
+    zs_read_end (store->pool, unit->part[i], bytes);
+    at += length;
+  }
+  int r = codec_decompress_bytes (store->pack_codec, compressed, unit->length,
+                                  false, data,
+                                  (size_t) unit->count * STORE_BLOCK_SIZE);
+  free (compressed);
+  return r;
+}
+
+/* One block of a unit, through the decode cache.  Under the block's
+ * stripe lock, which keeps the unit alive (the entry points to it).
+ */
+static int
+unit_decode (struct block_store *store, const struct block_content *content,
+             unsigned char *block)
+{
+  const struct pack_unit *unit = content_unit (content);
+  unsigned index = content->value & UNIT_INDEX_MASK;
+  struct unit_cache *slot = &store->unit_cache[unit->id % UNIT_CACHE_SLOTS];
+  int r = 0;
+
+  if (pthread_mutex_trylock (&slot->lock) == 0) {
+    if (slot->id != unit->id) {
+      slot->id = 0;
+      if ((r = unit_decode_all (store, unit, slot->data)) == 0)
+        slot->id = unit->id;
+    }
+    if (r == 0)
+      memcpy (block, slot->data + (size_t) index * STORE_BLOCK_SIZE,
+              STORE_BLOCK_SIZE);
+    pthread_mutex_unlock (&slot->lock);
+    return r;
+  }
+  unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
+  if (!data)
+    return -1;
+  if ((r = unit_decode_all (store, unit, data)) == 0)
+    memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
+  free (data);
+  return r;
+}
+
+/* Free a unit: its last block moved out. */
+static void
+unit_destroy (struct block_store *store, struct pack_unit *unit)
+{
+  pthread_mutex_lock (&store->units_lock);
+  if (unit->prev)
+    unit->prev->next = unit->next;
+  else if (store->units == unit)
+    store->units = unit->next;
+  if (unit->next)
+    unit->next->prev = unit->prev;
+  pthread_mutex_unlock (&store->units_lock);
+  for (unsigned i = 0; i < unit->parts; i++)
+    zs_free (store->pool, unit->part[i]);
+  counter_add (&store->compr_bytes, -(int64_t) unit->length);
+  counter_add (&store->pack_units, -1);
+  zs_pool_discharge (store->pool, unit_bytes (unit->parts));
+  free (unit);
+}
+
 /* Decode stored content into a whole block.  Under the stripe lock. */
 static int
 block_decode (struct block_store *store, const struct block_content *content,
@@ -312,6 +462,9 @@ block_decode (struct block_store *store, const struct block_content *content,
   case BLOCK_SAME:
     for (size_t i = 0; i < STORE_BLOCK_SIZE; i += sizeof content->value)
       memcpy (block + i, &content->value, sizeof content->value);
+    break;
+  case BLOCK_PACKED:
+    r = unit_decode (store, content, block);
     break;
   case BLOCK_RAW:
   case BLOCK_COMPRESSED:
@@ -446,6 +599,9 @@ content_account (struct block_store *store, const struct block_content *content,
   case BLOCK_COMPRESSED_PADDED:
     counter_add (&store->compr_bytes, sign * (int64_t) bytes);
     break;
+  case BLOCK_PACKED:            /* the unit's bytes count with the unit */
+    counter_add (&store->packed_blocks, sign);
+    break;
   }
   counter_add (&store->stored_blocks, sign);
 }
@@ -456,6 +612,11 @@ content_discard (struct block_store *store, const struct block_content *content)
 {
   if (content_has_object (content))
     zs_free (store->pool, content->value);
+  else if (content->kind == BLOCK_PACKED) {
+    struct pack_unit *unit = content_unit (content);
+    if (atomic_fetch_sub (&unit->live, 1) == 1)
+      unit_destroy (store, unit);
+  }
 }
 
 /* Content left the table: account for it and free its object. */
@@ -581,7 +742,10 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
     pthread_mutex_unlock (stripe_for (store, block));
     return -1;
   }
-  bool same_object = content_has_object (&content) && content.value == old.value;
+  /* The old object (or unit) kept beside a zeroed range is not freed. */
+  bool same_object = content.value == old.value
+    && ((content_has_object (&content) && content_has_object (&old))
+        || (content.kind == BLOCK_PACKED && old.kind == BLOCK_PACKED));
   content_account (store, &content, 1, content_bytes (store, &content));
   entry_store (store, leaf, entry, &old, &content);
   pthread_mutex_unlock (stripe_for (store, block));
@@ -1093,6 +1257,281 @@ store_recompress (struct block_store *store,
   return r;
 }
 
+/* ---- cold packing ---------------------------------------------------- */
+
+struct pack_batch {
+  uint64_t blocks[STATE_BATCH];
+  unsigned count;
+};
+
+static bool
+pack_wanted (uint32_t state)
+{
+  unsigned kind = block_state_kind (state);
+  return (state & BLOCK_FLAG_IDLE)
+    && (kind == BLOCK_COMPRESSED || kind == BLOCK_RAW
+        || kind == BLOCK_COMPRESSED_PADDED);
+}
+
+static bool
+pack_gather (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct pack_batch *batch = opaque;
+  if (pack_wanted (atomic_load_explicit (&entry->state, memory_order_relaxed)))
+    batch->blocks[batch->count++] = block;
+  return batch->count < STATE_BATCH;
+}
+
+/* A block read for packing, and what its entry said then. */
+struct pack_member {
+  uint64_t block;
+  struct block_content old;
+  uint32_t state;
+  size_t bytes;
+};
+
+/* Pack up to STORE_PACK_MAX blocks into one unit.  Each is read under its
+ * stripe lock, then all are compressed with no lock held, then each is
+ * moved in under its stripe lock if it is unchanged (same value, same
+ * state word: any access since clears its idle flag).  Adds to result.
+ */
+static int
+pack_group (struct block_store *store, const uint64_t *blocks, unsigned n,
+            unsigned char *plain, unsigned char *compressed,
+            struct store_pack_result *result)
+{
+  struct pack_member members[STORE_PACK_MAX];
+  unsigned count = 0;
+  size_t before = 0;
+  struct block_leaf *leaf;
+
+  for (unsigned i = 0; i < n; i++) {
+    pthread_mutex_t *stripe = stripe_for (store, blocks[i]);
+    pthread_mutex_lock (stripe);
+    struct block_entry *entry = block_table_lookup (&store->table, blocks[i],
+                                                    false, &leaf);
+    uint32_t state = entry ? atomic_load (&entry->state) : 0;
+    struct block_content old = entry_load (entry);
+    if (entry && pack_wanted (state) && old.zeroed == 0
+        && block_decode (store, &old, plain + (size_t) count * STORE_BLOCK_SIZE)
+           == 0) {
+      members[count] = (struct pack_member) {
+        .block = blocks[i], .old = old, .state = state,
+        .bytes = zs_object_size (store->pool, old.value),
+      };
+      before += members[count].bytes;
+      count++;
+    }
+    pthread_mutex_unlock (stripe);
+  }
+  if (count < 2)
+    return 0;
+
+  int length = codec_compress_bytes (store->pack_codec, plain,
+                                     (size_t) count * STORE_BLOCK_SIZE,
+                                     compressed, before);
+  if (length == -1)
+    return -1;
+  unsigned parts = (length + STORE_PACK_PART - 1) / STORE_PACK_PART;
+  if (length == 0 || (size_t) length + unit_bytes (parts) >= before)
+    return 0;                   /* it would not save memory */
+
+  if (zs_pool_charge (store->pool, unit_bytes (parts)) == -1)
+    return errno == ENOSPC ? 0 : -1;
+  struct pack_unit *unit = aligned_alloc (STORE_PACK_MAX,
+                                          (unit_bytes (parts) + STORE_PACK_MAX - 1)
+                                          / STORE_PACK_MAX * STORE_PACK_MAX);
+  if (!unit) {
+    zs_pool_discharge (store->pool, unit_bytes (parts));
+    return -1;
+  }
+  unit->count = count;
+  unit->length = length;
+  unit->prev = unit->next = NULL;
+  unit->dissolve_failed = false;
+  for (unsigned i = 0; i < count; i++)
+    unit->blocks[i] = members[i].block;
+  unit->id = atomic_fetch_add (&store->unit_ids, 1) + 1;
+  unit->parts = 0;
+  atomic_init (&unit->live, 1);  /* this call's own reference */
+  for (size_t at = 0; at < (size_t) length; at += STORE_PACK_PART) {
+    size_t part = length - at < STORE_PACK_PART ? length - at : STORE_PACK_PART;
+    zs_handle_t handle = zs_malloc (store->pool, part);
+    if (!handle) {
+      int err = errno;
+      for (unsigned i = 0; i < unit->parts; i++)
+        zs_free (store->pool, unit->part[i]);
+      zs_pool_discharge (store->pool, unit_bytes (parts));
+      free (unit);
+      return err == ENOSPC ? 0 : -1;
+    }
+    zs_write (store->pool, handle, compressed + at, part);
+    unit->part[unit->parts++] = handle;
+  }
+  counter_add (&store->compr_bytes, length);
+  counter_add (&store->pack_units, 1);
+
+  unsigned moved = 0;
+  for (unsigned i = 0; i < count; i++) {
+    struct pack_member *member = &members[i];
+    pthread_mutex_t *stripe = stripe_for (store, member->block);
+    pthread_mutex_lock (stripe);
+    struct block_entry *entry = block_table_lookup (&store->table,
+                                                    member->block, false, &leaf);
+    if (!entry || atomic_load (&entry->value) != member->old.value
+        || atomic_load (&entry->state) != member->state
+        || atomic_load (&entry->zeroed) != 0) {
+      pthread_mutex_unlock (stripe);
+      continue;                 /* accessed meanwhile: it stays out */
+    }
+    struct block_content packed = {
+      .kind = BLOCK_PACKED, .value = (uintptr_t) unit | i,
+    };
+    atomic_fetch_add (&unit->live, 1);
+    content_account (store, &member->old, -1, member->bytes);
+    content_account (store, &packed, 1, 0);
+    atomic_store_explicit (&entry->value, packed.value, memory_order_relaxed);
+    /* Not an access: the access time and the idle flag stay. */
+    atomic_store_explicit (&entry->state,
+                           block_state_make (BLOCK_PACKED,
+                                             member->state & BLOCK_FLAG_IDLE,
+                                             block_state_atime (member->state)),
+                           memory_order_relaxed);
+    pthread_mutex_unlock (stripe);
+    zs_free (store->pool, member->old.value);
+    moved++;
+  }
+  if (moved) {
+    pthread_mutex_lock (&store->units_lock);
+    unit->next = store->units;
+    if (store->units)
+      store->units->prev = unit;
+    store->units = unit;
+    pthread_mutex_unlock (&store->units_lock);
+  }
+  /* Drop this call's reference: a unit nobody moved into goes now. */
+  struct block_content own = { .kind = BLOCK_PACKED, .value = (uintptr_t) unit };
+  content_discard (store, &own);
+  if (moved) {
+    result->units++;
+    result->blocks += moved;
+    result->bytes_before += before;
+    result->bytes_after += length;
+  }
+  return 0;
+}
+
+int
+store_pack (struct block_store *store, uint64_t max_blocks,
+            bool (*keep_going) (void *opaque), void *opaque,
+            struct store_pack_result *result)
+{
+  memset (result, 0, sizeof *result);
+  struct pack_batch *batch = malloc (sizeof *batch);
+  unsigned char *plain = malloc (STORE_PACK_MAX * STORE_BLOCK_SIZE);
+  unsigned char *compressed = malloc (STORE_PACK_MAX * STORE_BLOCK_SIZE);
+  int r = 0;
+  if (!batch || !plain || !compressed) {
+    r = -1;
+    goto out;
+  }
+  uint64_t next = 0;
+  while (next < store->blocks && r == 0) {
+    batch->count = 0;
+    stored_blocks_walk (store, next, store->blocks - next, pack_gather, NULL,
+                        batch);
+    for (unsigned i = 0; i < batch->count && r == 0; i += STORE_PACK_MAX) {
+      if ((max_blocks && result->blocks >= max_blocks)
+          || (keep_going && !keep_going (opaque)))
+        goto out;
+      unsigned n = batch->count - i < STORE_PACK_MAX ? batch->count - i
+        : STORE_PACK_MAX;
+      r = pack_group (store, batch->blocks + i, n, plain, compressed, result);
+    }
+    if (batch->count < STATE_BATCH)
+      break;
+    next = batch->blocks[batch->count - 1] + 1;
+  }
+ out:
+  free (batch);
+  free (plain);
+  free (compressed);
+  return r;
+}
+
+/* Move the blocks still in a unit out, each stored alone again (not an
+ * access: its time and idle flag stay).  The caller holds a reference.
+ * False if one could not be (no memory).
+ */
+static bool
+unit_dissolve (struct block_store *store, struct pack_unit *unit)
+{
+  bool all = true;
+  for (unsigned i = 0; i < unit->count; i++) {
+    uint64_t block = unit->blocks[i];
+    struct block_leaf *leaf;
+    unsigned char plain[STORE_BLOCK_SIZE];
+    pthread_mutex_t *stripe = stripe_for (store, block);
+    pthread_mutex_lock (stripe);
+    struct block_entry *entry = block_table_lookup (&store->table, block, false,
+                                                    &leaf);
+    struct block_content old = entry_load (entry);
+    if (!entry || old.kind != BLOCK_PACKED
+        || old.value != ((uintptr_t) unit | i)) {
+      pthread_mutex_unlock (stripe);
+      continue;                 /* moved out already */
+    }
+    uint32_t state = atomic_load (&entry->state);
+    struct block_content content;
+    if (block_decode (store, &old, plain) == -1
+        || block_encode (store, plain, &content) == -1) {
+      pthread_mutex_unlock (stripe);
+      all = false;
+      continue;
+    }
+    content.zeroed = old.zeroed;
+    content_account (store, &content, 1, content_bytes (store, &content));
+    content_account (store, &old, -1, 0);
+    atomic_store_explicit (&entry->value, content.value, memory_order_relaxed);
+    atomic_store_explicit (&entry->state,
+                           block_state_make (content.kind,
+                                             state & BLOCK_FLAG_IDLE,
+                                             block_state_atime (state)),
+                           memory_order_relaxed);
+    pthread_mutex_unlock (stripe);
+    content_discard (store, &old);
+  }
+  return all;
+}
+
+uint64_t
+store_pack_dissolve (struct block_store *store, unsigned live_percent)
+{
+  uint64_t dissolved = 0;
+  for (;;) {
+    struct pack_unit *unit;
+    pthread_mutex_lock (&store->units_lock);
+    for (unit = store->units; unit; unit = unit->next)
+      if (!unit->dissolve_failed
+          && atomic_load (&unit->live) * 100 < unit->count * live_percent)
+        break;
+    if (unit)
+      atomic_fetch_add (&unit->live, 1);   /* pinned while we work */
+    pthread_mutex_unlock (&store->units_lock);
+    if (!unit)
+      return dissolved;
+    if (unit_dissolve (store, unit))
+      dissolved++;
+    else {
+      pthread_mutex_lock (&store->units_lock);
+      unit->dissolve_failed = true;
+      pthread_mutex_unlock (&store->units_lock);
+    }
+    struct block_content own = { .kind = BLOCK_PACKED, .value = (uintptr_t) unit };
+    content_discard (store, &own);
+  }
+}
+
 /* The table's reclaim grace period: take and drop every stripe lock. */
 static void
 stripes_sweep (void *opaque)
@@ -1190,6 +1629,8 @@ store_stats (struct block_store *store, struct store_stats *stats)
   for (unsigned p = 0; p <= store->recomp_count; p++)
     stats->codec_bytes += codec_memory (store->codecs[p]);
   stats->recomp_blocks = atomic_load (&store->recomp_blocks);
+  stats->packed_blocks = atomic_load (&store->packed_blocks);
+  stats->pack_units = atomic_load (&store->pack_units);
   stats->recomp_bytes_saved = atomic_load (&store->recomp_bytes_saved);
   stats->reserve_bytes = pool.reserve_bytes;
   stats->reserve_refills = pool.reserve_refills;

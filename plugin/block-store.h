@@ -69,6 +69,7 @@ struct store_config {
     enum codec_algorithm algorithm;
     int level;
   } recomp[STORE_RECOMP_MAX];
+  int pack_level;                 /* zstd level of packed units (0: 3) */
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
 };
 
@@ -99,6 +100,8 @@ struct store_stats {
   uint64_t reserve_misses;        /* chunks mapped with it empty, ever */
   uint64_t recomp_blocks;         /* blocks recompressed, ever */
   uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
+  uint64_t packed_blocks;         /* blocks in packed units now */
+  uint64_t pack_units;            /* packed units now */
 };
 
 struct block_store;
@@ -209,6 +212,31 @@ extern int store_recompress (struct block_store *store,
 /* The name of a recompression priority's algorithm, or NULL. */
 extern const char *store_recompress_algorithm (const struct block_store *store,
                                                unsigned priority);
+
+/* Cold packing: idle blocks, up to STORE_PACK_MAX at a time in block
+ * order, compressed together (zstd, level pack_level) into one unit held
+ * in allocator objects of at most STORE_PACK_PART bytes each; each
+ * block's entry points to (unit, index).  A unit is kept only if it takes
+ * less than the blocks did.  Reading a packed block decodes its unit (a
+ * few store-owned cache slots keep the last units decoded); writing,
+ * trimming or zeroing it moves it out; a unit goes when its last block
+ * does.  Each block is moved in under its stripe lock, and only if it
+ * was not accessed since it was read for packing.
+ */
+#define STORE_PACK_MAX 16
+#define STORE_PACK_PART 3072
+struct store_pack_result {
+  uint64_t units, blocks, bytes_before, bytes_after;
+};
+extern int store_pack (struct block_store *store, uint64_t max_blocks,
+                       bool (*keep_going) (void *opaque), void *opaque,
+                       struct store_pack_result *result);
+/* Dissolve the units in which fewer than live_percent of the blocks are
+ * still packed (the others were rewritten or trimmed: dead bytes): each
+ * block left is stored alone again.  Returns the units dissolved.
+ */
+extern uint64_t store_pack_dissolve (struct block_store *store,
+                                     unsigned live_percent);
 
 /* The control channel's knobs: mem_limit at run time (-1 with errno
  * ENOSPC if more is held already; nothing changes then), mem_used_max

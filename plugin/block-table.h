@@ -51,6 +51,8 @@ enum block_kind {
   BLOCK_COMPRESSED_PADDED, /* value: zsalloc handle of an object larger
                               than the compressed bytes at its start: a
                               block rewritten in place (block-store.c) */
+  BLOCK_PACKED,         /* value: a packed unit's address | the block's
+                           index in it (cold packing, block-store.c) */
 };
 
 /* Flags of a block (zram's block_state letters in brackets). */

@@ -213,8 +213,8 @@ codec_destroy (struct codec *codec)
 }
 
 int
-codec_compress (struct codec *codec, const void *block, void *dst,
-                size_t capacity)
+codec_compress_bytes (struct codec *codec, const void *src, size_t length,
+                      void *dst, size_t capacity)
 {
   struct codec_context *context = context_borrow (codec);
   if (!context)
@@ -222,12 +222,11 @@ codec_compress (struct codec *codec, const void *block, void *dst,
 
   int result;
   if (codec->algorithm == CODEC_LZ4)
-    result = LZ4_compress_fast_extState (context->lz4_state, block, dst,
-                                         CODEC_BLOCK_SIZE, capacity,
-                                         codec->level);
+    result = LZ4_compress_fast_extState (context->lz4_state, src, dst,
+                                         length, capacity, codec->level);
   else {
     size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
-                                  block, CODEC_BLOCK_SIZE, codec->level);
+                                  src, length, codec->level);
     context_account (context);
     if (!ZSTD_isError (n))
       result = n;
@@ -243,20 +242,26 @@ codec_compress (struct codec *codec, const void *block, void *dst,
 }
 
 int
-codec_decompress (struct codec *codec, const void *src, size_t length,
-                  bool padded, void *block)
+codec_compress (struct codec *codec, const void *block, void *dst,
+                size_t capacity)
+{
+  return codec_compress_bytes (codec, block, CODEC_BLOCK_SIZE, dst, capacity);
+}
+
+int
+codec_decompress_bytes (struct codec *codec, const void *src, size_t length,
+                        bool padded, void *dst, size_t expected)
 {
   bool whole;
   if (codec->algorithm == CODEC_LZ4)
     /* lz4 decompression needs no context.  Decoding a padded block stops
-     * at the block's 4096 bytes, before the padding (lz4.h allows a
-     * source longer than the block when the target is the whole block).
+     * at the expected bytes, before the padding (lz4.h allows a source
+     * longer than the block when the target is the whole block).
      */
     whole = (padded
-             ? LZ4_decompress_safe_partial (src, block, length,
-                                            CODEC_BLOCK_SIZE, CODEC_BLOCK_SIZE)
-             : LZ4_decompress_safe (src, block, length, CODEC_BLOCK_SIZE))
-      == CODEC_BLOCK_SIZE;
+             ? LZ4_decompress_safe_partial (src, dst, length, expected, expected)
+             : LZ4_decompress_safe (src, dst, length, expected))
+      == (int) expected;
   else {
     if (padded) {
       /* A zstd frame says where it ends. */
@@ -269,9 +274,9 @@ codec_decompress (struct codec *codec, const void *src, size_t length,
     struct codec_context *context = context_borrow (codec);
     if (!context)
       return -1;
-    whole = ZSTD_decompressDCtx (context->zstd_decompress, block,
-                                 CODEC_BLOCK_SIZE, src, length)
-      == CODEC_BLOCK_SIZE;
+    whole = ZSTD_decompressDCtx (context->zstd_decompress, dst, expected,
+                                 src, length)
+      == expected;
     context_account (context);
     context_return (context);
   }
@@ -279,6 +284,14 @@ codec_decompress (struct codec *codec, const void *src, size_t length,
     return 0;
   errno = EIO;
   return -1;
+}
+
+int
+codec_decompress (struct codec *codec, const void *src, size_t length,
+                  bool padded, void *block)
+{
+  return codec_decompress_bytes (codec, src, length, padded, block,
+                                 CODEC_BLOCK_SIZE);
 }
 
 size_t

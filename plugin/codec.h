@@ -47,6 +47,15 @@ extern int codec_compress (struct codec *codec, const void *block,
 extern int codec_decompress (struct codec *codec, const void *src,
                              size_t length, bool padded, void *block);
 
+/* The same for any length (packed units of several blocks): the
+ * decompressed bytes must be exactly expected.
+ */
+extern int codec_compress_bytes (struct codec *codec, const void *src,
+                                 size_t length, void *dst, size_t capacity);
+extern int codec_decompress_bytes (struct codec *codec, const void *src,
+                                   size_t length, bool padded, void *dst,
+                                   size_t expected);
+
 /* Bytes held by the codec's contexts. */
 extern size_t codec_memory (struct codec *codec);
 

@@ -344,28 +344,64 @@ command_recompress (struct client *client, int argc, char **argv)
   return 0;
 }
 
+/* pack [type=idle] [max_pages=N]: cold packing of the idle blocks. */
+static int
+command_pack (struct client *client, int argc, char **argv)
+{
+  uint64_t max_blocks = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp (argv[i], "type=idle") == 0)
+      continue;
+    if (strncmp (argv[i], "max_pages=", 10) != 0
+        || parse_number (argv[i] + 10, &max_blocks) == -1)
+      return reply_error (client, "pack: '%s' is not type=idle or "
+                          "max_pages=N", argv[i]);
+  }
+  struct store_pack_result result;
+  if (store_pack (store, max_blocks, client_still_there, client, &result) == -1)
+    return reply_error (client, "pack: %s", error_text (errno));
+  fprintf (client->out, "units %" PRIu64 "\nblocks %" PRIu64 "\nbytes_before %"
+           PRIu64 "\nbytes_after %" PRIu64 "\n", result.units, result.blocks,
+           result.bytes_before, result.bytes_after);
+  return 0;
+}
+
+/* dissolve PERCENT: units with fewer live blocks go. */
+static int
+command_dissolve (struct client *client, int argc, char **argv)
+{
+  uint64_t percent;
+  if (parse_number (argv[1], &percent) == -1 || percent > 100)
+    return reply_error (client, "dissolve: '%s' is not a percentage", argv[1]);
+  fprintf (client->out, "dissolved %" PRIu64 "\n",
+           store_pack_dissolve (store, percent));
+  return 0;
+}
+
 static int command_help (struct client *client, int argc, char **argv);
 
 static const struct command {
   const char *name;
-  int words;                    /* with the name; -N: 2 to N */
+  int min_words, max_words;     /* with the name */
   const char *usage;
   int (*run) (struct client *client, int argc, char **argv);
 } commands[] = {
-  { "info", 1, "info", command_info },
-  { "mm_stat", 1, "mm_stat", command_zram_file },
-  { "io_stat", 1, "io_stat", command_zram_file },
-  { "bd_stat", 1, "bd_stat", command_zram_file },
-  { "stats", 1, "stats", command_stats },
-  { "classes", 1, "classes", command_classes },
-  { "compact", 1, "compact", command_compact },
-  { "idle", 2, "idle all|SECONDS", command_idle },
-  { "mem_limit", 2, "mem_limit SIZE", command_mem_limit },
-  { "mem_used_max", 2, "mem_used_max 0", command_mem_used_max },
-  { "block_state", 3, "block_state START COUNT", command_block_state },
-  { "recompress", -5, "recompress type=idle|huge|huge_idle [threshold=BYTES] "
+  { "info", 1, 1, "info", command_info },
+  { "mm_stat", 1, 1, "mm_stat", command_zram_file },
+  { "io_stat", 1, 1, "io_stat", command_zram_file },
+  { "bd_stat", 1, 1, "bd_stat", command_zram_file },
+  { "stats", 1, 1, "stats", command_stats },
+  { "classes", 1, 1, "classes", command_classes },
+  { "compact", 1, 1, "compact", command_compact },
+  { "idle", 2, 2, "idle all|SECONDS", command_idle },
+  { "mem_limit", 2, 2, "mem_limit SIZE", command_mem_limit },
+  { "mem_used_max", 2, 2, "mem_used_max 0", command_mem_used_max },
+  { "block_state", 3, 3, "block_state START COUNT", command_block_state },
+  { "recompress", 2, 5, "recompress type=idle|huge|huge_idle [threshold=BYTES] "
     "[max_pages=N] [algo=NAME|priority=N]", command_recompress },
-  { "help", 1, "help", command_help },
+  { "pack", 1, 3, "pack [type=idle] [max_pages=N]", command_pack },
+  { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve },
+  { "help", 1, 1, "help", command_help },
 };
 
 static int
@@ -400,8 +436,7 @@ run_line (struct client *client, char *line)
     reply_error (client, "too many words");
   else if (i == sizeof commands / sizeof commands[0])
     reply_error (client, "unknown command '%s' (try help)", argv[0]);
-  else if (commands[i].words > 0 ? argc != commands[i].words
-           : argc < 2 || argc > -commands[i].words)
+  else if (argc < commands[i].min_words || argc > commands[i].max_words)
     reply_error (client, "usage: %s", commands[i].usage);
   else
     r = commands[i].run (client, argc, argv);

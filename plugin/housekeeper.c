@@ -72,6 +72,13 @@ policy_round (void)
     uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
     store_recompress (store, &request, within_round_budget, &deadline, &result);
   }
+  if (policy.pack_after) {
+    store_pack_dissolve (store, 50);
+    struct store_pack_result result;
+    uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
+    store_pack (store, POLICY_BLOCKS_PER_ROUND, within_round_budget, &deadline,
+                &result);
+  }
 }
 
 /* Compact when the pages compaction could free are at least

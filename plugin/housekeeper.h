@@ -32,6 +32,8 @@ extern int housekeeper_start (struct block_store *store, const char *stats_path,
 struct housekeeper_policy {
   uint32_t idle_after;
   uint32_t recompress_after;
+  uint32_t pack_after;            /* pack idle blocks this old; and
+                                     dissolve units under half live */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 

@@ -102,6 +102,8 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (reserve_misses);
   FIELD (recomp_blocks);
   FIELD (recomp_bytes_saved);
+  FIELD (packed_blocks);
+  FIELD (pack_units);
 #undef FIELD
   fprintf (fp, "process_rss: %" PRIu64 "\n", process_rss_bytes ());
   swap_mode_print (fp);

@@ -240,7 +240,8 @@ zram_config (const char *key, const char *value)
       return -1;
   }
   else if (strcmp (key, "idle_after") == 0
-           || strcmp (key, "recompress_after") == 0) {
+           || strcmp (key, "recompress_after") == 0
+           || strcmp (key, "pack_after") == 0) {
     unsigned seconds;
     if (nbdkit_parse_unsigned (key, value, &seconds) == -1)
       return -1;
@@ -251,8 +252,20 @@ zram_config (const char *key, const char *value)
     }
     if (key[0] == 'i')
       policy.idle_after = seconds;
-    else
+    else if (key[0] == 'r')
       policy.recompress_after = seconds;
+    else
+      policy.pack_after = seconds;
+  }
+  else if (strcmp (key, "pack_level") == 0) {
+    int min, max;
+    if (nbdkit_parse_int ("pack_level", value, &config.pack_level) == -1)
+      return -1;
+    if (!codec_level_is_valid (CODEC_ZSTD, config.pack_level, &min, &max)) {
+      nbdkit_error ("pack_level: %d is not a zstd level (%d..%d, not 0)",
+                    config.pack_level, min, max);
+      return -1;
+    }
   }
   else if (strcmp (key, "ctl") == 0) {
     free (ctl_path);
@@ -310,6 +323,9 @@ zram_config_complete (void)
   }
   if (policy.recompress_after && !policy.idle_after)
     policy.idle_after = policy.recompress_after;
+  if (policy.pack_after
+      && (!policy.idle_after || policy.pack_after < policy.idle_after))
+    policy.idle_after = policy.pack_after;
   /* Priorities 1..N without a gap. */
   config.recomp_count = 0;
   for (unsigned p = 1; p <= STORE_RECOMP_MAX; p++) {
@@ -365,6 +381,8 @@ zram_config_complete (void)
   "                          A recompression algorithm (up to 3).\n" \
   "idle_after=SECONDS        Policy: mark blocks idle after this (default off).\n" \
   "recompress_after=SECONDS  Policy: recompress idle blocks after this (off).\n" \
+  "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
+  "pack_level=N              zstd level of packed units (default 3).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \

@@ -83,6 +83,20 @@ store_recompress (struct block_store *store,
   return 0;
 }
 
+int
+store_pack (struct block_store *store, uint64_t max_blocks,
+            bool (*keep_going) (void *opaque), void *opaque,
+            struct store_pack_result *result)
+{
+  return 0;
+}
+
+uint64_t
+store_pack_dissolve (struct block_store *store, unsigned live_percent)
+{
+  return 0;
+}
+
 bool
 store_reserve_release_if_empty (struct block_store *store)
 {

@@ -291,6 +291,73 @@ zram_nbdkit -U - "$PLUGIN" 8M comp=lz4 recomp_algorithm=zstd:level=9 \
     idle_after=2 recompress_after=3 stats="$tmp/stats5" \
     --run "python3 '$tmp/policy.py' \"\$uri\" '$tmp/stats5'"
 
+# ---- cold packing through the control channel and the policy -------------
+cat > "$tmp/pack.py" <<'EOF'
+import os, random, re, socket, sys, time, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
+
+uri, ctl, stats_path, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+B = 4096
+def command(line):
+    sock = socket.socket(socket.AF_UNIX); sock.connect(ctl)
+    sock.sendall(line.encode() + b"\n")
+    data = b""
+    while not re.search(rb"(^|\n)(ok|error: [^\n]*)\n$", data):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    sock.close()
+    lines = data.decode().splitlines()
+    return lines[:-1], lines[-1]
+
+words = [w.encode() for w in "red green blue cyan magenta yellow black white".split()]
+r = random.Random(3)
+h = nbd.NBD(); h.connect_uri(uri)
+blocks = {}
+for i in range(640):
+    blocks[i] = (b" ".join(r.choice(words) for _ in range(1000))[:B]).ljust(B, b"~")
+    h.pwrite(blocks[i], i * B)
+if mode == "ctl":
+    assert command("pack max_pages=x")[1].startswith("error: pack: 'max_pages=x'")
+    assert command("idle all")[1] == "ok"
+    lines, last = command("pack type=idle")
+    assert last == "ok", last
+    result = dict(l.split(" ", 1) for l in lines)
+    print("pack:", result)
+    assert int(result["blocks"]) >= 600, result
+    assert int(result["bytes_after"]) < int(result["bytes_before"]) // 2, result
+else:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and next_stat(stats_path, "packed_blocks") < 600:
+        pass
+    print("policy packed:", next_stat(stats_path, "packed_blocks"))
+    assert next_stat(stats_path, "packed_blocks") >= 600
+for i, data in blocks.items():
+    assert h.pread(B, i * B) == data, "block %d" % i
+# Rewrite 3 in 4 blocks: the units fall below half live, and go.
+for i in range(640):
+    if i % 4:
+        blocks[i] = (b"new %d " % i * 700)[:B]
+        h.pwrite(blocks[i], i * B)
+if mode == "ctl":
+    lines, last = command("dissolve 50")
+    assert last == "ok" and int(lines[0].split()[1]) > 0, (lines, last)
+else:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and next_stat(stats_path, "packed_blocks") > 0:
+        pass
+assert next_stat(stats_path, "pack_units") == 0 or mode == "policy"
+for i, data in blocks.items():
+    assert h.pread(B, i * B) == data, "block %d after the rewrite" % i
+h.shutdown()
+print("ok: packing (%s)" % mode)
+EOF
+zram_nbdkit -U - "$PLUGIN" 8M comp=lz4 ctl="$tmp/ctl6" stats="$tmp/stats6" \
+    --run "python3 '$tmp/pack.py' \"\$uri\" '$tmp/ctl6' '$tmp/stats6' ctl"
+zram_nbdkit -U - "$PLUGIN" 8M comp=lz4 pack_after=1 ctl="$tmp/ctl7" stats="$tmp/stats7" \
+    --run "python3 '$tmp/pack.py' \"\$uri\" '$tmp/ctl7' '$tmp/stats7' policy"
+
 # A socket another server still listens on is not taken over.
 zram_nbdkit -U "$tmp/sock2" -P "$tmp/pid2" "$PLUGIN" 1M ctl="$tmp/ctl2"
 cleanup_add 'kill "$(cat "$tmp/pid2")"'

@@ -1038,6 +1038,156 @@ test_recompress_beside_io (void **state)
   store_destroy (store);
 }
 
+/* ---- cold packing --------------------------------------------------- */
+
+static void
+test_pack (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 512 };
+  struct block_store *store = make_recompressing_store (BLOCKS);
+  uint64_t versions[BLOCKS] = { 0 };
+  bool present[BLOCKS] = { false };
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    versions[b] = 1;
+    present[b] = true;
+    recomp_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  struct store_stats before, after;
+  store_stats (store, &before);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  assert_int_equal (result.blocks, 0);          /* nothing idle yet */
+
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  store_stats (store, &after);
+  print_message ("pack: %" PRIu64 " units, %" PRIu64 " blocks, %" PRIu64
+                 " -> %" PRIu64 " bytes; compressed %" PRIu64 " -> %" PRIu64
+                 ", pool %" PRIu64 " -> %" PRIu64 "\n", result.units,
+                 result.blocks, result.bytes_before, result.bytes_after,
+                 before.compr_data_size, after.compr_data_size,
+                 before.mem_used_total, after.mem_used_total);
+  /* Text packs; random blocks may ride along; same-filled never do. */
+  assert_true (result.blocks >= BLOCKS * 6 / 8);
+  assert_int_equal (after.packed_blocks, result.blocks);
+  assert_int_equal (after.pack_units, result.units);
+  assert_true (after.compr_data_size < before.compr_data_size);
+  assert_int_equal (after.orig_data_size, before.orig_data_size);
+  recomp_verify (store, versions, present, 0, BLOCKS);
+  recomp_verify (store, versions, present, 0, BLOCKS);   /* cached units */
+
+  /* Packed blocks overwritten, patched, trimmed, zeroed in part. */
+  for (uint64_t b = 2; b < BLOCKS; b += 5) {
+    versions[b]++;
+    recomp_fill (buf, b, versions[b]);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  for (uint64_t b = 3; b < BLOCKS; b += 5) {
+    unsigned char now[BS];
+    recomp_fill (now, b, versions[b]);
+    memset (now + 50, 'P', 300);
+    assert_int_equal (store_write (store, now + 50, 300, b * BS + 50), 0);
+    assert_int_equal (store_read (store, buf, BS, b * BS), 0);
+    assert_memory_equal (buf, now, BS);
+    versions[b]++;
+    recomp_fill (buf, b, versions[b]);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  for (uint64_t b = 4; b < BLOCKS; b += 5) {
+    assert_int_equal (store_trim (store, BS, b * BS), 0);
+    present[b] = false;
+  }
+  recomp_verify (store, versions, present, 0, BLOCKS);
+
+  /* Units now 40 % live: dissolved, their blocks stored alone again. */
+  store_stats (store, &before);
+  uint64_t dissolved = store_pack_dissolve (store, 50);
+  store_stats (store, &after);
+  print_message ("dissolve: %" PRIu64 " units, packed blocks %" PRIu64
+                 " -> %" PRIu64 ", units %" PRIu64 " -> %" PRIu64 "\n",
+                 dissolved, before.packed_blocks, after.packed_blocks,
+                 before.pack_units, after.pack_units);
+  assert_true (dissolved > 0);
+  assert_int_equal (after.pack_units, before.pack_units - dissolved);
+  assert_true (after.packed_blocks < before.packed_blocks);
+  recomp_verify (store, versions, present, 0, BLOCKS);
+  /* Idle again, packed again. */
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  assert_true (result.blocks > 0);
+  recomp_verify (store, versions, present, 0, BLOCKS);
+
+  /* Everything gone: every unit with it. */
+  assert_int_equal (store_trim (store, BLOCKS * BS, 0), 0);
+  store_flush (store);
+  store_stats (store, &after);
+  assert_int_equal (after.pack_units, 0);
+  assert_int_equal (after.packed_blocks, 0);
+  assert_int_equal (after.compr_data_size, 0);
+  assert_int_equal (after.mem_used_total, 0);
+  store_destroy (store);
+}
+
+/* Packing beside I/O, as recompression above. */
+static void
+test_pack_beside_io (void **state)
+{
+  (void) state;
+  struct block_store *store = make_recompressing_store (RECOMP_THREADS * RECOMP_RANGE);
+  atomic_bool stop = false;
+  struct recomp_worker *workers = calloc (RECOMP_THREADS, sizeof *workers);
+  assert_non_null (workers);
+  unsigned char buf[BS];
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    workers[t].store = store;
+    workers[t].first = t * RECOMP_RANGE;
+    workers[t].stop = &stop;
+    for (unsigned i = 0; i < RECOMP_RANGE; i++) {
+      workers[t].versions[i] = 1;
+      workers[t].present[i] = true;
+      recomp_fill (buf, workers[t].first + i, 1);
+      assert_int_equal (store_write (store, buf, BS, (workers[t].first + i) * BS), 0);
+    }
+  }
+  for (unsigned t = 0; t < RECOMP_THREADS; t++)
+    assert_int_equal (pthread_create (&workers[t].thread, NULL,
+                                      recomp_worker_main, &workers[t]), 0);
+  uint64_t packed = 0;
+  for (int round = 0; round < 60; round++) {
+    struct store_pack_result result;
+    store_mark_idle (store, 0, NULL, NULL);
+    assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+    packed += result.blocks;
+    store_pack_dissolve (store, 50);
+  }
+  atomic_store (&stop, true);
+  uint64_t operations = 0;
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    void *failure;
+    pthread_join (workers[t].thread, &failure);
+    if (failure)
+      fail_msg ("worker %u: %s", t, (const char *) failure);
+    operations += workers[t].operations;
+  }
+  print_message ("pack beside I/O: %" PRIu64 " blocks packed in 60 rounds, %"
+                 PRIu64 " operations\n", packed, operations);
+  assert_true (packed > 0);
+  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+    uint64_t versions[RECOMP_THREADS * RECOMP_RANGE] = { 0 };
+    bool present[RECOMP_THREADS * RECOMP_RANGE] = { false };
+    memcpy (versions + workers[t].first, workers[t].versions,
+            sizeof workers[t].versions);
+    memcpy (present + workers[t].first, workers[t].present,
+            sizeof workers[t].present);
+    recomp_verify (store, versions, present, workers[t].first, RECOMP_RANGE);
+  }
+  free (workers);
+  store_destroy (store);
+}
+
 int
 main (void)
 {
@@ -1055,6 +1205,8 @@ main (void)
     cmocka_unit_test (test_concurrent_mixed_leaves),
     cmocka_unit_test (test_recompress),
     cmocka_unit_test (test_recompress_beside_io),
+    cmocka_unit_test (test_pack),
+    cmocka_unit_test (test_pack_beside_io),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -22,7 +22,8 @@ static const char *program = "nbdkit-zramctl";
 /* The control channel's commands (plugin/control.c). */
 static const char *const commands[] = {
   "info", "mm_stat", "io_stat", "bd_stat", "stats", "classes", "compact",
-  "idle", "mem_limit", "mem_used_max", "block_state", "recompress", "help",
+  "idle", "mem_limit", "mem_used_max", "block_state", "recompress", "pack",
+  "dissolve", "help",
 };
 
 static void
