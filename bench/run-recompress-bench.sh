@@ -10,6 +10,7 @@
 #          recomp_algorithm=zstd:level=LEVEL through the control channel,
 #        - zram comp=zstd, then the same recompression;
 #      and the time recompression took.
+#   1b. the same with cold packing (`idle all` + `pack`) instead;
 #   2. I/O beside the policy: the image loaded, then fio 4 KiB random
 #      writes (2 jobs x iodepth 16, RUNTIME s) on the first 64 MiB while
 #      idle_after=1 recompress_after=2 recompresses the rest, against the
@@ -18,7 +19,7 @@
 #   bench/run-recompress-bench.sh            # about 8 minutes on 2 cores
 #
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
-# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory io").
+# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory pack io").
 set -euo pipefail
 export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
 export LC_ALL=C
@@ -76,10 +77,14 @@ memory () {
     sleep 2
     loaded=$(rss_kib)
     local after=$loaded
-    if [ "$recompress" = yes ]; then
+    if [ "$recompress" != no ]; then
         "$ZRAMCTL" idle "$tmp/ctl" all >/dev/null
         local start=$SECONDS
-        "$ZRAMCTL" recompress "$tmp/ctl" type=idle > "$tmp/recompress.out"
+        if [ "$recompress" = pack ]; then
+            "$ZRAMCTL" pack "$tmp/ctl" > "$tmp/recompress.out"
+        else
+            "$ZRAMCTL" recompress "$tmp/ctl" type=idle > "$tmp/recompress.out"
+        fi
         seconds=$((SECONDS - start))
         "$ZRAMCTL" compact "$tmp/ctl" >/dev/null
         sleep 2
@@ -96,7 +101,7 @@ print("| %s | %.1f | %.2f | %.1f | %.2f | %s |" % (
 EOF
 }
 
-PARTS=${PARTS:-memory io}
+PARTS=${PARTS:-memory pack io}
 if [[ " $PARTS " = *" memory "* ]]; then
 echo "Memory, $IMAGE_MIB MiB memory image, logical / (RSS - idle RSS):"
 echo
@@ -108,6 +113,19 @@ memory "zram comp=lz4 + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=lz4 \
     recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
 memory "zram comp=zstd + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=zstd \
     recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
+fi
+if [[ " $PARTS " = *" pack "* ]]; then
+echo
+echo "Cold packing (idle all + pack + compact through the control channel):"
+echo
+echo "| server | RSS above idle, loaded (MiB) | ratio | after packing (MiB) | ratio | packing s |"
+echo "|---|---:|---:|---:|---:|---:|"
+memory "memory allocator=zstd" no memory "$SIZE" allocator=zstd
+memory "zram comp=lz4 + pack (zstd 3)" pack "$PLUGIN" "$SIZE" comp=lz4 ctl="$tmp/ctl"
+memory "zram comp=zstd + pack (zstd 9)" pack "$PLUGIN" "$SIZE" comp=zstd \
+    pack_level=9 ctl="$tmp/ctl"
+memory "zram comp=lz4 + pack (zstd 19)" pack "$PLUGIN" "$SIZE" comp=lz4 \
+    pack_level=19 ctl="$tmp/ctl"
 fi
 [[ " $PARTS " = *" io "* ]] || exit 0
 
