@@ -11,6 +11,8 @@
 #        - zram comp=zstd, then the same recompression;
 #      and the time recompression took.
 #   1b. the same with cold packing (`idle all` + `pack`) instead;
+#   1c. 4 KiB random reads over the whole image, packed (comp=lz4, pack)
+#      against unpacked: IOPS and mean latency;
 #   2. I/O beside the policy: the image loaded, then fio 4 KiB random
 #      writes (2 jobs x iodepth 16, RUNTIME s) on the first 64 MiB while
 #      idle_after=1 recompress_after=2 recompresses the rest, against the
@@ -19,7 +21,7 @@
 #   bench/run-recompress-bench.sh            # about 8 minutes on 2 cores
 #
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
-# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory pack io").
+# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory pack read io").
 set -euo pipefail
 export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
 export LC_ALL=C
@@ -101,7 +103,7 @@ print("| %s | %.1f | %.2f | %.1f | %.2f | %s |" % (
 EOF
 }
 
-PARTS=${PARTS:-memory pack io}
+PARTS=${PARTS:-memory pack read io}
 if [[ " $PARTS " = *" memory "* ]]; then
 echo "Memory, $IMAGE_MIB MiB memory image, logical / (RSS - idle RSS):"
 echo
@@ -126,6 +128,47 @@ memory "zram comp=zstd + pack (zstd 9)" pack "$PLUGIN" "$SIZE" comp=zstd \
     pack_level=9 ctl="$tmp/ctl"
 memory "zram comp=lz4 + pack (zstd 19)" pack "$PLUGIN" "$SIZE" comp=lz4 \
     pack_level=19 ctl="$tmp/ctl"
+fi
+# ---- reads of packed blocks ---------------------------------------------
+fio_read () {
+    fio --name=read --ioengine=nbd --uri="nbd+unix:///?socket=$tmp/sock" \
+        --rw=randread --bs=4k --size="${IMAGE_MIB}M" --numjobs=2 --iodepth=16 \
+        --time_based --runtime="$RUNTIME" --group_reporting \
+        --output-format=json 2>"$tmp/fio.err" |
+      sed -n '/^{/,$p' |
+      /usr/bin/python3 -c 'import json, sys; r = json.load(sys.stdin)["jobs"][0]["read"]; print(int(r["iops"]), round(r["clat_ns"]["mean"] / 1000, 1))'
+}
+if [[ " $PARTS " = *" read "* ]]; then
+    : > "$tmp/reads"
+    for round in $(seq "$REPEATS"); do
+        for mode in packed unpacked; do
+            serve "$PLUGIN" "$SIZE" comp=lz4 ctl="$tmp/ctl"
+            nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
+            if [ "$mode" = packed ]; then
+                "$ZRAMCTL" idle "$tmp/ctl" all >/dev/null
+                "$ZRAMCTL" pack "$tmp/ctl" >/dev/null
+            fi
+            echo "$mode $(fio_read)" >> "$tmp/reads"
+            stop
+        done
+    done
+    echo
+    /usr/bin/python3 - "$tmp/reads" "$RUNTIME" <<'EOF'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    mode, iops, latency = line.split()
+    runs.setdefault(mode, []).append((int(iops), float(latency)))
+print("4 KiB random reads over the image (2 jobs x iodepth 16, %s s, median of %d):"
+      % (sys.argv[2], len(runs["packed"])))
+for mode in ("unpacked", "packed"):
+    print("  %-8s %7d IOPS, mean completion latency %7.1f us"
+          % (mode, statistics.median(i for i, _ in runs[mode]),
+             statistics.median(l for _, l in runs[mode])))
+print("  packed / unpacked IOPS: %.2fx"
+      % (statistics.median(i for i, _ in runs["packed"])
+         / statistics.median(i for i, _ in runs["unpacked"])))
+EOF
 fi
 [[ " $PARTS " = *" io "* ]] || exit 0
 
