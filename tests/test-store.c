@@ -978,10 +978,15 @@ recomp_worker_main (void *arg)
   return NULL;
 }
 
-static void
-test_recompress_beside_io (void **state)
+/* Threads own disjoint ranges and write, patch, trim and verify them
+ * against their own model while the main thread marks everything idle
+ * and runs one round of work (recompression or packing), 60 times.
+ * Returns the blocks the rounds handled; every block is verified.
+ */
+static uint64_t
+run_beside_io (uint64_t (*round_work) (struct block_store *store, int round),
+               const char *what)
 {
-  (void) state;
   struct block_store *store = make_recompressing_store (RECOMP_THREADS * RECOMP_RANGE);
   atomic_bool stop = false;
   struct recomp_worker *workers = calloc (RECOMP_THREADS, sizeof *workers);
@@ -998,20 +1003,13 @@ test_recompress_beside_io (void **state)
       assert_int_equal (store_write (store, buf, BS, (workers[t].first + i) * BS), 0);
     }
   }
-  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
+  for (unsigned t = 0; t < RECOMP_THREADS; t++)
     assert_int_equal (pthread_create (&workers[t].thread, NULL,
                                       recomp_worker_main, &workers[t]), 0);
-  }
-  uint64_t recompressed = 0;
-  int round;
-  for (round = 0; round < 60; round++) {
-    struct store_recompress_request request = {
-      .type = round % 3 == 2 ? RECOMPRESS_HUGE : RECOMPRESS_IDLE,
-    };
-    struct store_recompress_result result;
+  uint64_t handled = 0;
+  for (int round = 0; round < 60; round++) {
     store_mark_idle (store, 0, NULL, NULL);
-    assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
-    recompressed += result.recompressed;
+    handled += round_work (store, round);
   }
   atomic_store (&stop, true);
   uint64_t operations = 0;
@@ -1022,9 +1020,8 @@ test_recompress_beside_io (void **state)
       fail_msg ("worker %u: %s", t, (const char *) failure);
     operations += workers[t].operations;
   }
-  print_message ("recompress beside I/O: %" PRIu64 " blocks recompressed in 60 "
-                 "rounds, %" PRIu64 " operations\n", recompressed, operations);
-  assert_true (recompressed > 0);
+  print_message ("%s beside I/O: %" PRIu64 " blocks in 60 rounds, %" PRIu64
+                 " operations\n", what, handled, operations);
   for (unsigned t = 0; t < RECOMP_THREADS; t++) {
     uint64_t versions[RECOMP_THREADS * RECOMP_RANGE] = { 0 };
     bool present[RECOMP_THREADS * RECOMP_RANGE] = { false };
@@ -1036,6 +1033,25 @@ test_recompress_beside_io (void **state)
   }
   free (workers);
   store_destroy (store);
+  return handled;
+}
+
+static uint64_t
+recompress_round (struct block_store *store, int round)
+{
+  struct store_recompress_request request = {
+    .type = round % 3 == 2 ? RECOMPRESS_HUGE : RECOMPRESS_IDLE,
+  };
+  struct store_recompress_result result;
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  return result.recompressed;
+}
+
+static void
+test_recompress_beside_io (void **state)
+{
+  (void) state;
+  assert_true (run_beside_io (recompress_round, "recompress") > 0);
 }
 
 /* ---- cold packing --------------------------------------------------- */
@@ -1131,61 +1147,21 @@ test_pack (void **state)
   store_destroy (store);
 }
 
-/* Packing beside I/O, as recompression above. */
+/* Packing (and dissolving) beside I/O, as recompression above. */
+static uint64_t
+pack_round (struct block_store *store, int round)
+{
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  store_pack_dissolve (store, 50);
+  return result.blocks;
+}
+
 static void
 test_pack_beside_io (void **state)
 {
   (void) state;
-  struct block_store *store = make_recompressing_store (RECOMP_THREADS * RECOMP_RANGE);
-  atomic_bool stop = false;
-  struct recomp_worker *workers = calloc (RECOMP_THREADS, sizeof *workers);
-  assert_non_null (workers);
-  unsigned char buf[BS];
-  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
-    workers[t].store = store;
-    workers[t].first = t * RECOMP_RANGE;
-    workers[t].stop = &stop;
-    for (unsigned i = 0; i < RECOMP_RANGE; i++) {
-      workers[t].versions[i] = 1;
-      workers[t].present[i] = true;
-      recomp_fill (buf, workers[t].first + i, 1);
-      assert_int_equal (store_write (store, buf, BS, (workers[t].first + i) * BS), 0);
-    }
-  }
-  for (unsigned t = 0; t < RECOMP_THREADS; t++)
-    assert_int_equal (pthread_create (&workers[t].thread, NULL,
-                                      recomp_worker_main, &workers[t]), 0);
-  uint64_t packed = 0;
-  for (int round = 0; round < 60; round++) {
-    struct store_pack_result result;
-    store_mark_idle (store, 0, NULL, NULL);
-    assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
-    packed += result.blocks;
-    store_pack_dissolve (store, 50);
-  }
-  atomic_store (&stop, true);
-  uint64_t operations = 0;
-  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
-    void *failure;
-    pthread_join (workers[t].thread, &failure);
-    if (failure)
-      fail_msg ("worker %u: %s", t, (const char *) failure);
-    operations += workers[t].operations;
-  }
-  print_message ("pack beside I/O: %" PRIu64 " blocks packed in 60 rounds, %"
-                 PRIu64 " operations\n", packed, operations);
-  assert_true (packed > 0);
-  for (unsigned t = 0; t < RECOMP_THREADS; t++) {
-    uint64_t versions[RECOMP_THREADS * RECOMP_RANGE] = { 0 };
-    bool present[RECOMP_THREADS * RECOMP_RANGE] = { false };
-    memcpy (versions + workers[t].first, workers[t].versions,
-            sizeof workers[t].versions);
-    memcpy (present + workers[t].first, workers[t].present,
-            sizeof workers[t].present);
-    recomp_verify (store, versions, present, workers[t].first, RECOMP_RANGE);
-  }
-  free (workers);
-  store_destroy (store);
+  assert_true (run_beside_io (pack_round, "pack") > 0);
 }
 
 int
