@@ -1,6 +1,7 @@
 /* The block store: see block-store.h for the design and the locks. */
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,18 +11,19 @@
 /* A packed unit (cold packing, block-store.h): the compressed bytes of
  * count blocks, in parts of at most STORE_PACK_PART bytes.  live counts
  * the entries that point to it; the one that drops it to 0 frees it.
- * Everything else is fixed once the unit is made.
+ * Everything else is fixed once the unit is made.  Aligned so that an
+ * entry holds its address and a block's index in one word.
  */
 struct pack_unit {
   _Atomic uint32_t live;
   struct pack_unit *prev, *next;  /* store->units, under units_lock */
   bool dissolve_failed;           /* under units_lock: skip it */
-  uint64_t blocks[STORE_PACK_MAX]; /* the block packed at each index */
-  unsigned count;
-  size_t length;                  /* compressed bytes */
+  uint8_t count;                  /* blocks */
+  uint8_t parts;                  /* allocator objects */
+  uint32_t length;                /* compressed bytes */
   uint64_t id;                    /* never reused: the decode cache's key */
-  unsigned parts;
-  zs_handle_t part[];
+  /* parts handles, then the count blocks packed (unit_blocks). */
+  uint64_t words[];
 } __attribute__ ((aligned (STORE_PACK_MAX)));
 
 #define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
@@ -34,13 +36,27 @@ struct pack_unit {
 struct unit_cache {
   pthread_mutex_t lock;           /* guards id and data */
   uint64_t id;                    /* 0: empty */
-  unsigned char data[STORE_PACK_MAX * STORE_BLOCK_SIZE];
+  unsigned char *data;            /* pack_blocks blocks */
 };
 
+/* What a unit's descriptor takes (rounded up to its alignment). */
 static inline size_t
-unit_bytes (unsigned parts)
+unit_bytes (unsigned parts, unsigned count)
 {
-  return sizeof (struct pack_unit) + parts * sizeof (zs_handle_t);
+  size_t bytes = sizeof (struct pack_unit) + (parts + count) * sizeof (uint64_t);
+  return (bytes + STORE_PACK_MAX - 1) / STORE_PACK_MAX * STORE_PACK_MAX;
+}
+static inline zs_handle_t *unit_parts (struct pack_unit *unit)
+{
+  return (zs_handle_t *) unit->words;
+}
+static inline const zs_handle_t *unit_parts_const (const struct pack_unit *unit)
+{
+  return (const zs_handle_t *) unit->words;
+}
+static inline uint64_t *unit_blocks (struct pack_unit *unit)
+{
+  return unit->words + unit->parts;
 }
 
 struct block_store {
@@ -78,7 +94,9 @@ struct block_store {
   pthread_mutex_t units_lock;     /* guards units, and every unit's links
                                      and dissolve_failed; a leaf */
   struct pack_unit *units;
+  unsigned pack_blocks;           /* blocks per unit at most */
   struct unit_cache *unit_cache;
+  unsigned char *unit_cache_data; /* the slots' data, one allocation */
   _Atomic uint64_t unit_ids;
   _Atomic uint64_t packed_blocks;
   _Atomic uint64_t pack_units;
@@ -187,11 +205,23 @@ store_create (const struct store_config *config)
   }
   store->pack_codec = codec_create (CODEC_ZSTD,
                                     config->pack_level ? config->pack_level : 3);
-  store->unit_cache = calloc (UNIT_CACHE_SLOTS, sizeof *store->unit_cache);
-  if (!store->pack_codec || !store->unit_cache)
+  store->pack_blocks = config->pack_blocks ? config->pack_blocks
+    : STORE_PACK_DEFAULT;
+  if (store->pack_blocks < 2 || store->pack_blocks > STORE_PACK_MAX) {
+    errno = EINVAL;
     goto fail;
-  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++)
+  }
+  store->unit_cache = calloc (UNIT_CACHE_SLOTS, sizeof *store->unit_cache);
+  /* Pages the kernel maps only when a slot is first used. */
+  store->unit_cache_data = calloc (UNIT_CACHE_SLOTS,
+                                   (size_t) store->pack_blocks * STORE_BLOCK_SIZE);
+  if (!store->pack_codec || !store->unit_cache || !store->unit_cache_data)
+    goto fail;
+  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++) {
     pthread_mutex_init (&store->unit_cache[i].lock, NULL);
+    store->unit_cache[i].data = store->unit_cache_data
+      + (size_t) i * store->pack_blocks * STORE_BLOCK_SIZE;
+  }
   pthread_mutex_init (&store->units_lock, NULL);
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
@@ -207,6 +237,7 @@ store_create (const struct store_config *config)
     codec_destroy (store->codecs[p]);
   codec_destroy (store->pack_codec);
   free (store->unit_cache);
+  free (store->unit_cache_data);
   free (store);
   errno = saved;
   return NULL;
@@ -228,6 +259,7 @@ store_destroy (struct block_store *store)
   for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++)
     pthread_mutex_destroy (&store->unit_cache[i].lock);
   free (store->unit_cache);
+  free (store->unit_cache_data);
   /* The units' parts went with the pool; their descriptors go here. */
   while (store->units) {
     struct pack_unit *unit = store->units;
@@ -381,11 +413,12 @@ unit_decode_all (struct block_store *store, const struct pack_unit *unit,
   if (!compressed)
     return -1;
   size_t at = 0;
+  const zs_handle_t *part = unit_parts_const (unit);
   for (unsigned i = 0; i < unit->parts; i++) {
-    size_t length = zs_object_size (store->pool, unit->part[i]);
-    const void *bytes = zs_read_begin (store->pool, unit->part[i], NULL);
+    size_t length = zs_object_size (store->pool, part[i]);
+    const void *bytes = zs_read_begin (store->pool, part[i], NULL);
     memcpy (compressed + at, bytes, length);
-    zs_read_end (store->pool, unit->part[i], bytes);
+    zs_read_end (store->pool, part[i], bytes);
     at += length;
   }
   int r = codec_decompress_bytes (store->pack_codec, compressed, unit->length,
@@ -441,10 +474,10 @@ unit_destroy (struct block_store *store, struct pack_unit *unit)
     unit->next->prev = unit->prev;
   pthread_mutex_unlock (&store->units_lock);
   for (unsigned i = 0; i < unit->parts; i++)
-    zs_free (store->pool, unit->part[i]);
+    zs_free (store->pool, unit_parts (unit)[i]);
   counter_add (&store->compr_bytes, -(int64_t) unit->length);
   counter_add (&store->pack_units, -1);
-  zs_pool_discharge (store->pool, unit_bytes (unit->parts));
+  zs_pool_discharge (store->pool, unit_bytes (unit->parts, unit->count));
   free (unit);
 }
 
@@ -1290,7 +1323,7 @@ struct pack_member {
   size_t bytes;
 };
 
-/* Pack up to STORE_PACK_MAX blocks into one unit.  Each is read under its
+/* Pack up to pack_blocks blocks into one unit.  Each is read under its
  * stripe lock, then all are compressed with no lock held, then each is
  * moved in under its stripe lock if it is unchanged (same value, same
  * state word: any access since clears its idle flag).  Adds to result.
@@ -1333,40 +1366,40 @@ pack_group (struct block_store *store, const uint64_t *blocks, unsigned n,
   if (length == -1)
     return -1;
   unsigned parts = (length + STORE_PACK_PART - 1) / STORE_PACK_PART;
-  if (length == 0 || (size_t) length + unit_bytes (parts) >= before)
+  size_t descriptor = unit_bytes (parts, count);
+  if (length == 0 || (size_t) length + descriptor >= before)
     return 0;                   /* it would not save memory */
 
-  if (zs_pool_charge (store->pool, unit_bytes (parts)) == -1)
+  if (zs_pool_charge (store->pool, descriptor) == -1)
     return errno == ENOSPC ? 0 : -1;
-  struct pack_unit *unit = aligned_alloc (STORE_PACK_MAX,
-                                          (unit_bytes (parts) + STORE_PACK_MAX - 1)
-                                          / STORE_PACK_MAX * STORE_PACK_MAX);
+  struct pack_unit *unit = aligned_alloc (STORE_PACK_MAX, descriptor);
   if (!unit) {
-    zs_pool_discharge (store->pool, unit_bytes (parts));
+    zs_pool_discharge (store->pool, descriptor);
     return -1;
   }
   unit->count = count;
   unit->length = length;
   unit->prev = unit->next = NULL;
   unit->dissolve_failed = false;
-  for (unsigned i = 0; i < count; i++)
-    unit->blocks[i] = members[i].block;
   unit->id = atomic_fetch_add (&store->unit_ids, 1) + 1;
-  unit->parts = 0;
+  unit->parts = parts;
   atomic_init (&unit->live, 1);  /* this call's own reference */
-  for (size_t at = 0; at < (size_t) length; at += STORE_PACK_PART) {
+  for (unsigned i = 0; i < count; i++)
+    unit_blocks (unit)[i] = members[i].block;
+  for (unsigned i = 0; i < parts; i++) {
+    size_t at = (size_t) i * STORE_PACK_PART;
     size_t part = length - at < STORE_PACK_PART ? length - at : STORE_PACK_PART;
     zs_handle_t handle = zs_malloc (store->pool, part);
     if (!handle) {
       int err = errno;
-      for (unsigned i = 0; i < unit->parts; i++)
-        zs_free (store->pool, unit->part[i]);
-      zs_pool_discharge (store->pool, unit_bytes (parts));
+      for (unsigned j = 0; j < i; j++)
+        zs_free (store->pool, unit_parts (unit)[j]);
+      zs_pool_discharge (store->pool, descriptor);
       free (unit);
       return err == ENOSPC ? 0 : -1;
     }
     zs_write (store->pool, handle, compressed + at, part);
-    unit->part[unit->parts++] = handle;
+    unit_parts (unit)[i] = handle;
   }
   counter_add (&store->compr_bytes, length);
   counter_add (&store->pack_units, 1);
@@ -1428,8 +1461,9 @@ store_pack (struct block_store *store, uint64_t max_blocks,
 {
   memset (result, 0, sizeof *result);
   struct pack_batch *batch = malloc (sizeof *batch);
-  unsigned char *plain = malloc (STORE_PACK_MAX * STORE_BLOCK_SIZE);
-  unsigned char *compressed = malloc (STORE_PACK_MAX * STORE_BLOCK_SIZE);
+  size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+  unsigned char *plain = malloc (unit_plain);
+  unsigned char *compressed = malloc (unit_plain);
   int r = 0;
   if (!batch || !plain || !compressed) {
     r = -1;
@@ -1440,12 +1474,12 @@ store_pack (struct block_store *store, uint64_t max_blocks,
     batch->count = 0;
     stored_blocks_walk (store, next, store->blocks - next, pack_gather, NULL,
                         batch);
-    for (unsigned i = 0; i < batch->count && r == 0; i += STORE_PACK_MAX) {
+    for (unsigned i = 0; i < batch->count && r == 0; i += store->pack_blocks) {
       if ((max_blocks && result->blocks >= max_blocks)
           || (keep_going && !keep_going (opaque)))
         goto out;
-      unsigned n = batch->count - i < STORE_PACK_MAX ? batch->count - i
-        : STORE_PACK_MAX;
+      unsigned n = batch->count - i < store->pack_blocks ? batch->count - i
+        : store->pack_blocks;
       r = pack_group (store, batch->blocks + i, n, plain, compressed, result);
     }
     if (batch->count < STATE_BATCH)
@@ -1468,7 +1502,7 @@ unit_dissolve (struct block_store *store, struct pack_unit *unit)
 {
   bool all = true;
   for (unsigned i = 0; i < unit->count; i++) {
-    uint64_t block = unit->blocks[i];
+    uint64_t block = unit_blocks (unit)[i];
     struct block_leaf *leaf;
     unsigned char plain[STORE_BLOCK_SIZE];
     pthread_mutex_t *stripe = stripe_for (store, block);
@@ -1565,6 +1599,19 @@ store_compact (struct block_store *store)
   uint64_t start = monotonic_ns ();
   uint64_t freed = zs_compact (store->pool);
   counter_add (&store->compact_ns, monotonic_ns () - start);
+  return freed;
+}
+
+size_t
+store_release_idle_memory (struct block_store *store)
+{
+  size_t freed = codec_trim (store->pack_codec);
+  for (unsigned p = 0; p <= store->recomp_count; p++)
+    freed += codec_trim (store->codecs[p]);
+  /* What the data let go of, the process should too: the C library
+   * keeps freed request buffers and metadata in its arenas otherwise.
+   */
+  malloc_trim (0);
   return freed;
 }
 

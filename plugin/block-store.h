@@ -70,6 +70,8 @@ struct store_config {
     int level;
   } recomp[STORE_RECOMP_MAX];
   int pack_level;                 /* zstd level of packed units (0: 3) */
+  unsigned pack_blocks;           /* blocks per unit, 2..STORE_PACK_MAX
+                                     (0: STORE_PACK_DEFAULT) */
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
 };
 
@@ -213,7 +215,7 @@ extern int store_recompress (struct block_store *store,
 extern const char *store_recompress_algorithm (const struct block_store *store,
                                                unsigned priority);
 
-/* Cold packing: idle blocks, up to STORE_PACK_MAX at a time in block
+/* Cold packing: idle blocks, up to pack_blocks at a time in block
  * order, compressed together (zstd, level pack_level) into one unit held
  * in allocator objects of at most STORE_PACK_PART bytes each; each
  * block's entry points to (unit, index).  A unit is kept only if it takes
@@ -223,7 +225,8 @@ extern const char *store_recompress_algorithm (const struct block_store *store,
  * does.  Each block is moved in under its stripe lock, and only if it
  * was not accessed since it was read for packing.
  */
-#define STORE_PACK_MAX 16
+#define STORE_PACK_DEFAULT 16     /* pack_blocks */
+#define STORE_PACK_MAX 64         /* pack_blocks at most */
 #define STORE_PACK_PART 3072
 struct store_pack_result {
   uint64_t units, blocks, bytes_before, bytes_after;
@@ -258,6 +261,12 @@ extern bool store_reserve_release_if_empty (struct block_store *store);
 
 /* Compact the allocator's pool (zs_compact): returns pages freed. */
 extern uint64_t store_compact (struct block_store *store);
+/* Give back what idle helpers hold beyond the data: the compression
+ * contexts no call is using (made again on next use) and the C library's
+ * free arena memory.  After compaction and packing.  Returns the bytes
+ * the contexts held.
+ */
+extern size_t store_release_idle_memory (struct block_store *store);
 
 /* Exact statistics (drains deferred frees first). */
 extern void store_stats (struct block_store *store, struct store_stats *stats);

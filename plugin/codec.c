@@ -105,7 +105,10 @@ context_free (struct codec_context *context)
   free (context);
 }
 
-/* A new context, already busy. */
+/* A new context, already busy.  Its zstd contexts are made on first use
+ * (zstd_ready): a server that only writes never holds a decompression
+ * context, and codec_trim can drop them.
+ */
 static struct codec_context *
 context_new (struct codec *codec)
 {
@@ -114,21 +117,30 @@ context_new (struct codec *codec)
     return NULL;
   context->codec = codec;
   atomic_init (&context->busy, true);
-  if (codec->algorithm == CODEC_LZ4)
-    context->lz4_state = malloc (LZ4_sizeofState ());
-  else {
-    context->zstd_compress = ZSTD_createCCtx ();
-    context->zstd_decompress = ZSTD_createDCtx ();
-  }
-  if ((codec->algorithm == CODEC_LZ4 && !context->lz4_state)
-      || (codec->algorithm == CODEC_ZSTD
-          && (!context->zstd_compress || !context->zstd_decompress))) {
+  if (codec->algorithm == CODEC_LZ4
+      && !(context->lz4_state = malloc (LZ4_sizeofState ()))) {
     context_free (context);
     errno = ENOMEM;
     return NULL;
   }
   context_account (context);
   return context;
+}
+
+/* Make the zstd context a call needs, if it was never made or trimmed.
+ * false with errno ENOMEM.
+ */
+static bool
+zstd_ready (struct codec_context *context, bool compress)
+{
+  if (compress ? !context->zstd_compress
+      && !(context->zstd_compress = ZSTD_createCCtx ())
+      : !context->zstd_decompress
+      && !(context->zstd_decompress = ZSTD_createDCtx ())) {
+    errno = ENOMEM;
+    return false;
+  }
+  return true;
 }
 
 /* Borrow a context for one call: the one this thread used last if it is
@@ -221,7 +233,9 @@ codec_compress_bytes (struct codec *codec, const void *src, size_t length,
     return -1;
 
   int result;
-  if (codec->algorithm == CODEC_LZ4)
+  if (codec->algorithm == CODEC_ZSTD && !zstd_ready (context, true))
+    result = -1;
+  else if (codec->algorithm == CODEC_LZ4)
     result = LZ4_compress_fast_extState (context->lz4_state, src, dst,
                                          length, capacity, codec->level);
   else {
@@ -274,6 +288,10 @@ codec_decompress_bytes (struct codec *codec, const void *src, size_t length,
     struct codec_context *context = context_borrow (codec);
     if (!context)
       return -1;
+    if (!zstd_ready (context, false)) {
+      context_return (context);
+      return -1;
+    }
     whole = ZSTD_decompressDCtx (context->zstd_decompress, dst, expected,
                                  src, length)
       == expected;
@@ -292,6 +310,31 @@ codec_decompress (struct codec *codec, const void *src, size_t length,
 {
   return codec_decompress_bytes (codec, src, length, padded, block,
                                  CODEC_BLOCK_SIZE);
+}
+
+size_t
+codec_trim (struct codec *codec)
+{
+  size_t before = atomic_load (&codec->memory);
+  if (codec->algorithm != CODEC_ZSTD)
+    return 0;                   /* lz4 state is fixed and small */
+  for (unsigned n = 0; n < CODEC_CONTEXTS; n++) {
+    struct codec_context *context = atomic_load_explicit (&codec->contexts[n],
+                                                          memory_order_acquire);
+    if (!context)
+      break;                    /* slots fill from the first */
+    /* Borrowing it, as a call would, keeps every call off it meanwhile. */
+    if (atomic_exchange_explicit (&context->busy, true, memory_order_acquire))
+      continue;
+    ZSTD_freeCCtx (context->zstd_compress);
+    ZSTD_freeDCtx (context->zstd_decompress);
+    context->zstd_compress = NULL;
+    context->zstd_decompress = NULL;
+    context_account (context);
+    context_return (context);
+  }
+  size_t after = atomic_load (&codec->memory);
+  return before > after ? before - after : 0;
 }
 
 size_t

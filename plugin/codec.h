@@ -5,8 +5,10 @@
  * each other or on a lock (design-hazards.md #5), contexts number the
  * calls that ever ran at once (not the threads that ever existed), and no
  * thread-exit hook exists, so a thread that exits after the plugin is
- * unloaded runs none of its code (design-hazards.md #11).  zstd contexts are sized for 4 KiB inputs by
- * compressing with a known source size.  codec_memory() reports what all
+ * unloaded runs none of its code (design-hazards.md #11).  zstd contexts
+ * are sized for 4 KiB inputs by compressing with a known source size, made
+ * on a context's first call that needs them, and freed again by
+ * codec_trim while no call uses them.  codec_memory() reports what all
  * live contexts hold, for the memory figures.
  */
 
@@ -55,6 +57,13 @@ extern int codec_compress_bytes (struct codec *codec, const void *src,
 extern int codec_decompress_bytes (struct codec *codec, const void *src,
                                    size_t length, bool padded, void *dst,
                                    size_t expected);
+
+/* Free the zstd workspaces of every context no call is using (they are
+ * made again on next use): the memory a burst of parallel calls grew
+ * goes back.  Returns the bytes freed (0 for lz4, whose state is small
+ * and fixed).  Safe beside any call.
+ */
+extern size_t codec_trim (struct codec *codec);
 
 /* Bytes held by the codec's contexts. */
 extern size_t codec_memory (struct codec *codec);

@@ -205,7 +205,9 @@ command_compact (struct client *client, int argc, char **argv)
 {
   uint64_t pages = store_compact (store);
   store_flush (store);
-  fprintf (client->out, "pages_compacted %" PRIu64 "\n", pages);
+  size_t contexts = store_release_idle_memory (store);
+  fprintf (client->out, "pages_compacted %" PRIu64 "\ncontext_bytes_freed %zu\n",
+           pages, contexts);
   return 0;
 }
 

@@ -1,7 +1,6 @@
 /* The housekeeper thread: see housekeeper.h. */
 
 #include <errno.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -93,10 +92,7 @@ compact_if_wasteful (void)
       && freeable * 100 >= (uint64_t) compact_threshold * pages
       && store_compact (store) > 0) {
     store_flush (store);        /* the emptied zspages' pages go back now */
-    /* What the data let go of, the process should too: the C library
-     * keeps freed request buffers and metadata in its arenas otherwise.
-     */
-    malloc_trim (0);
+    store_release_idle_memory (store);
   }
 }
 

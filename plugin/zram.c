@@ -267,6 +267,15 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "pack_blocks") == 0) {
+    if (nbdkit_parse_unsigned ("pack_blocks", value, &config.pack_blocks) == -1)
+      return -1;
+    if (config.pack_blocks < 2 || config.pack_blocks > STORE_PACK_MAX) {
+      nbdkit_error ("pack_blocks: %u is not a number of blocks 2..%d",
+                    config.pack_blocks, STORE_PACK_MAX);
+      return -1;
+    }
+  }
   else if (strcmp (key, "ctl") == 0) {
     free (ctl_path);
     ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
@@ -383,6 +392,7 @@ zram_config_complete (void)
   "recompress_after=SECONDS  Policy: recompress idle blocks after this (off).\n" \
   "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
   "pack_level=N              zstd level of packed units (default 3).\n" \
+  "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \

@@ -57,6 +57,12 @@ store_compact (struct block_store *store)
   return 0;
 }
 
+size_t
+store_release_idle_memory (struct block_store *store)
+{
+  return 0;
+}
+
 /* The swap reserve: refills counted; reported low only when asked. */
 static atomic_int refills;
 

@@ -69,6 +69,13 @@ bad compact_threshold 1M compact_threshold=-1
 bad compact_threshold 1M compact_threshold=x
 bad stats 1M stats=
 bad stats 1M stats=/nonexistent/directory/stats
+bad pack_level 1M pack_level=0
+bad pack_level 1M pack_level=23
+bad pack_level 1M pack_level=x
+bad pack_blocks 1M pack_blocks=1
+bad pack_blocks 1M pack_blocks=65
+bad pack_blocks 1M pack_blocks=-2
+bad pack_blocks 1M pack_blocks=
 bad foo 1M foo=bar
 bad Size 1M Size=1M
 
@@ -93,12 +100,16 @@ good 4096 4k mem_limit=4k
 good 1048576 1M compact=off
 good 1048576 1M compact=auto compact_threshold=0
 good 1048576 1M compact_threshold=100
+good 1048576 1M pack_level=19 pack_blocks=64
+good 1048576 1M pack_level=-1 pack_blocks=2
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
 # --help lists every parameter (config_help).
 help="$(zram_nbdkit "$PLUGIN" --help)"
 for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class pool \
-             free= batched immediate compact= auto off compact_threshold=; do
+             free= batched immediate compact= auto off compact_threshold= \
+             ctl= recomp_algorithm= idle_after= recompress_after= pack_after= \
+             pack_level= pack_blocks= swap= swap_reserve=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
 

@@ -84,6 +84,25 @@ test_round_trip_both_codecs (void **state)
     store_stats (store, &s);
     assert_true (s.codec_bytes > 0);
     assert_true (s.codec_bytes < 400 * 1024);
+    /* Idle zstd workspaces go back, and are made again for the next call;
+     * lz4's small fixed state stays.
+     */
+    size_t freed = store_release_idle_memory (store);
+    struct store_stats trimmed;
+    store_stats (store, &trimmed);
+    if (algorithm == CODEC_ZSTD) {
+      assert_true (freed > 0);
+      assert_int_equal (trimmed.codec_bytes, s.codec_bytes - freed);
+      assert_true (trimmed.codec_bytes < 4096);
+    }
+    else {
+      assert_int_equal (freed, 0);
+      assert_int_equal (trimmed.codec_bytes, s.codec_bytes);
+    }
+    memset (out, 0, sizeof out);
+    assert_int_equal (store_write (store, in, sizeof in, 4000 + 3 * BS), 0);
+    assert_int_equal (store_read (store, out, sizeof out, 4000 + 3 * BS), 0);
+    assert_memory_equal (in, out, sizeof in);
     /* Before the write: zeros. */
     assert_int_equal (store_read (store, out, 4000, 0), 0);
     for (size_t i = 0; i < 4000; i++)
@@ -786,18 +805,26 @@ recomp_fill (unsigned char *buf, uint64_t block, uint64_t version)
   memcpy (buf + 8, &version, 8);
 }
 
+/* pack_blocks 0: the default. */
 static struct block_store *
-make_recompressing_store (uint64_t blocks)
+make_packing_store (uint64_t blocks, unsigned pack_blocks)
 {
   struct store_config config = {
     .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
     .recomp_count = 2,
     .recomp = { { CODEC_ZSTD, 3 }, { CODEC_ZSTD, 19 } },
+    .pack_blocks = pack_blocks,
   };
   zs_pool_config_init (&config.pool);
   struct block_store *store = store_create (&config);
   assert_non_null (store);
   return store;
+}
+
+static struct block_store *
+make_recompressing_store (uint64_t blocks)
+{
+  return make_packing_store (blocks, 0);
 }
 
 /* Every block reads back as the model says (version 0: never written). */
@@ -1044,6 +1071,9 @@ recompress_round (struct block_store *store, int round)
   };
   struct store_recompress_result result;
   assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  /* The workers decode recompressed blocks with zstd meanwhile. */
+  if (round % 2)
+    store_release_idle_memory (store);
   return result.recompressed;
 }
 
@@ -1056,12 +1086,13 @@ test_recompress_beside_io (void **state)
 
 /* ---- cold packing --------------------------------------------------- */
 
+/* state: pack_blocks (0 for the default). */
 static void
 test_pack (void **state)
 {
-  (void) state;
+  unsigned pack_blocks = (uintptr_t) *state;
   enum { BLOCKS = 512 };
-  struct block_store *store = make_recompressing_store (BLOCKS);
+  struct block_store *store = make_packing_store (BLOCKS, pack_blocks);
   uint64_t versions[BLOCKS] = { 0 };
   bool present[BLOCKS] = { false };
   unsigned char buf[BS];
@@ -1090,6 +1121,10 @@ test_pack (void **state)
   assert_true (result.blocks >= BLOCKS * 6 / 8);
   assert_int_equal (after.packed_blocks, result.blocks);
   assert_int_equal (after.pack_units, result.units);
+  /* No unit holds more than pack_blocks. */
+  unsigned most = pack_blocks ? pack_blocks : STORE_PACK_DEFAULT;
+  assert_true (result.units * most >= result.blocks);
+  assert_true (result.units * most < result.blocks + 2 * most * (BLOCKS / 256));
   assert_true (after.compr_data_size < before.compr_data_size);
   assert_int_equal (after.orig_data_size, before.orig_data_size);
   recomp_verify (store, versions, present, 0, BLOCKS);
@@ -1154,6 +1189,8 @@ pack_round (struct block_store *store, int round)
   struct store_pack_result result;
   assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
   store_pack_dissolve (store, 50);
+  if (round % 2)
+    store_release_idle_memory (store);   /* beside reads of packed blocks */
   return result.blocks;
 }
 
@@ -1162,6 +1199,24 @@ test_pack_beside_io (void **state)
 {
   (void) state;
   assert_true (run_beside_io (pack_round, "pack") > 0);
+}
+
+/* A unit of pack_blocks outside 2..STORE_PACK_MAX is refused. */
+static void
+test_pack_blocks_bounds (void **state)
+{
+  (void) state;
+  struct store_config config = {
+    .size = 64 * BS, .algorithm = CODEC_LZ4, .level = 1,
+  };
+  zs_pool_config_init (&config.pool);
+  unsigned bad[] = { 1, STORE_PACK_MAX + 1 };
+  for (unsigned i = 0; i < 2; i++) {
+    config.pack_blocks = bad[i];
+    errno = 0;
+    assert_null (store_create (&config));
+    assert_int_equal (errno, EINVAL);
+  }
 }
 
 int
@@ -1181,8 +1236,11 @@ main (void)
     cmocka_unit_test (test_concurrent_mixed_leaves),
     cmocka_unit_test (test_recompress),
     cmocka_unit_test (test_recompress_beside_io),
-    cmocka_unit_test (test_pack),
+    cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) 0),
+    cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) 3),
+    cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) STORE_PACK_MAX),
     cmocka_unit_test (test_pack_beside_io),
+    cmocka_unit_test (test_pack_blocks_bounds),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
