@@ -10,13 +10,18 @@
 #          recomp_algorithm=zstd:level=LEVEL through the control channel,
 #        - zram comp=zstd, then the same recompression;
 #      and the time recompression took.
-#   1b. the same with cold packing (`idle all` + `pack`) instead;
+#   1b. the same with cold packing (`idle all` + `pack`) instead, with
+#      units of 16 and 64 blocks, and a profile of where each zram server's
+#      RSS goes (compressed bytes, the pool's slack, the block table, the
+#      allocator's metadata, and the rest: the C library's arenas, thread
+#      stacks, the libraries' pages);
 #   1c. 4 KiB random reads over the whole image, packed (comp=lz4, pack)
 #      against unpacked: IOPS and mean latency;
 #   2. I/O beside the policy: the image loaded, then fio 4 KiB random
 #      writes (2 jobs x iodepth 16, RUNTIME s) on the first 64 MiB while
-#      idle_after=1 recompress_after=2 recompresses the rest, against the
-#      same without the policy; REPEATS alternating runs, medians.
+#      idle_after=1 recompress_after=2 recompresses the rest, or
+#      idle_after=1 pack_after=2 packs it, against the same without the
+#      policy; REPEATS alternating runs, medians.
 #
 #   bench/run-recompress-bench.sh            # about 8 minutes on 2 cores
 #
@@ -92,6 +97,11 @@ memory () {
         sleep 2
         after=$(rss_kib)
     fi
+    if [ -f "$tmp/stats" ]; then
+        sleep 1.2               # the next stats write, after the trim
+        echo "$name $(awk -F': ' '/^(compr_data_size|mem_used_total|table_bytes|metadata_bytes|codec_bytes):/ { printf "%s ", $2 }' "$tmp/stats") $((after * 1024 - idle * 1024))" >> "$tmp/profile"
+        rm -f "$tmp/stats"
+    fi
     stop
     /usr/bin/python3 - "$name" "$image_bytes" "$idle" "$loaded" "$after" "$seconds" <<'EOF'
 import sys
@@ -102,6 +112,27 @@ print("| %s | %.1f | %.2f | %.1f | %.2f | %s |" % (
     (after - idle) / 2**20, image / (after - idle), seconds))
 EOF
 }
+: > "$tmp/profile"
+# Where the RSS above idle of each zram server (with stats=) went, MiB.
+profile () {
+    [ -s "$tmp/profile" ] || return 0
+    echo
+    echo "Profile of the RSS above idle, at the end of each zram row above (MiB):"
+    echo
+    echo "| server | compressed bytes | pool slack | block table | allocator metadata | codec contexts | rest | RSS above idle |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    /usr/bin/python3 - "$tmp/profile" <<'EOF'
+import sys
+for line in open(sys.argv[1]):
+    words = line.split()
+    name = " ".join(words[:-6])
+    compr, pool, table, metadata, codec, rss = (int(w) / 2**20 for w in words[-6:])
+    print("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+        name, compr, pool - compr, table, metadata, codec,
+        rss - pool - table - metadata - codec, rss))
+EOF
+    : > "$tmp/profile"
+}
 
 PARTS=${PARTS:-memory pack read io}
 if [[ " $PARTS " = *" memory "* ]]; then
@@ -110,11 +141,12 @@ echo
 echo "| server | RSS above idle, loaded (MiB) | ratio | after recompression (MiB) | ratio | recompression s |"
 echo "|---|---:|---:|---:|---:|---:|"
 memory "memory allocator=zstd" no memory "$SIZE" allocator=zstd
-memory "zram comp=zstd" no "$PLUGIN" "$SIZE" comp=zstd
+memory "zram comp=zstd" no "$PLUGIN" "$SIZE" comp=zstd stats="$tmp/stats"
 memory "zram comp=lz4 + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=lz4 \
-    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
+    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl" stats="$tmp/stats"
 memory "zram comp=zstd + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=zstd \
-    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl"
+    recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl" stats="$tmp/stats"
+profile
 fi
 if [[ " $PARTS " = *" pack "* ]]; then
 echo
@@ -123,11 +155,15 @@ echo
 echo "| server | RSS above idle, loaded (MiB) | ratio | after packing (MiB) | ratio | packing s |"
 echo "|---|---:|---:|---:|---:|---:|"
 memory "memory allocator=zstd" no memory "$SIZE" allocator=zstd
-memory "zram comp=lz4 + pack (zstd 3)" pack "$PLUGIN" "$SIZE" comp=lz4 ctl="$tmp/ctl"
-memory "zram comp=zstd + pack (zstd 9)" pack "$PLUGIN" "$SIZE" comp=zstd \
-    pack_level=9 ctl="$tmp/ctl"
-memory "zram comp=lz4 + pack (zstd 19)" pack "$PLUGIN" "$SIZE" comp=lz4 \
-    pack_level=19 ctl="$tmp/ctl"
+for blocks in 16 64; do
+memory "zram comp=lz4 + pack (zstd 3, $blocks blocks)" pack "$PLUGIN" "$SIZE" \
+    comp=lz4 pack_blocks=$blocks ctl="$tmp/ctl" stats="$tmp/stats"
+memory "zram comp=zstd + pack (zstd 9, $blocks blocks)" pack "$PLUGIN" "$SIZE" \
+    comp=zstd pack_level=9 pack_blocks=$blocks ctl="$tmp/ctl" stats="$tmp/stats"
+memory "zram comp=lz4 + pack (zstd $LEVEL, $blocks blocks)" pack "$PLUGIN" "$SIZE" \
+    comp=lz4 pack_level="$LEVEL" pack_blocks=$blocks ctl="$tmp/ctl" stats="$tmp/stats"
+done
+profile
 fi
 # ---- reads of packed blocks ---------------------------------------------
 fio_read () {
@@ -183,15 +219,19 @@ fio_iops () {
 }
 : > "$tmp/iops"
 for round in $(seq "$REPEATS"); do
-    for mode in policy off; do
+    for mode in recompress pack off; do
         args=("$PLUGIN" "$SIZE" comp=lz4 recomp_algorithm=zstd:level="$LEVEL" stats="$tmp/stats")
-        [ "$mode" = policy ] && args+=(idle_after=1 recompress_after=2)
+        counter=recomp_blocks
+        case $mode in
+            recompress) args+=(idle_after=1 recompress_after=2) ;;
+            pack) args+=(idle_after=1 pack_after=2); counter=packed_blocks ;;
+        esac
         serve "${args[@]}"
         nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
         sleep 2
-        before=$(awk -F': ' '/^recomp_blocks:/ { print $2 }' "$tmp/stats")
+        before=$(awk -F': ' "/^$counter:/ { print \$2 }" "$tmp/stats")
         iops=$(fio_iops)
-        after=$(awk -F': ' '/^recomp_blocks:/ { print $2 }' "$tmp/stats")
+        after=$(awk -F': ' "/^$counter:/ { print \$2 }" "$tmp/stats")
         stop
         echo "$mode $iops $((after - before))" >> "$tmp/iops"
     done
@@ -201,12 +241,14 @@ echo
 import statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    mode, iops, recompressed = line.split()
-    runs.setdefault(mode, []).append((int(iops), int(recompressed)))
-policy = statistics.median(i for i, _ in runs["policy"])
+    mode, iops, handled = line.split()
+    runs.setdefault(mode, []).append((int(iops), int(handled)))
 off = statistics.median(i for i, _ in runs["off"])
-print("4 KiB random writes on 64 MiB, %s s, median of %d: policy %d IOPS "
-      "(recompressing %d blocks meanwhile), off %d IOPS: %.2fx"
-      % (sys.argv[2], len(runs["off"]), policy,
-         statistics.median(r for _, r in runs["policy"]), off, policy / off))
+print("4 KiB random writes on 64 MiB, %s s, median of %d: policy off %d IOPS"
+      % (sys.argv[2], len(runs["off"]), off))
+for mode, verb in (("recompress", "recompressing"), ("pack", "packing")):
+    policy = statistics.median(i for i, _ in runs[mode])
+    print("  %s_after: %d IOPS (%s %d blocks meanwhile): %.2fx"
+          % (mode, policy, verb, statistics.median(r for _, r in runs[mode]),
+             policy / off))
 EOF

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "block-store.h"
+#include "backing.h"
 
 /* A packed unit (cold packing, block-store.h): the compressed bytes of
  * count blocks, in parts of at most STORE_PACK_PART bytes.  live counts
@@ -28,6 +29,11 @@ struct pack_unit {
 
 #define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
 #define UNIT_CACHE_SLOTS 16
+
+/* A write refused for memory tries again after each writeback this many
+ * times at most.
+ */
+#define WRITEBACK_ATTEMPTS 3
 
 /* A decoded unit, kept for the next read of one of its blocks.  Owned by
  * the store (no thread-local buffers: design-hazards.md #11); a reader
@@ -104,6 +110,20 @@ struct block_store {
   _Atomic uint64_t recomp_bytes_saved;
   uint64_t created_ns;            /* monotonic: block access times count
                                      from here */
+  /* Writeback: the backing store (NULL: none), one run at a time. */
+  struct backing *backing;
+  pthread_mutex_t writeback_lock; /* held for a whole writeback run; taken
+                                     before any stripe lock */
+  unsigned writeback_batch;       /* blocks per backing write */
+  _Atomic uint64_t writeback_limit; /* bytes that may still be written
+                                     back (zram's writeback_limit),
+                                     changed under writeback_lock.
+                                     UINT64_MAX: no limit */
+  _Atomic uint64_t bd_count;      /* blocks in the backing store now */
+  _Atomic uint64_t bd_bytes;      /* their compressed bytes */
+  _Atomic uint64_t bd_reads;      /* blocks read from it, ever */
+  _Atomic uint64_t bd_writes;     /* blocks written to it, ever */
+  _Atomic uint64_t bd_failed_reads;
 };
 
 /* What an entry holds, detached from the table. */
@@ -134,6 +154,21 @@ static inline struct codec *
 content_codec (struct block_store *store, const struct block_content *content)
 {
   return store->codecs[content_priority (content)];
+}
+
+/* Where a written-back block is (BLOCK_BACKED's value). */
+static inline uint64_t
+backed_value (uint64_t offset, size_t length)
+{
+  return (offset / BACKING_SECTOR) << 13 | (length - 1);
+}
+static inline uint64_t backed_offset (uint64_t value)
+{
+  return (value >> 13) * BACKING_SECTOR;
+}
+static inline size_t backed_length (uint64_t value)
+{
+  return (value & 0x1fff) + 1;
 }
 
 static inline bool
@@ -174,13 +209,15 @@ stripe_for (struct block_store *store, uint64_t block)
 struct block_store *
 store_create (const struct store_config *config)
 {
-  if (config->size == 0) {
-    errno = EINVAL;
+  struct block_store *store = config->size ? calloc (1, sizeof *store) : NULL;
+  if (!store) {
+    if (config->size == 0)
+      errno = EINVAL;
+    int saved = errno;
+    backing_close (config->backing);
+    errno = saved;
     return NULL;
   }
-  struct block_store *store = calloc (1, sizeof *store);
-  if (!store)
-    return NULL;
   store->size = config->size;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
   store->created_ns = monotonic_ns ();
@@ -223,6 +260,16 @@ store_create (const struct store_config *config)
       + (size_t) i * store->pack_blocks * STORE_BLOCK_SIZE;
   }
   pthread_mutex_init (&store->units_lock, NULL);
+  pthread_mutex_init (&store->writeback_lock, NULL);
+  store->writeback_batch = config->writeback_batch ? config->writeback_batch
+    : STORE_WRITEBACK_BATCH;
+  if (store->writeback_batch > STORE_WRITEBACK_BATCH_MAX) {
+    errno = EINVAL;
+    goto fail;
+  }
+  store->writeback_limit = config->writeback_limit ? config->writeback_limit
+    : UINT64_MAX;
+  store->backing = config->backing;   /* the store's from here */
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -239,6 +286,7 @@ store_create (const struct store_config *config)
   free (store->unit_cache);
   free (store->unit_cache_data);
   free (store);
+  backing_close (config->backing);
   errno = saved;
   return NULL;
 }
@@ -269,6 +317,8 @@ store_destroy (struct block_store *store)
   pthread_mutex_destroy (&store->units_lock);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_destroy (&store->stripes[i]);
+  backing_close (store->backing);
+  pthread_mutex_destroy (&store->writeback_lock);
   free (store);
 }
 
@@ -499,6 +549,26 @@ block_decode (struct block_store *store, const struct block_content *content,
   case BLOCK_PACKED:
     r = unit_decode (store, content, block);
     break;
+  case BLOCK_BACKED: {
+    /* Under the stripe lock: the run cannot be freed and reused meanwhile
+     * (a read waits for the backing store; so do blocks of its stripe).
+     */
+    unsigned char compressed[STORE_BLOCK_SIZE];
+    size_t length = backed_length (content->value);
+    bool raw = length == STORE_BLOCK_SIZE;
+    r = backing_read (store->backing, raw ? block : compressed, length,
+                      backed_offset (content->value));
+    if (r == 0 && !raw)
+      r = codec_decompress (content_codec (store, content), compressed, length,
+                            false, block);
+    if (r == -1) {
+      counter_add (&store->bd_failed_reads, 1);
+      errno = EIO;
+    }
+    else
+      counter_add (&store->bd_reads, 1);
+    break;
+  }
   case BLOCK_RAW:
   case BLOCK_COMPRESSED:
   case BLOCK_COMPRESSED_PADDED: {
@@ -635,6 +705,10 @@ content_account (struct block_store *store, const struct block_content *content,
   case BLOCK_PACKED:            /* the unit's bytes count with the unit */
     counter_add (&store->packed_blocks, sign);
     break;
+  case BLOCK_BACKED:
+    counter_add (&store->bd_count, sign);
+    counter_add (&store->bd_bytes, sign * (int64_t) backed_length (content->value));
+    break;
   }
   counter_add (&store->stored_blocks, sign);
 }
@@ -650,6 +724,9 @@ content_discard (struct block_store *store, const struct block_content *content)
     if (atomic_fetch_sub (&unit->live, 1) == 1)
       unit_destroy (store, unit);
   }
+  else if (content->kind == BLOCK_BACKED)
+    backing_release (store->backing, backed_offset (content->value),
+                     backed_length (content->value));
 }
 
 /* Content left the table: account for it and free its object. */
@@ -778,7 +855,8 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
   /* The old object (or unit) kept beside a zeroed range is not freed. */
   bool same_object = content.value == old.value
     && ((content_has_object (&content) && content_has_object (&old))
-        || (content.kind == BLOCK_PACKED && old.kind == BLOCK_PACKED));
+        || (content.kind == BLOCK_PACKED && old.kind == BLOCK_PACKED)
+        || (content.kind == BLOCK_BACKED && old.kind == BLOCK_BACKED));
   content_account (store, &content, 1, content_bytes (store, &content));
   entry_store (store, leaf, entry, &old, &content);
   pthread_mutex_unlock (stripe_for (store, block));
@@ -801,6 +879,8 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
              length = STORE_BLOCK_SIZE - from < _end - _pos             \
                ? STORE_BLOCK_SIZE - from : _end - _pos, 1);             \
        _pos += length)
+
+static int writeback_for_room (struct block_store *store);
 
 int
 store_read (struct block_store *store, void *buf, uint64_t count,
@@ -833,14 +913,19 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
 
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
-    if (length == STORE_BLOCK_SIZE) {
-      struct block_content content;
-      r = block_encode (store, in, &content);
-      if (r == 0)
-        r = block_install (store, block, &content);
+    for (unsigned attempt = 0; ; attempt++) {
+      if (length == STORE_BLOCK_SIZE) {
+        struct block_content content;
+        r = block_encode (store, in, &content);
+        if (r == 0)
+          r = block_install (store, block, &content);
+      }
+      else
+        r = block_patch (store, block, in, from, length);
+      if (r == 0 || attempt == WRITEBACK_ATTEMPTS
+          || writeback_for_room (store) == -1)
+        break;
     }
-    else
-      r = block_patch (store, block, in, from, length);
     if (r == -1) {
       counter_add (&store->failed_writes, 1);
       return -1;
@@ -875,8 +960,14 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
       r = block_install (store, block, &content);
       counter_add (&store->notify_free, 1);
     }
-    else
-      r = block_patch (store, block, NULL, from, length);
+    else {
+      for (unsigned attempt = 0; ; attempt++) {
+        r = block_patch (store, block, NULL, from, length);
+        if (r == 0 || attempt == WRITEBACK_ATTEMPTS
+            || writeback_for_room (store) == -1)
+          break;
+      }
+    }
     if (r == -1) {
       counter_add (&store->failed_writes, 1);
       return -1;
@@ -1056,7 +1147,12 @@ block_state_gather (void *opaque, uint64_t block, struct block_entry *entry)
     .block = block,
     .atime = block_state_atime (state),
     .same = block_state_kind (state) == BLOCK_SAME,
-    .huge = block_state_kind (state) == BLOCK_RAW,
+    .huge = block_state_kind (state) == BLOCK_RAW
+      || (block_state_kind (state) == BLOCK_BACKED
+          && backed_length (atomic_load_explicit (&entry->value,
+                                                  memory_order_relaxed))
+             == STORE_BLOCK_SIZE),
+    .written_back = block_state_kind (state) == BLOCK_BACKED,
     .idle = (state & BLOCK_FLAG_IDLE) != 0,
     .recompressed = (state & BLOCK_PRIORITY_MASK) != 0,
     .incompressible = (state & BLOCK_FLAG_INCOMPRESSIBLE) != 0,
@@ -1566,6 +1662,368 @@ store_pack_dissolve (struct block_store *store, unsigned live_percent)
   }
 }
 
+/* ---- writeback ----------------------------------------------------- */
+
+struct writeback_batch {
+  const struct store_writeback_request *request;
+  uint32_t now;
+  uint64_t blocks[STATE_BATCH];
+  unsigned count;
+};
+
+/* Blocks rewritten in place at the memory limit (BLOCK_COMPRESSED_PADDED)
+ * are left in RAM: their compressed length is not known without a decode
+ * and they get a right-sized object with their next write.
+ */
+static bool
+writeback_wanted (const struct store_writeback_request *request, uint32_t now,
+                  uint64_t block, uint32_t state)
+{
+  unsigned kind = block_state_kind (state);
+  if (kind != BLOCK_COMPRESSED && kind != BLOCK_RAW)
+    return false;
+  if (block < request->first || block > request->last)
+    return false;
+  bool idle = state & BLOCK_FLAG_IDLE;
+  switch (request->type) {
+  case WRITEBACK_IDLE: if (!idle) return false; break;
+  case WRITEBACK_HUGE: if (kind != BLOCK_RAW) return false; break;
+  case WRITEBACK_HUGE_IDLE: if (kind != BLOCK_RAW || !idle) return false; break;
+  case WRITEBACK_INCOMPRESSIBLE:
+    if (!(state & BLOCK_FLAG_INCOMPRESSIBLE)) return false;
+    break;
+  case WRITEBACK_ANY: break;
+  }
+  return now - block_state_atime (state) >= request->min_age;
+}
+
+static bool
+writeback_gather (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct writeback_batch *batch = opaque;
+  if (writeback_wanted (batch->request, batch->now, block,
+                        atomic_load_explicit (&entry->state,
+                                              memory_order_relaxed)))
+    batch->blocks[batch->count++] = block;
+  return batch->count < STATE_BATCH;
+}
+
+/* A block copied for writeback: its object's bytes are at `at` in the
+ * batch's buffer, and go to the same place in the batch's run.
+ */
+struct writeback_member {
+  uint64_t block;
+  zs_handle_t handle;
+  size_t length;
+  size_t at;
+  uint64_t where;                 /* its offset in the backing store */
+};
+
+static inline size_t
+sectors_bytes (size_t bytes)
+{
+  return (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR * BACKING_SECTOR;
+}
+
+/* Write the members' bytes (buffer, at bytes in all) to the backing
+ * store: in one run, or, when the space map has no run that long, one
+ * run per member.  Returns how many members were written (from the
+ * first), each with its place set; 0 with result->failed or
+ * backing_full set when none was.
+ */
+static unsigned
+writeback_write (struct block_store *store, struct writeback_member *members,
+                 unsigned count, const unsigned char *buffer, size_t at,
+                 struct store_writeback_result *result)
+{
+  int64_t offset = backing_allocate (store->backing, at);
+  if (offset != -1) {
+    if (backing_write (store->backing, buffer, at, offset) == -1) {
+      backing_release (store->backing, offset, at);
+      result->failed = true;
+      return 0;
+    }
+    for (unsigned i = 0; i < count; i++)
+      members[i].where = offset + members[i].at;
+    return count;
+  }
+  for (unsigned i = 0; i < count; i++) {
+    size_t bytes = sectors_bytes (members[i].length);
+    if ((offset = backing_allocate (store->backing, bytes)) == -1) {
+      result->backing_full = i == 0;
+      return i;
+    }
+    if (backing_write (store->backing, buffer + members[i].at, bytes,
+                       offset) == -1) {
+      backing_release (store->backing, offset, bytes);
+      result->failed = i == 0;
+      return i;
+    }
+    members[i].where = offset;
+  }
+  return count;
+}
+
+/* Write back up to writeback_batch blocks in one backing write.  Each is
+ * copied under its stripe lock; the batch is written with no lock but
+ * writeback_lock held; then each is switched to the backing store under
+ * its stripe lock, only if its object still holds the bytes written
+ * (compared in full: a rewrite in place keeps the handle).  A block that
+ * changed meanwhile stays in RAM and its run is freed.  So a block leaves
+ * RAM only once its backing write is confirmed.  Returns 0 (adds to
+ * result), or -1 with errno (EIO: the write failed, nothing moved;
+ * ENOSPC: the backing store or the writeback limit is full).
+ */
+static int
+writeback_group (struct block_store *store,
+                 const struct store_writeback_request *request, uint32_t now,
+                 const uint64_t *blocks, unsigned n, unsigned char *buffer,
+                 struct store_writeback_result *result)
+{
+  struct writeback_member members[STORE_WRITEBACK_BATCH_MAX];
+  unsigned count = 0;
+  size_t at = 0;
+  struct block_leaf *leaf;
+
+  for (unsigned i = 0; i < n; i++) {
+    pthread_mutex_t *stripe = stripe_for (store, blocks[i]);
+    pthread_mutex_lock (stripe);
+    struct block_entry *entry = block_table_lookup (&store->table, blocks[i],
+                                                    false, &leaf);
+    if (entry && writeback_wanted (request, now, blocks[i],
+                                   atomic_load (&entry->state))) {
+      zs_handle_t handle = atomic_load (&entry->value);
+      size_t length = zs_object_size (store->pool, handle);
+      const void *object = zs_read_begin (store->pool, handle, buffer + at);
+      if (object != buffer + at)
+        memcpy (buffer + at, object, length);
+      zs_read_end (store->pool, handle, object);
+      members[count++] = (struct writeback_member) {
+        .block = blocks[i], .handle = handle, .length = length, .at = at,
+      };
+      size_t padded = sectors_bytes (length);
+      memset (buffer + at + length, 0, padded - length);
+      at += padded;
+    }
+    pthread_mutex_unlock (stripe);
+  }
+  if (count == 0)
+    return 0;
+  uint64_t limit = atomic_load (&store->writeback_limit);
+  while (count > 0 && at > limit)
+    at = members[--count].at;    /* what the limit lets through */
+  if (count == 0) {
+    result->limited = true;
+    errno = ENOSPC;
+    return -1;
+  }
+
+  if ((count = writeback_write (store, members, count, buffer, at,
+                               result)) == 0) {
+    errno = result->failed ? EIO : ENOSPC;
+    return -1;
+  }
+  if (limit != UINT64_MAX)
+    atomic_fetch_sub (&store->writeback_limit,
+                      members[count - 1].at
+                      + sectors_bytes (members[count - 1].length));
+  counter_add (&store->bd_writes, count);
+
+  for (unsigned i = 0; i < count; i++) {
+    struct writeback_member *member = &members[i];
+    uint64_t where = member->where;
+    pthread_mutex_t *stripe = stripe_for (store, member->block);
+    pthread_mutex_lock (stripe);
+    struct block_entry *entry = block_table_lookup (&store->table,
+                                                    member->block, false, &leaf);
+    struct block_content old = entry_load (entry);
+    bool unchanged = entry && old.value == member->handle
+      && (old.kind == BLOCK_COMPRESSED || old.kind == BLOCK_RAW)
+      && zs_object_size (store->pool, old.value) == member->length;
+    if (unchanged) {
+      unsigned char copy[STORE_BLOCK_SIZE];
+      const void *object = zs_read_begin (store->pool, old.value, copy);
+      unchanged = memcmp (object, buffer + member->at, member->length) == 0;
+      zs_read_end (store->pool, old.value, object);
+    }
+    if (!unchanged) {
+      pthread_mutex_unlock (stripe);
+      backing_release (store->backing, where, member->length);
+      continue;
+    }
+    struct block_content backed = {
+      .kind = BLOCK_BACKED, .value = backed_value (where, member->length),
+    };
+    content_account (store, &old, -1, member->length);
+    content_account (store, &backed, 1, 0);
+    atomic_store_explicit (&entry->value, backed.value, memory_order_relaxed);
+    /* Not an access: the time, the idle flag and the codec stay. */
+    uint32_t state = atomic_load (&entry->state);
+    atomic_store_explicit (&entry->state,
+                           block_state_make (BLOCK_BACKED,
+                                             block_state_flags (state),
+                                             block_state_atime (state)),
+                           memory_order_relaxed);
+    pthread_mutex_unlock (stripe);
+    zs_free (store->pool, old.value);
+    result->blocks++;
+    result->bytes += member->length;
+  }
+  return 0;
+}
+
+/* One pass over the device for request; writeback_lock held. */
+static int
+writeback_pass (struct block_store *store,
+                const struct store_writeback_request *request,
+                bool (*keep_going) (void *opaque), void *opaque,
+                unsigned char *buffer, struct store_writeback_result *result)
+{
+  struct writeback_batch *batch = malloc (sizeof *batch);
+  if (!batch)
+    return -1;
+  batch->request = request;
+  batch->now = store_clock (store);
+  uint64_t next = request->first;
+  uint64_t last = request->last < store->blocks - 1 ? request->last
+    : store->blocks - 1;
+  int r = 0;
+  while (next <= last && r == 0) {
+    batch->count = 0;
+    stored_blocks_walk (store, next, last - next + 1, writeback_gather, NULL,
+                        batch);
+    for (unsigned i = 0; i < batch->count && r == 0;
+         i += store->writeback_batch) {
+      if ((request->max_blocks && result->blocks >= request->max_blocks)
+          || (keep_going && !keep_going (opaque)))
+        goto out;
+      unsigned n = batch->count - i < store->writeback_batch
+        ? batch->count - i : store->writeback_batch;
+      if (request->max_blocks && n > request->max_blocks - result->blocks)
+        n = request->max_blocks - result->blocks;
+      r = writeback_group (store, request, batch->now, batch->blocks + i, n,
+                           buffer, result);
+    }
+    if (batch->count < STATE_BATCH)
+      break;
+    next = batch->blocks[batch->count - 1] + 1;
+  }
+ out:
+  free (batch);
+  return r;
+}
+
+int
+store_writeback (struct block_store *store,
+                 const struct store_writeback_request *request,
+                 bool (*keep_going) (void *opaque), void *opaque,
+                 struct store_writeback_result *result)
+{
+  memset (result, 0, sizeof *result);
+  if (!store->backing) {
+    errno = ENODEV;
+    return -1;
+  }
+  unsigned char *buffer = malloc ((size_t) store->writeback_batch
+                                  * STORE_BLOCK_SIZE);
+  if (!buffer)
+    return -1;
+  pthread_mutex_lock (&store->writeback_lock);
+  int r = writeback_pass (store, request, keep_going, opaque, buffer, result);
+  pthread_mutex_unlock (&store->writeback_lock);
+  free (buffer);
+  zs_pool_flush (store->pool);
+  return r;
+}
+
+/* The pool's bytes now (what mem_limit counts). */
+static uint64_t
+pool_bytes (struct block_store *store)
+{
+  struct zs_pool_stats pool;
+  zs_pool_stats (store->pool, &pool);
+  return pool.limit_used;
+}
+
+int
+store_writeback_until (struct block_store *store, uint64_t target,
+                       uint64_t max_blocks,
+                       bool (*keep_going) (void *opaque), void *opaque,
+                       struct store_writeback_result *result)
+{
+  memset (result, 0, sizeof *result);
+  if (!store->backing) {
+    errno = ENODEV;
+    return -1;
+  }
+  /* Coldest first: idle blocks, then huge ones, then by age. */
+  static const struct { enum store_writeback_type type; uint32_t min_age; }
+  passes[] = {
+    { WRITEBACK_IDLE, 0 }, { WRITEBACK_HUGE, 0 },
+    { WRITEBACK_ANY, 3600 }, { WRITEBACK_ANY, 600 }, { WRITEBACK_ANY, 60 },
+    { WRITEBACK_ANY, 10 }, { WRITEBACK_ANY, 1 }, { WRITEBACK_ANY, 0 },
+  };
+  unsigned char *buffer = malloc ((size_t) store->writeback_batch
+                                  * STORE_BLOCK_SIZE);
+  if (!buffer)
+    return -1;
+  int r = 0;
+  pthread_mutex_lock (&store->writeback_lock);
+  for (unsigned p = 0; p < sizeof passes / sizeof passes[0] && r == 0; p++) {
+    if (pool_bytes (store) <= target)
+      break;
+    /* The pool gives pages back only as zspages empty: write back a
+     * slice, compact, look again.
+     */
+    uint64_t before;
+    do {
+      before = result->blocks;
+      struct store_writeback_request request = {
+        .type = passes[p].type, .min_age = passes[p].min_age,
+        .first = 0, .last = UINT64_MAX,
+        .max_blocks = result->blocks + 8 * store->writeback_batch,
+      };
+      if (max_blocks && request.max_blocks > max_blocks)
+        request.max_blocks = max_blocks;
+      r = writeback_pass (store, &request, keep_going, opaque, buffer, result);
+      zs_compact (store->pool);
+    } while (r == 0 && result->blocks > before
+             && (!max_blocks || result->blocks < max_blocks)
+             && pool_bytes (store) > target
+             && !(keep_going && !keep_going (opaque)));
+    if (max_blocks && result->blocks >= max_blocks)
+      break;
+  }
+  pthread_mutex_unlock (&store->writeback_lock);
+  free (buffer);
+  return r;
+}
+
+/* A write refused for memory (errno ENOSPC) with a backing store: write
+ * back the coldest blocks, compact, and let the write try again (0).
+ * -1 with errno as it was when there is nothing to gain.  No lock held.
+ */
+static int
+writeback_for_room (struct block_store *store)
+{
+  int err = errno;
+  if (!store->backing || err != ENOSPC)
+    return -1;
+  struct store_writeback_result result;
+  uint64_t used = pool_bytes (store);
+  uint64_t slice = (uint64_t) store->writeback_batch * STORE_BLOCK_SIZE;
+  store_writeback_until (store, used > slice ? used - slice : 0,
+                         4 * store->writeback_batch, NULL, NULL, &result);
+  errno = err;
+  return result.blocks > 0 ? 0 : -1;
+}
+
+bool
+store_has_backing (const struct block_store *store)
+{
+  return store->backing != NULL;
+}
+
 /* The table's reclaim grace period: take and drop every stripe lock. */
 static void
 stripes_sweep (void *opaque)
@@ -1682,4 +2140,19 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->reserve_bytes = pool.reserve_bytes;
   stats->reserve_refills = pool.reserve_refills;
   stats->reserve_misses = pool.reserve_misses;
+  stats->codec_bytes += codec_memory (store->pack_codec);
+  stats->bd_count = atomic_load (&store->bd_count);
+  stats->bd_reads = atomic_load (&store->bd_reads);
+  stats->bd_writes = atomic_load (&store->bd_writes);
+  stats->bd_bytes = atomic_load (&store->bd_bytes);
+  stats->bd_failed_reads = atomic_load (&store->bd_failed_reads);
+  if (store->backing) {
+    struct backing_stats backing;
+    backing_stats (store->backing, &backing);
+    stats->backing_capacity = backing.capacity;
+    stats->backing_used = backing.used;
+    stats->backing_failed = backing.failed;
+    stats->backing_reconnects = backing.reconnects;
+  }
+  stats->writeback_limit_left = atomic_load (&store->writeback_limit);
 }

@@ -58,6 +58,8 @@
 #define STORE_STRIPES 1024
 
 #define STORE_RECOMP_MAX 3
+#define STORE_WRITEBACK_BATCH 32
+#define STORE_WRITEBACK_BATCH_MAX 256
 
 struct store_config {
   uint64_t size;                  /* device size in bytes, >= 1 */
@@ -73,6 +75,14 @@ struct store_config {
   unsigned pack_blocks;           /* blocks per unit, 2..STORE_PACK_MAX
                                      (0: STORE_PACK_DEFAULT) */
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
+  /* Writeback: the backing store (backing.h), or NULL.  store_create
+   * owns it from the call on, whether it succeeds or not.
+   */
+  struct backing *backing;
+  unsigned writeback_batch;       /* blocks per backing write, 1..
+                                     STORE_WRITEBACK_BATCH_MAX (0: 32) */
+  uint64_t writeback_limit;       /* bytes that may be written back (0:
+                                     no limit) */
 };
 
 /* zram's mm_stat and io_stat, plus what a user of this store wants. */
@@ -104,6 +114,18 @@ struct store_stats {
   uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
   uint64_t packed_blocks;         /* blocks in packed units now */
   uint64_t pack_units;            /* packed units now */
+  /* Writeback: zram's bd_stat (4 KiB units), and the backing store. */
+  uint64_t bd_count;              /* blocks written back, there now */
+  uint64_t bd_reads;              /* blocks read from it, ever */
+  uint64_t bd_writes;             /* blocks written to it, ever */
+  uint64_t bd_bytes;              /* compressed bytes of bd_count blocks */
+  uint64_t bd_failed_reads;       /* reads of it that failed */
+  uint64_t backing_capacity;      /* bytes its space map covers (0: none) */
+  uint64_t backing_used;          /* bytes of it in use (sector runs) */
+  uint64_t backing_failed;        /* requests to it that failed */
+  uint64_t backing_reconnects;    /* NBD connections made again */
+  uint64_t writeback_limit_left;  /* bytes writeback may still write
+                                     (UINT64_MAX: no limit) */
 };
 
 struct block_store;
@@ -170,6 +192,7 @@ struct store_block_state {
   uint32_t atime;                 /* seconds, as store_now */
   bool same, huge, idle;          /* zram's s, h and i flags */
   bool recompressed, incompressible; /* zram's r and n flags */
+  bool written_back;              /* zram's w flag */
 };
 typedef int (*store_block_state_fn) (void *opaque,
                                      const struct store_block_state *state);
@@ -214,6 +237,55 @@ extern int store_recompress (struct block_store *store,
 /* The name of a recompression priority's algorithm, or NULL. */
 extern const char *store_recompress_algorithm (const struct block_store *store,
                                                unsigned priority);
+
+/* Writeback (zram's writeback, to a file or an NBD export: backing.h).
+ * Blocks matching the request are written, still compressed, to the
+ * backing store, writeback_batch per backing write, and their memory is
+ * freed once the write is confirmed; a block written to or trimmed
+ * meanwhile stays in RAM.  Reading a written-back block reads it from the
+ * backing store (under its stripe lock); writing, trimming or zeroing it
+ * frees its place there.  Writeback is not an access.  Packed blocks and
+ * blocks rewritten in place at the limit stay in RAM.  One writeback runs
+ * at a time (writeback_lock, taken before any stripe lock).
+ */
+enum store_writeback_type {
+  WRITEBACK_IDLE,                 /* idle blocks */
+  WRITEBACK_HUGE,                 /* blocks stored raw */
+  WRITEBACK_HUGE_IDLE,            /* both */
+  WRITEBACK_INCOMPRESSIBLE,       /* no recompression shrank them */
+  WRITEBACK_ANY,                  /* any (page_index=, page_indexes=) */
+};
+struct store_writeback_request {
+  enum store_writeback_type type;
+  uint64_t first, last;           /* blocks in [first, last] only */
+  uint64_t max_blocks;            /* at most this many written; 0: all */
+  uint32_t min_age;               /* not accessed for this many seconds */
+};
+struct store_writeback_result {
+  uint64_t blocks, bytes;         /* written back (bytes: compressed) */
+  bool limited;                   /* writeback_limit reached */
+  bool backing_full;              /* no room in the backing store */
+  bool failed;                    /* a backing write failed (EIO) */
+};
+/* 0, or -1 with errno: ENODEV (no backing store), EIO (a backing write
+ * failed: those blocks stay in RAM), ENOSPC (backing store or limit
+ * full).  result says what was done either way.
+ */
+extern int store_writeback (struct block_store *store,
+                            const struct store_writeback_request *request,
+                            bool (*keep_going) (void *opaque), void *opaque,
+                            struct store_writeback_result *result);
+/* Write back, coldest first (idle blocks, huge ones, then by age), and
+ * compact, until the pool's bytes (what mem_limit counts) are at most
+ * target, or max_blocks (0: no cap) were written.  The automatic policy
+ * (writeback_watermark) and writes refused for memory use it.
+ */
+extern int store_writeback_until (struct block_store *store, uint64_t target,
+                                  uint64_t max_blocks,
+                                  bool (*keep_going) (void *opaque),
+                                  void *opaque,
+                                  struct store_writeback_result *result);
+extern bool store_has_backing (const struct block_store *store);
 
 /* Cold packing: idle blocks, up to pack_blocks at a time in block
  * order, compressed together (zstd, level pack_level) into one unit held

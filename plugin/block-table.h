@@ -53,6 +53,9 @@ enum block_kind {
                               block rewritten in place (block-store.c) */
   BLOCK_PACKED,         /* value: a packed unit's address | the block's
                            index in it (cold packing, block-store.c) */
+  BLOCK_BACKED,         /* value: where the block is in the backing store,
+                           (offset / 512) << 13 | (length - 1); length
+                           4096: stored raw (writeback, block-store.c) */
 };
 
 /* Flags of a block (zram's block_state letters in brackets). */

@@ -258,7 +258,8 @@ emit_block_state (void *opaque, const struct store_block_state *state)
   /* zram's format: index, access time (s.us), flags s w h i r n. */
   fprintf (client->out, "%12" PRIu64 " %12" PRIu32 ".%06u %c%c%c%c%c%c\n",
            state->block, state->atime, 0u,
-           state->same ? 's' : '.', '.', state->huge ? 'h' : '.',
+           state->same ? 's' : '.', state->written_back ? 'w' : '.',
+           state->huge ? 'h' : '.',
            state->idle ? 'i' : '.', state->recompressed ? 'r' : '.',
            state->incompressible ? 'n' : '.');
   if (ftell (client->out) >= 65536) {

@@ -1,0 +1,73 @@
+/* The backing store of writeback: where blocks go when RAM runs short.
+ *
+ * A local file (created sparse if missing) or an NBD export reached with
+ * libnbd (nbd://, nbds://, nbd+unix:// URIs: another nbdkit,
+ * qemu-storage-daemon, an RBD image exported over NBD).  It holds blocks
+ * still compressed (zram's compressed_writeback), each in a run of
+ * 512-byte sectors handed out by the space map: a bitmap in RAM, one bit
+ * per sector of the capacity (the device's size at most, since no more
+ * can ever be written back: 32 KiB of RAM per GiB).  A batch of blocks
+ * takes one run and one write.  A freed run is trimmed on the store too.
+ *
+ * An NBD store is reached through one connection, or several when the
+ * server offers multi-conn (up to BACKING_CONNECTIONS), each used by one
+ * request at a time.  A request that finds its connection dead (the
+ * server went away) reconnects it, at most once a second per connection,
+ * and retries once; until a reconnection works, requests fail with EIO.
+ *
+ * LOCKS (leaves: no other lock is taken while one is held).
+ *   map_lock          the space map: bits, free count, the search cursor.
+ *   connection lock   one per NBD connection: its handle, for one request
+ *                     or a reconnection.
+ * A caller may hold a stripe lock of the block store (block-store.h)
+ * while it calls any function here: reads of written-back blocks run
+ * under the block's stripe lock.
+ */
+
+#ifndef ZRAM_BACKING_H
+#define ZRAM_BACKING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BACKING_SECTOR 512
+#define BACKING_CONNECTIONS 4
+
+struct backing;
+
+/* Open target (a path or an NBD URI) for capacity bytes at most (a file
+ * is extended to it; an NBD export must offer at least the space map's
+ * first sector, and the capacity is cut to its size).  odirect: open a
+ * file with O_DIRECT.  NULL with a message in *error (to free) on failure.
+ */
+extern struct backing *backing_open (const char *target, uint64_t capacity,
+                                     bool odirect, char **error);
+extern void backing_close (struct backing *backing);
+
+/* Whether target names an NBD export rather than a file. */
+extern bool backing_is_uri (const char *target);
+
+/* A run of sectors for bytes (rounded up to sectors): its first byte's
+ * offset.  -1 with errno ENOSPC when no run is free.
+ */
+extern int64_t backing_allocate (struct backing *backing, size_t bytes);
+/* Free a run (the store is trimmed there, best effort). */
+extern void backing_release (struct backing *backing, uint64_t offset,
+                             size_t bytes);
+
+/* Whole requests: 0, or -1 with errno EIO (ENOMEM, ...). */
+extern int backing_write (struct backing *backing, const void *buf,
+                          size_t bytes, uint64_t offset);
+extern int backing_read (struct backing *backing, void *buf, size_t bytes,
+                         uint64_t offset);
+
+struct backing_stats {
+  uint64_t capacity;            /* bytes the space map covers */
+  uint64_t used;                /* bytes in allocated runs */
+  uint64_t failed;              /* requests that failed */
+  uint64_t reconnects;          /* NBD connections made again */
+};
+extern void backing_stats (struct backing *backing, struct backing_stats *stats);
+
+#endif /* ZRAM_BACKING_H */
