@@ -369,6 +369,83 @@ command_pack (struct client *client, int argc, char **argv)
   return 0;
 }
 
+/* writeback idle|huge|huge_idle|incompressible|page_index=N|
+ * page_indexes=A-B [max_pages=N]: zram's writeback (type= may prefix the
+ * first four, as newer kernels take it).
+ */
+static int
+command_writeback (struct client *client, int argc, char **argv)
+{
+  static const char *const types[] = {
+    [WRITEBACK_IDLE] = "idle", [WRITEBACK_HUGE] = "huge",
+    [WRITEBACK_HUGE_IDLE] = "huge_idle",
+    [WRITEBACK_INCOMPRESSIBLE] = "incompressible",
+  };
+  struct store_writeback_request request = {
+    .type = WRITEBACK_ANY, .first = 0, .last = UINT64_MAX,
+  };
+  bool typed = false;
+  for (int i = 1; i < argc; i++) {
+    const char *word = argv[i];
+    uint64_t a, b;
+    char *dash;
+    if (strncmp (word, "type=", 5) == 0)
+      word += 5;
+    bool known = false;
+    for (int t = WRITEBACK_IDLE; t <= WRITEBACK_INCOMPRESSIBLE; t++)
+      if (strcmp (word, types[t]) == 0) {
+        request.type = t;
+        known = true;
+      }
+    if (known) {
+      typed = true;
+      continue;
+    }
+    if (strncmp (word, "page_index=", 11) == 0
+        && parse_number (word + 11, &a) == 0) {
+      request.first = request.last = a;
+      typed = true;
+    }
+    else if (strncmp (word, "page_indexes=", 13) == 0
+             && (dash = strchr (word + 13, '-')) != NULL) {
+      *dash = '\0';
+      if (parse_number (word + 13, &a) == -1 || parse_number (dash + 1, &b) == -1
+          || a > b)
+        return reply_error (client, "writeback: page_indexes=%s-%s is not "
+                            "FIRST-LAST", word + 13, dash + 1);
+      request.first = a;
+      request.last = b;
+      typed = true;
+    }
+    else if (strncmp (word, "max_pages=", 10) == 0
+             && parse_number (word + 10, &a) == 0)
+      request.max_blocks = a;
+    else
+      return reply_error (client, "writeback: '%s' is not idle, huge, "
+                          "huge_idle, incompressible, page_index=N, "
+                          "page_indexes=A-B or max_pages=N", argv[i]);
+  }
+  if (!typed)
+    return reply_error (client, "writeback: say what to write back: idle, huge, "
+                        "huge_idle, incompressible, page_index=N or "
+                        "page_indexes=A-B");
+  if (!store_has_backing (store))
+    return reply_error (client, "writeback: the server has no backing store "
+                        "(backing=)");
+  struct store_writeback_result result;
+  int r = store_writeback (store, &request, client_still_there, client, &result);
+  if (r == -1 && !result.limited && !result.backing_full)
+    return reply_error (client, "writeback: %s (%" PRIu64 " blocks written "
+                        "back before)", error_text (errno), result.blocks);
+  fprintf (client->out, "blocks %" PRIu64 "\nbytes %" PRIu64 "\n",
+           result.blocks, result.bytes);
+  if (result.limited)
+    fprintf (client->out, "stopped writeback_limit\n");
+  if (result.backing_full)
+    fprintf (client->out, "stopped backing_full\n");
+  return 0;
+}
+
 /* dissolve PERCENT: units with fewer live blocks go. */
 static int
 command_dissolve (struct client *client, int argc, char **argv)
@@ -404,6 +481,8 @@ static const struct command {
     "[max_pages=N] [algo=NAME|priority=N]", command_recompress },
   { "pack", 1, 3, "pack [type=idle] [max_pages=N]", command_pack },
   { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve },
+  { "writeback", 2, 3, "writeback idle|huge|huge_idle|incompressible|"
+    "page_index=N|page_indexes=A-B [max_pages=N]", command_writeback },
   { "help", 1, 1, "help", command_help },
 };
 

@@ -56,6 +56,25 @@ within_round_budget (void *opaque)
  * seconds idle, and recompress the idle blocks not accessed for
  * recompress_after seconds, a bounded number per round.
  */
+/* Above writeback_watermark percent of mem_limit, write the coldest
+ * blocks back until 10 points below it, within a round's budget (four
+ * times the others': this one frees memory the data needs).
+ */
+static void
+writeback_above_watermark (void)
+{
+  struct store_stats stats;
+  store_stats (store, &stats);
+  if (!stats.mem_limit
+      || stats.limit_used * 100 <= stats.mem_limit * policy.writeback_watermark)
+    return;
+  uint64_t target = stats.mem_limit / 100 * (policy.writeback_watermark - 10);
+  uint64_t deadline = monotonic_ns () + 4 * POLICY_NS_PER_ROUND;
+  struct store_writeback_result result;
+  store_writeback_until (store, target, 4 * POLICY_BLOCKS_PER_ROUND,
+                         within_round_budget, &deadline, &result);
+}
+
 static void
 policy_round (void)
 {
@@ -78,6 +97,8 @@ policy_round (void)
     store_pack (store, POLICY_BLOCKS_PER_ROUND, within_round_budget, &deadline,
                 &result);
   }
+  if (policy.writeback_watermark)
+    writeback_above_watermark ();
 }
 
 /* Compact when the pages compaction could free are at least

@@ -34,6 +34,9 @@ struct housekeeper_policy {
   uint32_t recompress_after;
   uint32_t pack_after;            /* pack idle blocks this old; and
                                      dissolve units under half live */
+  unsigned writeback_watermark;   /* percent of mem_limit: above it, write
+                                     the coldest blocks back until 10
+                                     points below it (0: off) */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 

@@ -45,6 +45,14 @@ print_io_stat (const struct store_stats *s, FILE *fp)
            s->failed_reads, s->failed_writes, s->invalid_io, s->notify_free);
 }
 
+/* zram's bd_stat: bd_count bd_reads bd_writes, in 4 KiB units. */
+static void
+print_bd_stat (const struct store_stats *s, FILE *fp)
+{
+  fprintf (fp, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+           s->bd_count, s->bd_reads, s->bd_writes);
+}
+
 int
 stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
 {
@@ -57,8 +65,10 @@ stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
     store_stats (store, &s);
     print_io_stat (&s, fp);
   }
-  else if (strcmp (name, "bd_stat") == 0)
-    fprintf (fp, "0 0 0\n");   /* no backing device */
+  else if (strcmp (name, "bd_stat") == 0) {
+    store_stats (store, &s);
+    print_bd_stat (&s, fp);
+  }
   else
     return -1;
   return 0;
@@ -74,6 +84,8 @@ stats_print (struct block_store *store, FILE *fp)
   print_mm_stat (&s, fp);
   fprintf (fp, "io_stat ");
   print_io_stat (&s, fp);
+  fprintf (fp, "bd_stat ");
+  print_bd_stat (&s, fp);
 
 #define FIELD(name) fprintf (fp, #name ": %" PRIu64 "\n", s.name)
   FIELD (orig_data_size);
@@ -104,7 +116,18 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (recomp_bytes_saved);
   FIELD (packed_blocks);
   FIELD (pack_units);
+  FIELD (bd_count);
+  FIELD (bd_reads);
+  FIELD (bd_writes);
+  FIELD (bd_bytes);
+  FIELD (bd_failed_reads);
+  FIELD (backing_capacity);
+  FIELD (backing_used);
+  FIELD (backing_failed);
+  FIELD (backing_reconnects);
 #undef FIELD
+  if (s.writeback_limit_left != UINT64_MAX)
+    fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
   fprintf (fp, "process_rss: %" PRIu64 "\n", process_rss_bytes ());
   swap_mode_print (fp);
   /* Data ratio: what the objects take; memory ratio: what the pool's

@@ -18,6 +18,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "backing.h"
 #include "block-store.h"
 #include "control.h"
 #include "error-text.h"
@@ -44,6 +45,9 @@ static struct housekeeper_policy policy;
 static bool recomp_given[STORE_RECOMP_MAX + 1];
 static char *stats_path;
 static char *ctl_path;
+/* Writeback: backing= as given (a path made absolute, or an NBD URI). */
+static char *backing_target;
+static bool backing_direct;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
@@ -61,6 +65,7 @@ zram_unload (void)
   store_destroy (store);
   free (stats_path);
   free (ctl_path);
+  free (backing_target);
 }
 
 /* Parse a size, naming the parameter on error (nbdkit's own message
@@ -276,6 +281,46 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "backing") == 0) {
+    free (backing_target);
+    backing_target = !*value ? NULL
+      : backing_is_uri (value) ? strdup (value) : nbdkit_absolute_path (value);
+    if (!backing_target) {   /* an empty value too: say what is wrong */
+      nbdkit_error ("backing: '%s' is not a file name or an NBD URI", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "backing_direct") == 0) {
+    int direct = nbdkit_parse_bool (value);
+    if (direct == -1)
+      return -1;
+    backing_direct = direct;
+  }
+  else if (strcmp (key, "writeback_limit") == 0) {
+    int64_t bytes;
+    if (parse_size_parameter (key, value, &bytes) == -1)
+      return -1;
+    config.writeback_limit = bytes;
+  }
+  else if (strcmp (key, "writeback_batch_size") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &config.writeback_batch) == -1)
+      return -1;
+    if (config.writeback_batch < 1
+        || config.writeback_batch > STORE_WRITEBACK_BATCH_MAX) {
+      nbdkit_error ("writeback_batch_size: %u is not a number of blocks "
+                    "1..%d", config.writeback_batch, STORE_WRITEBACK_BATCH_MAX);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "writeback_watermark") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &policy.writeback_watermark) == -1)
+      return -1;
+    if (policy.writeback_watermark < 10 || policy.writeback_watermark > 100) {
+      nbdkit_error ("writeback_watermark: %u is not a percentage of mem_limit "
+                    "10..100", policy.writeback_watermark);
+      return -1;
+    }
+  }
   else if (strcmp (key, "ctl") == 0) {
     free (ctl_path);
     ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
@@ -347,6 +392,21 @@ zram_config_complete (void)
     }
     config.recomp_count = p;
   }
+  if (!backing_target
+      && (config.writeback_limit || config.writeback_batch
+          || policy.writeback_watermark || backing_direct)) {
+    nbdkit_error ("%s: needs backing= (where to write blocks back)",
+                  config.writeback_limit ? "writeback_limit"
+                  : config.writeback_batch ? "writeback_batch_size"
+                  : policy.writeback_watermark ? "writeback_watermark"
+                  : "backing_direct");
+    return -1;
+  }
+  if (policy.writeback_watermark && !config.pool.mem_limit) {
+    nbdkit_error ("writeback_watermark: needs mem_limit= (it is a percentage "
+                  "of it)");
+    return -1;
+  }
   if (reserve_given && swap_mode == SWAP_OFF) {
     nbdkit_error ("swap_reserve: only with swap=on or swap=try");
     return -1;
@@ -393,6 +453,13 @@ zram_config_complete (void)
   "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
   "pack_level=N              zstd level of packed units (default 3).\n" \
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
+  "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
+  "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
+  "writeback_limit=SIZE      Writeback: write at most this much (default no limit).\n" \
+  "writeback_batch_size=N    Writeback: blocks per backing write (default 32).\n" \
+  "writeback_watermark=PERCENT\n" \
+  "                          Writeback: above this much of mem_limit, write the\n" \
+  "                          coldest blocks back (default off).\n" \
   "compact=auto|off          Compact memory in the background (default auto).\n" \
   "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
@@ -410,6 +477,16 @@ zram_get_ready (void)
   /* First: no thread may exist yet (they inherit the IO flusher flag). */
   if (swap_mode_prepare () == -1)
     return -1;
+  if (backing_target) {
+    char *error = NULL;
+    config.backing = backing_open (backing_target, config.size, backing_direct,
+                                   &error);
+    if (!config.backing) {
+      nbdkit_error ("%s", error ? error : "backing: out of memory");
+      free (error);
+      return -1;
+    }
+  }
   store = store_create (&config);
   if (!store) {
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));

@@ -63,6 +63,22 @@ store_release_idle_memory (struct block_store *store)
   return 0;
 }
 
+/* Writeback is not under test here: no mem_limit, never above it. */
+void
+store_stats (struct block_store *store, struct store_stats *stats)
+{
+  memset (stats, 0, sizeof *stats);
+}
+
+int
+store_writeback_until (struct block_store *store, uint64_t target,
+                       uint64_t max_blocks,
+                       bool (*keep_going) (void *opaque), void *opaque,
+                       struct store_writeback_result *result)
+{
+  return 0;
+}
+
 /* The swap reserve: refills counted; reported low only when asked. */
 static atomic_int refills;
 

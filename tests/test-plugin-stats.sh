@@ -29,11 +29,12 @@ def parse():
         return None
     assert lines[0].startswith("mm_stat "), lines[0]
     assert lines[1].startswith("io_stat "), lines[1]
+    assert lines[2] == "bd_stat 0 0 0", lines[2]   # no backing store here
     mm = [int(x) for x in lines[0].split()[1:]]
     io = [int(x) for x in lines[1].split()[1:]]
     assert len(mm) == 9, lines[0]
     assert len(io) == 4, lines[1]
-    fields = dict(l.split(": ", 1) for l in lines[2:])
+    fields = dict(l.split(": ", 1) for l in lines[3:])
     return mm, io, fields
 
 def wait_for(what, pred, timeout=3.5):
@@ -119,10 +120,11 @@ lines = open(sys.argv[1]).read().splitlines()
 mm_line, io_line = lines[0].split(), lines[1].split()
 assert mm_line[0] == "mm_stat" and len(mm_line) == 10, lines[0]
 assert io_line[0] == "io_stat" and len(io_line) == 5, lines[1]
+assert lines[2] == "bd_stat 0 0 0", lines[2]
 mm = [int(x) for x in mm_line[1:]]
 io = [int(x) for x in io_line[1:]]
 fields = {}
-for line in lines[2:]:
+for line in lines[3:]:
     key, sep, value = line.partition(": ")
     assert sep, "not a key: value line: %r" % line
     fields[key] = value
