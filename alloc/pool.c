@@ -530,3 +530,10 @@ zs_pool_reset_max (struct zs_pool *pool)
 {
   atomic_store (&pool->pages_used_max, atomic_load (&pool->pages_used));
 }
+
+uint64_t
+zs_pool_bytes (struct zs_pool *pool)
+{
+  return account_bytes (atomic_load_explicit (&pool->limit_account,
+                                              memory_order_relaxed));
+}

@@ -184,6 +184,11 @@ extern uint64_t zs_compact (struct zs_pool *pool);
 extern int zs_pool_set_mem_limit (struct zs_pool *pool, uint64_t limit);
 /* Restart pages_used_max from pages_used (zram's mem_used_max reset). */
 extern void zs_pool_reset_max (struct zs_pool *pool);
+/* The bytes mem_limit counts now (zs_pool_stats' limit_used), without
+ * the flush and the walk of the classes zs_pool_stats does: one atomic
+ * load, for fast paths.
+ */
+extern uint64_t zs_pool_bytes (struct zs_pool *pool);
 
 /* Top up the reserve of populated pages (config.reserve_bytes) from the
  * operating system, as far as the memory limit allows; for a background

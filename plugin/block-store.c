@@ -124,6 +124,9 @@ struct block_store {
   _Atomic uint64_t bd_reads;      /* blocks read from it, ever */
   _Atomic uint64_t bd_writes;     /* blocks written to it, ever */
   _Atomic uint64_t bd_failed_reads;
+  _Atomic uint64_t bd_readbacks;  /* blocks read back into RAM, ever */
+  uint64_t readback_below;        /* pool bytes under which reads bring
+                                     written-back blocks back (0: never) */
 };
 
 /* What an entry holds, detached from the table. */
@@ -270,6 +273,7 @@ store_create (const struct store_config *config)
   store->writeback_limit = config->writeback_limit ? config->writeback_limit
     : UINT64_MAX;
   store->backing = config->backing;   /* the store's from here */
+  store->readback_below = config->readback_below;
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -771,6 +775,28 @@ block_install (struct block_store *store, uint64_t block,
   return 0;
 }
 
+/* A written-back block just read (into block, under its stripe lock):
+ * back into RAM while the pool is under readback_below, so that the
+ * blocks being read live in RAM and the watermark writes back colder
+ * ones.  True if it was; *old is then to be released after the lock.
+ */
+static bool
+block_read_back (struct block_store *store, struct block_leaf *leaf,
+                 struct block_entry *entry, const unsigned char *block,
+                 const struct block_content *old)
+{
+  if (old->kind != BLOCK_BACKED || !store->readback_below
+      || zs_pool_bytes (store->pool) >= store->readback_below)
+    return false;
+  struct block_content back;
+  if (block_encode (store, block, &back) == -1)
+    return false;               /* no memory: it stays where it is */
+  content_account (store, &back, 1, content_bytes (store, &back));
+  entry_store (store, leaf, entry, old, &back);   /* an access */
+  counter_add (&store->bd_readbacks, 1);
+  return true;
+}
+
 /* Read a whole block into out. */
 static int
 block_read (struct block_store *store, uint64_t block, unsigned char *out)
@@ -783,9 +809,12 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out)
                                                   &leaf);
   struct block_content content = entry_load (entry);
   r = block_decode (store, &content, out);
-  if (content.kind != BLOCK_EMPTY)
+  bool moved = r == 0 && block_read_back (store, leaf, entry, out, &content);
+  if (content.kind != BLOCK_EMPTY && !moved)
     entry_touch (store, entry, &content);
   pthread_mutex_unlock (stripe_for (store, block));
+  if (moved)
+    content_release (store, &content);
   return r;
 }
 
@@ -2146,6 +2175,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->bd_writes = atomic_load (&store->bd_writes);
   stats->bd_bytes = atomic_load (&store->bd_bytes);
   stats->bd_failed_reads = atomic_load (&store->bd_failed_reads);
+  stats->bd_readbacks = atomic_load (&store->bd_readbacks);
   if (store->backing) {
     struct backing_stats backing;
     backing_stats (store->backing, &backing);

@@ -83,6 +83,9 @@ struct store_config {
                                      STORE_WRITEBACK_BATCH_MAX (0: 32) */
   uint64_t writeback_limit;       /* bytes that may be written back (0:
                                      no limit) */
+  uint64_t readback_below;        /* a read of a written-back block brings
+                                     it back into RAM while the pool holds
+                                     less than this (0: never) */
 };
 
 /* zram's mm_stat and io_stat, plus what a user of this store wants. */
@@ -120,6 +123,7 @@ struct store_stats {
   uint64_t bd_writes;             /* blocks written to it, ever */
   uint64_t bd_bytes;              /* compressed bytes of bd_count blocks */
   uint64_t bd_failed_reads;       /* reads of it that failed */
+  uint64_t bd_readbacks;          /* blocks read back into RAM, ever */
   uint64_t backing_capacity;      /* bytes its space map covers (0: none) */
   uint64_t backing_used;          /* bytes of it in use (sector runs) */
   uint64_t backing_failed;        /* requests to it that failed */

@@ -121,6 +121,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (bd_writes);
   FIELD (bd_bytes);
   FIELD (bd_failed_reads);
+  FIELD (bd_readbacks);
   FIELD (backing_capacity);
   FIELD (backing_used);
   FIELD (backing_failed);

@@ -479,6 +479,12 @@ zram_get_ready (void)
     return -1;
   if (backing_target) {
     char *error = NULL;
+    /* Reads bring written-back blocks home under the watermark's low
+     * mark, where the policy would not write them out again.
+     */
+    if (policy.writeback_watermark)
+      config.readback_below = config.pool.mem_limit / 100
+        * (policy.writeback_watermark - 10);
     config.backing = backing_open (backing_target, config.size, backing_direct,
                                    &error);
     if (!config.backing) {

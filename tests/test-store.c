@@ -1216,6 +1216,8 @@ test_pack_beside_io (void **state)
 static char backing_path[] = "/tmp/test-store-backing-XXXXXX";
 
 /* A store (lz4, mem_limit) writing back to a fresh file, or to path. */
+static uint64_t readback_below;    /* for the next make_backed_store */
+
 static struct block_store *
 make_backed_store (uint64_t blocks, uint64_t mem_limit, const char *path,
                    uint64_t writeback_limit)
@@ -1235,6 +1237,7 @@ make_backed_store (uint64_t blocks, uint64_t mem_limit, const char *path,
     .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
     .recomp_count = 1, .recomp = { { CODEC_ZSTD, 3 } },
     .backing = backing, .writeback_limit = writeback_limit,
+    .readback_below = readback_below,
   };
   zs_pool_config_init (&config.pool);
   config.pool.mem_limit = mem_limit;
@@ -1435,6 +1438,56 @@ test_backing_space_map (void **state)
   unlink (backing_path);
 }
 
+/* Under readback_below, a read brings a written-back block back to RAM
+ * (its run freed); over it, the block stays written back.
+ */
+static void
+test_writeback_readback (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 256 };
+  unsigned char buf[BS], got[BS];
+  struct store_writeback_result result;
+  struct store_stats stats;
+  readback_below = 64 << 20;
+  struct block_store *store = make_backed_store (BLOCKS, 0, NULL, 0);
+  readback_below = 0;
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    recomp_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_writeback (store, &writeback_all_idle, NULL, NULL,
+                                     &result), 0);
+  store_stats (store, &stats);
+  uint64_t backed = stats.bd_count;
+  assert_true (backed > BLOCKS / 2);
+  /* Zero part of one first: it is read, patched and stored in RAM. */
+  assert_int_equal (store_zero (store, 100, 5 * BS + 10, false), 0);
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    recomp_fill (buf, b, 1);
+    if (b == 5)
+      memset (buf + 10, 0, 100);
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    assert_memory_equal (got, buf, BS);
+  }
+  store_stats (store, &stats);
+  assert_int_equal (stats.bd_count, 0);
+  assert_int_equal (stats.bd_readbacks, backed - 1);
+  assert_int_equal (stats.backing_used, 0);
+  for (uint64_t b = 0; b < BLOCKS; b++) {          /* from RAM now */
+    recomp_fill (buf, b, 1);
+    if (b == 5)
+      memset (buf + 10, 0, 100);
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    assert_memory_equal (got, buf, BS);
+  }
+  store_stats (store, &stats);
+  assert_int_equal (stats.bd_reads, backed);
+  store_destroy (store);
+  unlink (backing_path);
+}
+
 /* writeback_limit caps the bytes written; a failing backing store (reads
  * past its end, writes to /dev/full) fails only what needs it.
  */
@@ -1553,8 +1606,11 @@ static void
 test_writeback_beside_io (void **state)
 {
   (void) state;
+  /* Reads bring blocks back while writeback sends them out. */
+  readback_below = 1 << 30;
   struct block_store *store = make_backed_store (RECOMP_THREADS * RECOMP_RANGE,
                                                  0, NULL, 0);
+  readback_below = 0;
   assert_true (run_beside_io_on (store, writeback_round, "writeback") > 0);
   unlink (backing_path);
 }
@@ -1601,6 +1657,7 @@ main (void)
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_backing_space_map),
     cmocka_unit_test (test_writeback),
+    cmocka_unit_test (test_writeback_readback),
     cmocka_unit_test (test_writeback_limit_and_failures),
     cmocka_unit_test (test_writeback_instead_of_enospc),
     cmocka_unit_test (test_writeback_beside_io),
