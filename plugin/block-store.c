@@ -30,10 +30,13 @@ struct pack_unit {
 #define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
 #define UNIT_CACHE_SLOTS 16
 
-/* A write refused for memory tries again after each writeback this many
- * times at most.
+/* A write refused for memory tries again after each writeback that made
+ * room, this many times at most (other writers may take the room first;
+ * a writeback that writes nothing ends it at once).
  */
-#define WRITEBACK_ATTEMPTS 3
+#define WRITEBACK_ATTEMPTS 64
+/* ... and each such writeback aims this far below what the pool holds. */
+#define WRITEBACK_ROOM ((uint64_t) 1 << 20)
 
 /* A decoded unit, kept for the next read of one of its blocks.  Owned by
  * the store (no thread-local buffers: design-hazards.md #11); a reader
@@ -2029,7 +2032,8 @@ store_writeback_until (struct block_store *store, uint64_t target,
 }
 
 /* A write refused for memory (errno ENOSPC) with a backing store: write
- * back the coldest blocks, compact, and let the write try again (0).
+ * back the coldest blocks, compact, and let the write try again (0) if
+ * the pool holds less than before.
  * -1 with errno as it was when there is nothing to gain.  No lock held.
  */
 static int
@@ -2040,11 +2044,13 @@ writeback_for_room (struct block_store *store)
     return -1;
   struct store_writeback_result result;
   uint64_t used = pool_bytes (store);
-  uint64_t slice = (uint64_t) store->writeback_batch * STORE_BLOCK_SIZE;
-  store_writeback_until (store, used > slice ? used - slice : 0,
-                         4 * store->writeback_batch, NULL, NULL, &result);
+  store_writeback_until (store, used > WRITEBACK_ROOM ? used - WRITEBACK_ROOM : 0,
+                         0, NULL, NULL, &result);
   errno = err;
-  return result.blocks > 0 ? 0 : -1;
+  /* Room made by this call, or by another writer's while this one
+   * waited for writeback_lock: try again.
+   */
+  return result.blocks > 0 || pool_bytes (store) < used ? 0 : -1;
 }
 
 bool

@@ -109,7 +109,8 @@ help="$(zram_nbdkit "$PLUGIN" --help)"
 for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class pool \
              free= batched immediate compact= auto off compact_threshold= \
              ctl= recomp_algorithm= idle_after= recompress_after= pack_after= \
-             pack_level= pack_blocks= swap= swap_reserve=; do
+             pack_level= pack_blocks= swap= swap_reserve= backing= backing_direct= \
+             writeback_limit= writeback_batch_size= writeback_watermark=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
 
