@@ -1241,6 +1241,71 @@ store_now (const struct block_store *store)
   return store_clock (store);
 }
 
+/* ---- walks for candidates (recompression, packing, writeback) -------- */
+
+/* The stored blocks of [first, last] whose state word wanted accepts,
+ * handed to work in groups of at most group blocks, in block order, until
+ * work returns non-zero (returned) or more (asked before each group)
+ * says to stop.  State words are read without locks: work checks each
+ * block again under its stripe lock.
+ */
+struct candidates {
+  uint64_t first, last;
+  unsigned group;
+  bool (*wanted) (void *opaque, uint64_t block, uint32_t state);
+  bool (*more) (void *opaque, unsigned *group);  /* may shrink *group */
+  int (*work) (void *opaque, const uint64_t *blocks, unsigned n);
+  void *opaque;
+};
+
+struct candidates_batch {
+  const struct candidates *walk;
+  uint64_t blocks[STATE_BATCH];
+  unsigned count;
+};
+
+static bool
+candidates_gather (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct candidates_batch *batch = opaque;
+  uint32_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+  if (batch->walk->wanted (batch->walk->opaque, block, state))
+    batch->blocks[batch->count++] = block;
+  return batch->count < STATE_BATCH;
+}
+
+static int
+candidates_walk (struct block_store *store, const struct candidates *walk)
+{
+  struct candidates_batch *batch = malloc (sizeof *batch);
+  if (!batch)
+    return -1;
+  batch->walk = walk;
+  uint64_t next = walk->first;
+  uint64_t last = walk->last < store->blocks - 1 ? walk->last
+    : store->blocks - 1;
+  int r = 0;
+  while (next <= last && r == 0) {
+    batch->count = 0;
+    stored_blocks_walk (store, next, last - next + 1, candidates_gather, NULL,
+                        batch);
+    for (unsigned i = 0; i < batch->count && r == 0; ) {
+      unsigned n = batch->count - i < walk->group ? batch->count - i
+        : walk->group;
+      if (!walk->more (walk->opaque, &n))
+        goto out;
+      r = walk->work (walk->opaque, batch->blocks + i, n);
+      i += n;
+    }
+    if (batch->count < STATE_BATCH)
+      break;
+    next = batch->blocks[batch->count - 1] + 1;
+  }
+ out:
+  free (batch);
+  return r;
+}
+
 /* ---- recompression ------------------------------------------------- */
 
 const char *
@@ -1251,17 +1316,19 @@ store_recompress_algorithm (const struct block_store *store, unsigned priority)
   return codec_name (store->algorithms[priority]);
 }
 
-/* A batch of candidate blocks gathered in a walk. */
-struct recompress_batch {
+/* A recompression run. */
+struct recompress_run {
+  struct block_store *store;
   const struct store_recompress_request *request;
   unsigned top_priority;          /* the highest priority tried */
   uint32_t now;                   /* store_clock when it started */
-  uint64_t blocks[STATE_BATCH];
-  unsigned count;
+  struct store_recompress_result *result;
+  bool (*keep_going) (void *opaque);
+  void *opaque;
 };
 
 static bool
-recompress_wanted (const struct recompress_batch *batch, uint32_t state)
+recompress_wanted (const struct recompress_run *batch, uint32_t state)
 {
   unsigned kind = block_state_kind (state);
   if (kind != BLOCK_COMPRESSED && kind != BLOCK_RAW
@@ -1279,13 +1346,9 @@ recompress_wanted (const struct recompress_batch *batch, uint32_t state)
 }
 
 static bool
-recompress_gather (void *opaque, uint64_t block, struct block_entry *entry)
+recompress_candidate (void *opaque, uint64_t block, uint32_t state)
 {
-  struct recompress_batch *batch = opaque;
-  if (recompress_wanted (batch, atomic_load_explicit (&entry->state,
-                                                      memory_order_relaxed)))
-    batch->blocks[batch->count++] = block;
-  return batch->count < STATE_BATCH;
+  return recompress_wanted (opaque, state);
 }
 
 /* Recompress one block, all under its stripe lock (one block's decode
@@ -1294,7 +1357,7 @@ recompress_gather (void *opaque, uint64_t block, struct block_entry *entry)
  */
 static int
 recompress_block (struct block_store *store, uint64_t block,
-                  const struct recompress_batch *batch,
+                  const struct recompress_run *batch,
                   struct store_recompress_result *result)
 {
   unsigned char plain[STORE_BLOCK_SIZE], compressed[STORE_BLOCK_SIZE];
@@ -1376,6 +1439,22 @@ recompress_block (struct block_store *store, uint64_t block,
   return r;
 }
 
+static bool
+recompress_more (void *opaque, unsigned *group)
+{
+  struct recompress_run *run = opaque;
+  return !(run->request->max_blocks
+           && run->result->tried >= run->request->max_blocks)
+    && !(run->keep_going && !run->keep_going (run->opaque));
+}
+
+static int
+recompress_one (void *opaque, const uint64_t *blocks, unsigned n)
+{
+  struct recompress_run *run = opaque;
+  return recompress_block (run->store, blocks[0], run, run->result);
+}
+
 int
 store_recompress (struct block_store *store,
                   const struct store_recompress_request *request,
@@ -1388,42 +1467,20 @@ store_recompress (struct block_store *store,
     errno = EINVAL;
     return -1;
   }
-  struct recompress_batch *batch = malloc (sizeof *batch);
-  if (!batch)
-    return -1;
-  batch->request = request;
-  batch->now = store_clock (store);
-  batch->top_priority = request->priority ? request->priority
-    : store->recomp_count;
-  uint64_t next = 0;
-  int r = 0;
-  while (next < store->blocks && r == 0) {
-    if (keep_going && !keep_going (opaque))
-      break;
-    batch->count = 0;
-    stored_blocks_walk (store, next, store->blocks - next, recompress_gather,
-                        NULL, batch);
-    for (unsigned i = 0; i < batch->count && r == 0; i++) {
-      if ((request->max_blocks && result->tried >= request->max_blocks)
-          || (keep_going && !keep_going (opaque)))
-        goto done;
-      r = recompress_block (store, batch->blocks[i], batch, result);
-    }
-    if (batch->count < STATE_BATCH)
-      break;
-    next = batch->blocks[batch->count - 1] + 1;
-  }
- done:
-  free (batch);
-  return r;
+  struct recompress_run run = {
+    .store = store, .request = request, .now = store_clock (store),
+    .top_priority = request->priority ? request->priority : store->recomp_count,
+    .result = result, .keep_going = keep_going, .opaque = opaque,
+  };
+  struct candidates walk = {
+    .first = 0, .last = UINT64_MAX, .group = 1,
+    .wanted = recompress_candidate, .more = recompress_more,
+    .work = recompress_one, .opaque = &run,
+  };
+  return candidates_walk (store, &walk);
 }
 
 /* ---- cold packing ---------------------------------------------------- */
-
-struct pack_batch {
-  uint64_t blocks[STATE_BATCH];
-  unsigned count;
-};
 
 static bool
 pack_wanted (uint32_t state)
@@ -1435,12 +1492,9 @@ pack_wanted (uint32_t state)
 }
 
 static bool
-pack_gather (void *opaque, uint64_t block, struct block_entry *entry)
+pack_candidate (void *opaque, uint64_t block, uint32_t state)
 {
-  struct pack_batch *batch = opaque;
-  if (pack_wanted (atomic_load_explicit (&entry->state, memory_order_relaxed)))
-    batch->blocks[batch->count++] = block;
-  return batch->count < STATE_BATCH;
+  return pack_wanted (state);
 }
 
 /* A block read for packing, and what its entry said then. */
@@ -1582,42 +1636,52 @@ pack_group (struct block_store *store, const uint64_t *blocks, unsigned n,
   return 0;
 }
 
+/* A packing run. */
+struct pack_run {
+  struct block_store *store;
+  uint64_t max_blocks;
+  unsigned char *plain, *compressed;   /* pack_blocks blocks each */
+  struct store_pack_result *result;
+  bool (*keep_going) (void *opaque);
+  void *opaque;
+};
+
+static bool
+pack_more (void *opaque, unsigned *group)
+{
+  struct pack_run *run = opaque;
+  return !(run->max_blocks && run->result->blocks >= run->max_blocks)
+    && !(run->keep_going && !run->keep_going (run->opaque));
+}
+
+static int
+pack_some (void *opaque, const uint64_t *blocks, unsigned n)
+{
+  struct pack_run *run = opaque;
+  return pack_group (run->store, blocks, n, run->plain, run->compressed,
+                     run->result);
+}
+
 int
 store_pack (struct block_store *store, uint64_t max_blocks,
             bool (*keep_going) (void *opaque), void *opaque,
             struct store_pack_result *result)
 {
   memset (result, 0, sizeof *result);
-  struct pack_batch *batch = malloc (sizeof *batch);
   size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
-  unsigned char *plain = malloc (unit_plain);
-  unsigned char *compressed = malloc (unit_plain);
-  int r = 0;
-  if (!batch || !plain || !compressed) {
-    r = -1;
-    goto out;
-  }
-  uint64_t next = 0;
-  while (next < store->blocks && r == 0) {
-    batch->count = 0;
-    stored_blocks_walk (store, next, store->blocks - next, pack_gather, NULL,
-                        batch);
-    for (unsigned i = 0; i < batch->count && r == 0; i += store->pack_blocks) {
-      if ((max_blocks && result->blocks >= max_blocks)
-          || (keep_going && !keep_going (opaque)))
-        goto out;
-      unsigned n = batch->count - i < store->pack_blocks ? batch->count - i
-        : store->pack_blocks;
-      r = pack_group (store, batch->blocks + i, n, plain, compressed, result);
-    }
-    if (batch->count < STATE_BATCH)
-      break;
-    next = batch->blocks[batch->count - 1] + 1;
-  }
- out:
-  free (batch);
-  free (plain);
-  free (compressed);
+  struct pack_run run = {
+    .store = store, .max_blocks = max_blocks,
+    .plain = malloc (unit_plain), .compressed = malloc (unit_plain),
+    .result = result, .keep_going = keep_going, .opaque = opaque,
+  };
+  struct candidates walk = {
+    .first = 0, .last = UINT64_MAX, .group = store->pack_blocks,
+    .wanted = pack_candidate, .more = pack_more, .work = pack_some,
+    .opaque = &run,
+  };
+  int r = run.plain && run.compressed ? candidates_walk (store, &walk) : -1;
+  free (run.plain);
+  free (run.compressed);
   return r;
 }
 
@@ -1696,13 +1760,6 @@ store_pack_dissolve (struct block_store *store, unsigned live_percent)
 
 /* ---- writeback ----------------------------------------------------- */
 
-struct writeback_batch {
-  const struct store_writeback_request *request;
-  uint32_t now;
-  uint64_t blocks[STATE_BATCH];
-  unsigned count;
-};
-
 /* Blocks rewritten in place at the memory limit (BLOCK_COMPRESSED_PADDED)
  * are left in RAM: their compressed length is not known without a decode
  * and they get a right-sized object with their next write.
@@ -1729,16 +1786,6 @@ writeback_wanted (const struct store_writeback_request *request, uint32_t now,
   return now - block_state_atime (state) >= request->min_age;
 }
 
-static bool
-writeback_gather (void *opaque, uint64_t block, struct block_entry *entry)
-{
-  struct writeback_batch *batch = opaque;
-  if (writeback_wanted (batch->request, batch->now, block,
-                        atomic_load_explicit (&entry->state,
-                                              memory_order_relaxed)))
-    batch->blocks[batch->count++] = block;
-  return batch->count < STATE_BATCH;
-}
 
 /* A block copied for writeback: its object's bytes are at `at` in the
  * batch's buffer, and go to the same place in the batch's run.
@@ -1904,6 +1951,44 @@ writeback_group (struct block_store *store,
   return 0;
 }
 
+/* A writeback pass. */
+struct writeback_run {
+  struct block_store *store;
+  const struct store_writeback_request *request;
+  uint32_t now;
+  unsigned char *buffer;          /* writeback_batch blocks */
+  struct store_writeback_result *result;
+  bool (*keep_going) (void *opaque);
+  void *opaque;
+};
+
+static bool
+writeback_candidate (void *opaque, uint64_t block, uint32_t state)
+{
+  struct writeback_run *run = opaque;
+  return writeback_wanted (run->request, run->now, block, state);
+}
+
+static bool
+writeback_more (void *opaque, unsigned *group)
+{
+  struct writeback_run *run = opaque;
+  uint64_t max = run->request->max_blocks, done = run->result->blocks;
+  if ((max && done >= max) || (run->keep_going && !run->keep_going (run->opaque)))
+    return false;
+  if (max && *group > max - done)
+    *group = max - done;
+  return true;
+}
+
+static int
+writeback_some (void *opaque, const uint64_t *blocks, unsigned n)
+{
+  struct writeback_run *run = opaque;
+  return writeback_group (run->store, run->request, run->now, blocks, n,
+                          run->buffer, run->result);
+}
+
 /* One pass over the device for request; writeback_lock held. */
 static int
 writeback_pass (struct block_store *store,
@@ -1911,38 +1996,17 @@ writeback_pass (struct block_store *store,
                 bool (*keep_going) (void *opaque), void *opaque,
                 unsigned char *buffer, struct store_writeback_result *result)
 {
-  struct writeback_batch *batch = malloc (sizeof *batch);
-  if (!batch)
-    return -1;
-  batch->request = request;
-  batch->now = store_clock (store);
-  uint64_t next = request->first;
-  uint64_t last = request->last < store->blocks - 1 ? request->last
-    : store->blocks - 1;
-  int r = 0;
-  while (next <= last && r == 0) {
-    batch->count = 0;
-    stored_blocks_walk (store, next, last - next + 1, writeback_gather, NULL,
-                        batch);
-    for (unsigned i = 0; i < batch->count && r == 0;
-         i += store->writeback_batch) {
-      if ((request->max_blocks && result->blocks >= request->max_blocks)
-          || (keep_going && !keep_going (opaque)))
-        goto out;
-      unsigned n = batch->count - i < store->writeback_batch
-        ? batch->count - i : store->writeback_batch;
-      if (request->max_blocks && n > request->max_blocks - result->blocks)
-        n = request->max_blocks - result->blocks;
-      r = writeback_group (store, request, batch->now, batch->blocks + i, n,
-                           buffer, result);
-    }
-    if (batch->count < STATE_BATCH)
-      break;
-    next = batch->blocks[batch->count - 1] + 1;
-  }
- out:
-  free (batch);
-  return r;
+  struct writeback_run run = {
+    .store = store, .request = request, .now = store_clock (store),
+    .buffer = buffer, .result = result, .keep_going = keep_going,
+    .opaque = opaque,
+  };
+  struct candidates walk = {
+    .first = request->first, .last = request->last,
+    .group = store->writeback_batch, .wanted = writeback_candidate,
+    .more = writeback_more, .work = writeback_some, .opaque = &run,
+  };
+  return candidates_walk (store, &walk);
 }
 
 int

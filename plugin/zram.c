@@ -479,12 +479,13 @@ zram_get_ready (void)
     return -1;
   if (backing_target) {
     char *error = NULL;
-    /* Reads bring written-back blocks home under the watermark's low
-     * mark, where the policy would not write them out again.
+    /* Reads bring written-back blocks home below the watermark; above
+     * it the policy writes the coldest out: the blocks in use end up in
+     * RAM.
      */
     if (policy.writeback_watermark)
       config.readback_below = config.pool.mem_limit / 100
-        * (policy.writeback_watermark - 10);
+        * policy.writeback_watermark;
     config.backing = backing_open (backing_target, config.size, backing_direct,
                                    &error);
     if (!config.backing) {

@@ -28,34 +28,10 @@ uri, ctl, stats_path = sys.argv[1], sys.argv[2], sys.argv[3]
 zramctl = os.environ["ZRAMCTL"]
 B = 4096
 
-def command(line, sock=None):
-    """Send a line, return (lines, ok)."""
-    own = sock is None
-    if own:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.connect(ctl)
-    sock.sendall(line.encode() + b"\n")
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the control connection"
-        data += chunk
-        lines = data.decode().split("\n")
-        for i, l in enumerate(lines[:-1]):
-            if l == "ok" or l.startswith("error: "):
-                if own:
-                    sock.close()
-                return lines[:i], l == "ok", l
-    
-def ok(line):
-    lines, good, last = command(line)
-    assert good, "%r: %s" % (line, last)
-    return lines
-
-def error(line, pattern):
-    lines, good, last = command(line)
-    assert not good, "%r succeeded" % line
-    assert re.search(pattern, last), "%r: %s" % (line, last)
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+_ctl = Ctl(ctl)
+command, ok, error = _ctl.command, _ctl.ok, _ctl.error
 
 def info():
     return dict(l.split(" ", 1) for l in ok("info"))
@@ -178,21 +154,15 @@ for bad in "recomp_algorithm=brotli" "recomp_algorithm=zstd:priority=2" \
 done
 
 cat > "$tmp/recomp.py" <<'EOF'
-import random, re, socket, sys, nbd
+import os, random, sys, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
 
 uri, ctl = sys.argv[1], sys.argv[2]
 B = 4096
+from ctl_client import Ctl
 def command(line):
-    sock = socket.socket(socket.AF_UNIX); sock.connect(ctl)
-    sock.sendall(line.encode() + b"\n")
-    data = b""
-    while not re.search(rb"(^|\n)(ok|error: [^\n]*)\n$", data):
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed"
-        data += chunk
-    sock.close()
-    lines = data.decode().splitlines()
-    return lines[:-1], lines[-1]
+    lines, _, last = Ctl(ctl).command(line)
+    return lines, last
 
 words = [w.encode() for w in "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()]
 r = random.Random(5)
@@ -299,17 +269,10 @@ from stats_file import next_stat
 
 uri, ctl, stats_path, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 B = 4096
+from ctl_client import Ctl
 def command(line):
-    sock = socket.socket(socket.AF_UNIX); sock.connect(ctl)
-    sock.sendall(line.encode() + b"\n")
-    data = b""
-    while not re.search(rb"(^|\n)(ok|error: [^\n]*)\n$", data):
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed"
-        data += chunk
-    sock.close()
-    lines = data.decode().splitlines()
-    return lines[:-1], lines[-1]
+    lines, _, last = Ctl(ctl).command(line)
+    return lines, last
 
 words = [w.encode() for w in "red green blue cyan magenta yellow black white".split()]
 r = random.Random(3)
