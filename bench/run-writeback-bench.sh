@@ -58,9 +58,10 @@ run () {
     server_pid=$!
     for _ in $(seq 100); do [ -S "$tmp/sock" ] && break; sleep 0.1; done
     [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
-    local start=$SECONDS
+    local start load
+    start=$(date +%s.%N)
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
-    local load=$((SECONDS - start))
+    load=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     sleep 3
     fresh_stats
     local backed reads0 bd0 back0

@@ -193,9 +193,7 @@ zram_nbdkit -U - "$PLUGIN" 16M backing="nbd+unix:///?socket=$tmp/remote.sock" \
 remote_stop
 
 # ---- writes beyond mem_limit go through, the coldest blocks written back --
-export STATS4="$tmp/stats4"
-zram_nbdsh 64M mem_limit=4M backing="$tmp/backing2" writeback_watermark=50 \
-    stats="$tmp/stats4" <<'EOF' || fail "writes beyond mem_limit with writeback"
+cat > "$tmp/beyond.py" <<'EOF'
 import os, random, sys, time
 sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
 from stats_file import next_stat
@@ -219,6 +217,18 @@ while next_stat(stats, "limit_used") > 2 << 20:
 print("24 MiB through a 4 MiB limit: %d blocks written back, pool %d bytes"
       % (next_stat(stats, "bd_count"), next_stat(stats, "limit_used")))
 EOF
+export STATS4="$tmp/stats4"
+zram_nbdsh 64M mem_limit=4M backing="$tmp/backing2" writeback_watermark=50 \
+    stats="$tmp/stats4" < "$tmp/beyond.py" || fail "writes beyond mem_limit with writeback"
+# The same with O_DIRECT, where the file system takes it.
+if dd if=/dev/zero of="$tmp/direct-probe" bs=4096 count=1 oflag=direct 2>/dev/null; then
+    rm -f "$tmp/stats4"
+    zram_nbdsh 64M mem_limit=4M backing="$tmp/backing3" backing_direct=true \
+        writeback_watermark=50 stats="$tmp/stats4" < "$tmp/beyond.py" ||
+        fail "writes beyond mem_limit with writeback, O_DIRECT"
+else
+    echo "O_DIRECT: $tmp's file system does not take it, not tested"
+fi
 
 # ---- bad parameters --------------------------------------------------------
 for bad in "writeback_watermark=50" "writeback_limit=1M" "writeback_batch_size=8" \
