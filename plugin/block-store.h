@@ -4,8 +4,10 @@
  *
  * Each block is one entry of the block table (block-table.h): empty
  * (reads as zeros), same-filled (one 8-byte word, no object: zram's
- * ZRAM_SAME), compressed, or raw (compressed size would reach the pool's
- * huge class, so the 4096 bytes are stored as they are).
+ * ZRAM_SAME), compressed, raw (compressed size would reach the pool's
+ * huge class, so the 4096 bytes are stored as they are), packed with
+ * other idle blocks (cold packing, below), or written back to a backing
+ * store (writeback, below).
  *
  * LOCKS, what each guards, and the ONE lock order
  *   table walk_lock  read: extents walks; write: the grace period of the
@@ -18,11 +20,21 @@
  *                partial write reads, patches and re-stores the block
  *                under it, so two partial writes of one block never lose
  *                each other's bytes.
+ *   units_lock   the list of packed units and their links (a leaf).
+ *   unit cache slot lock  a decoded unit kept for reads (taken under a
+ *                stripe lock; the unit's parts are read under it).
+ *   writeback_lock  one writeback run at a time, and the writeback
+ *                limit's changes; held for a whole run.
+ *   backing locks  the backing store's space map and each NBD
+ *                connection (backing.h): leaves, taken under a stripe
+ *                lock by reads of written-back blocks.
  *   allocator locks (alloc/zsalloc-internal.h).
  *
- *   Order: stripe lock -> allocator locks; walk_lock is never held with
- *   another.  Every thread holds one stripe lock at a time (the table's
- *   reclaim takes each in turn for its grace period).  Full-block writes
+ *   Order: writeback_lock -> stripe lock -> unit cache slot lock ->
+ *   allocator locks; units_lock and the backing locks are leaves;
+ *   walk_lock is never held with another.
+ *   Every thread holds one stripe lock at a time (the table's reclaim
+ *   takes each in turn for its grace period).  Full-block writes
  *   compress and allocate before taking the stripe lock and hold it only
  *   to look up and swap the entry; every write frees the old object after
  *   dropping it (design-hazards.md #2, #3).
