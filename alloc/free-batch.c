@@ -4,6 +4,7 @@
  */
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "zsalloc-internal.h"
 
@@ -60,9 +61,12 @@ free_handles (struct zs_pool *pool, zs_handle_t *handles, unsigned n)
   }
   for (unsigned c = 0; c < pool->distinct_classes; c++)
     start[c + 1] += start[c];
+  /* Every index a key can hold (0..ZS_RAW_CLASSES - 1), not only the
+   * distinct classes: the keys are below distinct_classes, but gcc
+   * -fanalyzer cannot know that and saw fill[] read uninitialised.
+   */
   unsigned fill[ZS_RAW_CLASSES];
-  for (unsigned c = 0; c < pool->distinct_classes; c++)
-    fill[c] = start[c];
+  memcpy (fill, start, sizeof fill);
   for (unsigned i = 0; i < n; i++)
     sorted[fill[key[i]]++] = handles[i];
 

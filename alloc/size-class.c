@@ -60,7 +60,11 @@ size_classes_init (struct zs_pool *pool)
   struct size_class *class = NULL;
   unsigned next = distinct;
   for (unsigned i = ZS_RAW_CLASSES; i-- > 0;) {
-    if (starts_class[i]) {
+    /* The largest raw class always starts one (starts_class[] above), so
+     * class is set from the first round on; "class == NULL" says so to
+     * gcc -fanalyzer, which does not follow starts_class[] that far.
+     */
+    if (class == NULL || starts_class[i]) {
       class = &pool->classes[--next];
       class->size = (i + 1) * ZS_SIZE_CLASS_DELTA;
       class->index = i;

@@ -968,11 +968,23 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
   return 0;
 }
 
+/* Does a piece cover its whole block?  The last block of a device whose
+ * size is not a multiple of the block size is whole when the piece runs
+ * from its start to the device's end: trimming or zeroing it frees it.
+ */
+static bool
+piece_is_whole_block (const struct block_store *store, uint64_t block,
+                      uint64_t from, uint64_t length)
+{
+  return length == STORE_BLOCK_SIZE
+    || (from == 0 && block * STORE_BLOCK_SIZE + length >= store->size);
+}
+
 int
 store_trim (struct block_store *store, uint64_t count, uint64_t offset)
 {
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
-    if (length == STORE_BLOCK_SIZE) {
+    if (piece_is_whole_block (store, block, from, length)) {
       struct block_content content = { .kind = BLOCK_EMPTY };
       block_install (store, block, &content);
       counter_add (&store->notify_free, 1);
@@ -987,7 +999,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
 {
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
-    if (length == STORE_BLOCK_SIZE) {
+    if (piece_is_whole_block (store, block, from, length)) {
       struct block_content content = { .kind = may_trim ? BLOCK_EMPTY : BLOCK_SAME };
       r = block_install (store, block, &content);
       counter_add (&store->notify_free, 1);

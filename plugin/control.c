@@ -88,10 +88,19 @@ control_listen (const char *path)
   if (r == -1 || listen (fd, 4) == -1) {
     nbdkit_error ("ctl: cannot listen on '%s': %s", path, error_text (errno));
     close (fd);
+    if (r == 0)
+      unlink (path);            /* bound, not listening: not left behind */
+    return -1;
+  }
+  /* control_stop removes the socket by this name. */
+  socket_path = strdup (path);
+  if (!socket_path) {
+    nbdkit_error ("ctl: %s", error_text (errno));
+    close (fd);
+    unlink (path);
     return -1;
   }
   listen_fd = fd;
-  socket_path = strdup (path);
   return 0;
 }
 
@@ -537,8 +546,10 @@ client_serve (int fd)
 {
   struct client client = { .fd = fd };
   client.out = open_memstream (&client.reply, &client.reply_length);
-  if (!client.out)
+  if (!client.out) {
+    nbdkit_error ("ctl: client dropped: %s", error_text (errno));
     return;
+  }
   char line[CONTROL_LINE_MAX];
   size_t used = 0;
 
@@ -591,8 +602,17 @@ control_main (void *arg)
     if (fds[1].revents)
       return NULL;
     int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd == -1)
+    if (fd == -1) {
+      /* Out of descriptors or memory, the pending connection stays and
+       * the socket stays readable: wait a little (or for the stop) rather
+       * than spin.
+       */
+      if (errno != EINTR && errno != ECONNABORTED) {
+        nbdkit_debug ("ctl: accept: %s", error_text (errno));
+        poll (&fds[1], 1, 100);
+      }
       continue;
+    }
     client_serve (fd);
     close (fd);
   }

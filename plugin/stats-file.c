@@ -2,10 +2,15 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "error-text.h"
 #include "stats-file.h"
 #include "swap-mode.h"
 
@@ -168,8 +173,8 @@ stats_file_check (const char *path)
   return r;
 }
 
-int
-stats_file_write (struct block_store *store, const char *path)
+static int
+stats_file_write_once (struct block_store *store, const char *path)
 {
   char *temporary = temporary_name (path);
   if (!temporary)
@@ -187,5 +192,23 @@ stats_file_write (struct block_store *store, const char *path)
     errno = saved;
   }
   free (temporary);
+  return r;
+}
+
+/* Whether the last write failed: only the housekeeper writes the file,
+ * so only its thread touches this.
+ */
+static bool last_write_failed;
+
+int
+stats_file_write (struct block_store *store, const char *path)
+{
+  int r = stats_file_write_once (store, path);
+  if (r == -1 && !last_write_failed)
+    nbdkit_error ("stats file '%s': cannot write it: %s (trying again each "
+                  "round)", path, error_text (errno));
+  else if (r == 0 && last_write_failed)
+    nbdkit_error ("stats file '%s': written again", path);
+  last_write_failed = r == -1;
   return r;
 }

@@ -24,7 +24,10 @@ extern int stats_print_zram_file (struct block_store *store, const char *name,
  */
 extern int stats_file_check (const char *path);
 
-/* Write the file now: 0, or -1 with errno. */
+/* Write the file now: 0, or -1 with errno.  A failure is logged, once
+ * until a write succeeds again (which is logged too): the housekeeper
+ * tries each round.  The housekeeper's thread only.
+ */
 extern int stats_file_write (struct block_store *store, const char *path);
 
 #endif /* ZRAM_STATS_FILE_H */

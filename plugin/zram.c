@@ -7,10 +7,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <lz4.h>
 #include <zstd.h>
@@ -513,13 +515,13 @@ static int
 zram_after_fork (void)
 {
   if (swap_mode_lock () == -1)
-    return -1;
+    goto failed;
   housekeeper_set_policy (&policy);
   if (housekeeper_start (store, stats_path,
                          config.pool.compact_before_refusal
                          ? (int) compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
-    return -1;
+    goto failed;
   }
   struct control_info info = {
     .disksize = config.size,
@@ -528,9 +530,17 @@ zram_after_fork (void)
   };
   if (control_start (store, &info) == -1) {
     nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));
-    return -1;
+    goto failed;
   }
   return 0;
+
+ failed:
+  /* nbdkit exits without .cleanup: stop what started, and leave no
+   * control socket behind.
+   */
+  control_stop ();
+  housekeeper_stop ();
+  return -1;
 }
 
 static void
@@ -608,6 +618,38 @@ zram_can_cache (void *handle)
   return NBDKIT_CACHE_NATIVE;   /* all data is already in memory */
 }
 
+/* Failed requests logged in a second, at most: a device at its limit
+ * (swap, a filling disk) may refuse thousands of writes a second, every
+ * one counted in the stats; a line each would flood the log (the soak
+ * wrote 325 MB of them in 30 minutes).
+ */
+#define FAILURES_LOGGED_PER_SECOND 10
+static _Atomic int64_t failure_second;         /* the second counted */
+static _Atomic uint64_t failures_this_second;
+static _Atomic uint64_t failures_not_logged;   /* since the last line */
+
+/* May this failure be logged?  Says how many were not, once a second. */
+static bool
+failure_log_allowed (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  int64_t second = now.tv_sec;
+  int64_t counted = atomic_load (&failure_second);
+  if (second != counted
+      && atomic_compare_exchange_strong (&failure_second, &counted, second)) {
+    atomic_store (&failures_this_second, 0);
+    uint64_t missed = atomic_exchange (&failures_not_logged, 0);
+    if (missed)
+      nbdkit_error ("%" PRIu64 " more failed requests were not logged "
+                    "(the stats count every one)", missed);
+  }
+  if (atomic_fetch_add (&failures_this_second, 1) < FAILURES_LOGGED_PER_SECOND)
+    return true;
+  atomic_fetch_add (&failures_not_logged, 1);
+  return false;
+}
+
 /* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
  * ENOSPC on the wire, ENOMEM and EIO pass through.
  */
@@ -615,10 +657,11 @@ static int
 request_failed (const char *what, uint64_t count, uint64_t offset)
 {
   int err = errno;
-  nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
-                what, count, offset,
-                err == ENOSPC ? "out of memory (mem_limit reached)"
-                : error_text (err));
+  if (failure_log_allowed ())
+    nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
+                  what, count, offset,
+                  err == ENOSPC ? "out of memory (mem_limit reached)"
+                  : error_text (err));
   nbdkit_set_error (err);
   return -1;
 }

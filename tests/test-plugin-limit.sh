@@ -189,3 +189,31 @@ for i in range(n):
     assert h.pread(4096, i * 2 * M) == data
 trim_spread(n)
 EOF
+
+# A burst of refused writes is logged 10 lines a second at most, then
+# the number not logged is said once, with the next failure a second on:
+# a device at its limit must not flood the log.
+echo "== test-plugin-limit: failures logged 10 a second"
+zram_nbdsh 16M mem_limit=1M <<'EOF'
+import errno, os, time, nbd
+
+failed = 0
+for i in range(600):
+    try:
+        h.pwrite(os.urandom(4096), i * 4096)
+    except nbd.Error as e:
+        assert e.errnum == errno.ENOSPC, e
+        failed += 1
+assert failed >= 50, "only %d writes refused" % failed
+time.sleep(1.1)
+try:
+    h.pwrite(os.urandom(4096), 700 * 4096)
+except nbd.Error:
+    pass
+print("%d writes refused" % failed)
+EOF
+logged=$(grep -c 'error: write of' "$NBDKIT_STDERR" || :)
+[ "$logged" -le 30 ] || fail "$logged refused writes logged (10 a second at most)"
+[ "$logged" -ge 10 ] || fail "only $logged refused writes logged"
+grep -q 'more failed requests were not logged' "$NBDKIT_STDERR" ||
+    fail "the failures not logged were not counted in the log"

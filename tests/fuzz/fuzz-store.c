@@ -25,6 +25,7 @@
 
 #include "backing.h"
 #include "block-store.h"
+#include "store-walk.h"
 
 #define BS STORE_BLOCK_SIZE
 #define WINDOW 256                 /* blocks used at each end of a huge device */
@@ -135,15 +136,6 @@ settle_failed_write (struct block_store *store, uint64_t offset,
   }
 }
 
-static int
-count_state (void *opaque, const struct store_block_state *state)
-{
-  uint64_t *counts = opaque;
-  counts[0]++;
-  counts[1] += state->written_back;
-  return 0;
-}
-
 int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
 
 int
@@ -203,8 +195,13 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       break;
     case 5:
       check (store_trim (store, count, offset) == 0);
-      /* Whole blocks only are trimmed; what was trimmed reads as zeros. */
-      for (uint64_t b = (offset + BS - 1) / BS; (b + 1) * BS <= offset + count; b++)
+      /* Whole blocks only are trimmed (the device's last block is whole
+       * from its start to the device's end); they read as zeros.
+       */
+      for (uint64_t b = (offset + BS - 1) / BS;
+           b < device_blocks && ((b + 1) * BS <= offset + count
+                                 || offset + count == device_size);
+           b++)
         memset (shadow_of (b), 0, BS);
       break;
     case 6:
@@ -261,12 +258,12 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     verify_range (store, b * BS, b == device_blocks - 1
                   ? device_size - b * BS : BS);
   }
-  uint64_t counts[2] = { 0, 0 };
-  check (store_block_state (store, 0, UINT64_MAX, count_state, counts) == 0);
+  struct store_walk walk;
+  check (store_walk (store, &walk) == 0);
   struct store_stats stats;
   store_stats (store, &stats);
-  check (stats.orig_data_size == counts[0] * BS);
-  check (stats.bd_count == counts[1]);
+  check (stats.orig_data_size == walk.stored * BS);
+  check (stats.bd_count == walk.written_back);
   check (stats.failed_reads == 0);
   /* The used blocks, whole (the device may end inside the last). */
   if (device_blocks <= 2 * WINDOW)
