@@ -31,17 +31,12 @@
 # image; made with make-memory-image.sh if missing), IMAGE_MIB (256;
 # QUICK 64), COMP (lz4).
 set -euo pipefail
-export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
-export LC_ALL=C
-cd "$(dirname "$(readlink -f "$0")")/.."
+# shellcheck source=bench/functions.sh
+source "$(dirname "$(readlink -f "$0")")/functions.sh"
 
 if [ "${QUICK:-0}" = 1 ]; then
     : "${DEV_MIB:=128}" "${CHURN_OPS:=60000}" "${RUNTIME:=3}" "${REPEATS:=1}" "${IMAGE_MIB:=64}"
 fi
-BUILD_DIR=${BUILD_DIR:-build}
-PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
-: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
-NBDKIT=${NBDKIT:-nbdkit}
 DEV_MIB=${DEV_MIB:-1024}
 CHURN_OPS=${CHURN_OPS:-200000}
 RUNTIME=${RUNTIME:-10}

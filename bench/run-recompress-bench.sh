@@ -28,15 +28,10 @@
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
 # LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory pack read io").
 set -euo pipefail
-export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
-export LC_ALL=C
-cd "$(dirname "$(readlink -f "$0")")/.."
+# shellcheck source=bench/functions.sh
+source "$(dirname "$(readlink -f "$0")")/functions.sh"
 
-BUILD_DIR=${BUILD_DIR:-build}
-PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
 ZRAMCTL=$(readlink -f "$BUILD_DIR/tools/nbdkit-zramctl")
-: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
-NBDKIT=${NBDKIT:-nbdkit}
 IMAGE_MIB=${IMAGE_MIB:-256}
 IMAGE=${IMAGE:-${TMPDIR:-/tmp}/nbdkit-zram-memimage-${IMAGE_MIB}M.img}
 LEVEL=${LEVEL:-19}

@@ -42,14 +42,9 @@
 # SAMPLE (10), OVERHEAD_MIB (48), GROWTH_MIB (8), BUILD_DIR (build),
 # NBDKIT, PLUGIN (copied into OUT and run from there).
 set -euo pipefail
-export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
-export LC_ALL=C
-cd "$(dirname "$(readlink -f "$0")")/.."
+# shellcheck source=bench/functions.sh
+source "$(dirname "$(readlink -f "$0")")/functions.sh"
 
-BUILD_DIR=${BUILD_DIR:-build}
-PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
-: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
-NBDKIT=${NBDKIT:-nbdkit}
 DURATION=${DURATION:-1800}
 SIZE=${SIZE:-2G}
 MODE=${MODE:-normal}

@@ -14,14 +14,9 @@
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
 # RUNTIME (20), PORT (10809 + $$ % 1000).
 set -euo pipefail
-export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
-export LC_ALL=C
-cd "$(dirname "$(readlink -f "$0")")/.."
+# shellcheck source=bench/functions.sh
+source "$(dirname "$(readlink -f "$0")")/functions.sh"
 
-BUILD_DIR=${BUILD_DIR:-build}
-PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
-: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
-NBDKIT=${NBDKIT:-nbdkit}
 IMAGE_MIB=${IMAGE_MIB:-256}
 IMAGE=${IMAGE:-${TMPDIR:-/tmp}/nbdkit-zram-memimage-${IMAGE_MIB}M.img}
 RUNTIME=${RUNTIME:-20}

@@ -1,0 +1,18 @@
+# The set-up every bench script shares.  Source it first thing after
+# `set -euo pipefail`:
+#
+#   source "$(dirname "$(readlink -f "$0")")/functions.sh"
+#
+# It puts Debian's tools first on PATH (nbdsh needs /usr/bin/python3),
+# sets LC_ALL=C (numbers parse the same everywhere), moves to the top of
+# the source tree, and sets BUILD_DIR (build), PLUGIN (the built plugin,
+# as an absolute path) and NBDKIT (the server BUILD_DIR was configured
+# with, else nbdkit on PATH), each unless already set.
+export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
+export LC_ALL=C
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
+: "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
+NBDKIT=${NBDKIT:-nbdkit}
