@@ -1533,13 +1533,12 @@ pack_group (struct block_store *store, const uint64_t *blocks, unsigned n,
   struct block_leaf *leaf;
 
   for (unsigned i = 0; i < n; i++) {
-    pthread_mutex_t *stripe = stripe_for (store, blocks[i]);
-    pthread_mutex_lock (stripe);
-    struct block_entry *entry = block_table_lookup (&store->table, blocks[i],
-                                                    false, &leaf);
-    uint32_t state = entry ? atomic_load (&entry->state) : 0;
-    struct block_content old = entry_load (entry);
-    if (entry && pack_wanted (state) && old.zeroed == 0
+    struct block_content old;
+    struct block_entry *entry = entry_lock (store, blocks[i], false, &leaf, &old);
+    if (!entry)
+      continue;
+    uint32_t state = atomic_load (&entry->state);
+    if (pack_wanted (state) && old.zeroed == 0
         && block_decode (store, &old, plain + (size_t) count * STORE_BLOCK_SIZE)
            == 0) {
       members[count] = (struct pack_member) {
@@ -1549,7 +1548,7 @@ pack_group (struct block_store *store, const uint64_t *blocks, unsigned n,
       before += members[count].bytes;
       count++;
     }
-    pthread_mutex_unlock (stripe);
+    pthread_mutex_unlock (stripe_for (store, blocks[i]));
   }
   if (count < 2)
     return 0;
@@ -1877,13 +1876,12 @@ writeback_group (struct block_store *store,
   struct block_leaf *leaf;
 
   for (unsigned i = 0; i < n; i++) {
-    pthread_mutex_t *stripe = stripe_for (store, blocks[i]);
-    pthread_mutex_lock (stripe);
-    struct block_entry *entry = block_table_lookup (&store->table, blocks[i],
-                                                    false, &leaf);
-    if (entry && writeback_wanted (request, now, blocks[i],
-                                   atomic_load (&entry->state))) {
-      zs_handle_t handle = atomic_load (&entry->value);
+    struct block_content old;
+    struct block_entry *entry = entry_lock (store, blocks[i], false, &leaf, &old);
+    if (!entry)
+      continue;
+    if (writeback_wanted (request, now, blocks[i], atomic_load (&entry->state))) {
+      zs_handle_t handle = old.value;
       size_t length = zs_object_size (store->pool, handle);
       const void *object = zs_read_begin (store->pool, handle, buffer + at);
       if (object != buffer + at)
@@ -1896,7 +1894,7 @@ writeback_group (struct block_store *store,
       memset (buffer + at + length, 0, padded - length);
       at += padded;
     }
-    pthread_mutex_unlock (stripe);
+    pthread_mutex_unlock (stripe_for (store, blocks[i]));
   }
   if (count == 0)
     return 0;
@@ -1924,10 +1922,9 @@ writeback_group (struct block_store *store,
     struct writeback_member *member = &members[i];
     uint64_t where = member->where;
     pthread_mutex_t *stripe = stripe_for (store, member->block);
-    pthread_mutex_lock (stripe);
-    struct block_entry *entry = block_table_lookup (&store->table,
-                                                    member->block, false, &leaf);
-    struct block_content old = entry_load (entry);
+    struct block_content old;
+    struct block_entry *entry = entry_lock (store, member->block, false, &leaf,
+                                            &old);
     bool unchanged = entry && old.value == member->handle
       && (old.kind == BLOCK_COMPRESSED || old.kind == BLOCK_RAW)
       && zs_object_size (store->pool, old.value) == member->length;
@@ -1938,7 +1935,8 @@ writeback_group (struct block_store *store,
       zs_read_end (store->pool, old.value, object);
     }
     if (!unchanged) {
-      pthread_mutex_unlock (stripe);
+      if (entry)
+        pthread_mutex_unlock (stripe);  /* entry_lock left it unlocked */
       backing_release (store->backing, where, member->length);
       continue;
     }
