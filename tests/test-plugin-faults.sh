@@ -3,12 +3,14 @@
 # (tests/nbdkit-zram-faults-plugin.so, tests/fault-inject.h) serves
 # tests/fault_workload.py with ZRAM_FAULTS failing one call.
 #
-# Every call of the points only the server reaches is failed in turn:
-# starting threads, the stats file, the control socket (socket, bind,
-# listen, accept, recv, send, its reply buffer), the backing file name.
-# The points the block store reaches (memory, the page source, the codec,
-# the backing file's I/O), which tests/test-faults sweeps call by call,
-# are failed here at their first, middle and last call.  Each run ends
+# The points only the server reaches are failed at every call, or at 6
+# calls spread from the first to the last where they repeat (a stats-file
+# round, a control command): starting threads, the stats file, the
+# control socket (socket, bind, listen, accept, recv, send, its reply
+# buffer), the backing file name.  The points the block store reaches
+# (memory, the page source, the codec, the backing file's I/O), which
+# tests/test-faults sweeps call by call, are failed here at their first,
+# middle and last call.  Each run ends
 # one of two ways:
 #   - the server refuses to start, exits with a status (no signal, no
 #     sanitizer report) and an error message saying what failed; or
@@ -85,10 +87,20 @@ server_only="strdup pthread_create fopen rename socket bind listen accept4 recv 
 runs=0 served=0 refused=0 missed=0 stats_failures_logged=0
 while read -r point calls; do
     case $point in injected|corrupt) continue ;; esac
+    # Every call of the server's points, up to 6 spread over them (their
+    # calls repeat: a stats-file round, a control command); the first,
+    # middle and last of the store's.
     case " $server_only " in
-        *" $point "*) calls_to_try=$(seq 1 "$calls") ;;
-        *) calls_to_try=$(printf '%s\n' 1 $(((calls + 1) / 2)) "$calls" | sort -un) ;;
+        *" $point "*) spread=6 ;;
+        *) spread=3 ;;
     esac
+    if [ "$calls" -le "$spread" ]; then
+        calls_to_try=$(seq 1 "$calls")
+    else
+        calls_to_try=$(for ((i = 0; i < spread; i++)); do
+                           echo $((1 + i * (calls - 1) / (spread - 1)))
+                       done | sort -un)
+    fi
     [ -z "${FAULT_PLUGIN_ALL:-}" ] || calls_to_try=$(seq 1 "$calls")
     point_injected=0
     case $point in
