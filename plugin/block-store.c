@@ -1741,6 +1741,22 @@ unit_dissolve (struct block_store *store, struct pack_unit *unit)
   return all;
 }
 
+/* Pin a unit to dissolve it (a reference of our own on live), if fewer
+ * than live_percent of its blocks are still in it; under units_lock.
+ * Never one whose last block already left (live 0): the thread that took
+ * live to 0 owns it and is about to unlink and free it (it waits for
+ * units_lock), so pinning it then would free it twice.
+ */
+static bool
+unit_pin_if_sparse (struct pack_unit *unit, unsigned live_percent)
+{
+  uint32_t live = atomic_load (&unit->live);
+  while (live > 0 && live * 100 < unit->count * live_percent)
+    if (atomic_compare_exchange_weak (&unit->live, &live, live + 1))
+      return true;
+  return false;
+}
+
 uint64_t
 store_pack_dissolve (struct block_store *store, unsigned live_percent)
 {
@@ -1749,11 +1765,8 @@ store_pack_dissolve (struct block_store *store, unsigned live_percent)
     struct pack_unit *unit;
     pthread_mutex_lock (&store->units_lock);
     for (unit = store->units; unit; unit = unit->next)
-      if (!unit->dissolve_failed
-          && atomic_load (&unit->live) * 100 < unit->count * live_percent)
-        break;
-    if (unit)
-      atomic_fetch_add (&unit->live, 1);   /* pinned while we work */
+      if (!unit->dissolve_failed && unit_pin_if_sparse (unit, live_percent))
+        break;                  /* pinned while we work */
     pthread_mutex_unlock (&store->units_lock);
     if (!unit)
       return dissolved;

@@ -20,7 +20,10 @@
  *                partial write reads, patches and re-stores the block
  *                under it, so two partial writes of one block never lose
  *                each other's bytes.
- *   units_lock   the list of packed units and their links (a leaf).
+ *   units_lock   the list of packed units and their links, and the
+ *                pinning of a unit to dissolve (never one whose live
+ *                count reached 0: its last block's thread frees it) (a
+ *                leaf).
  *   unit cache slot lock  a decoded unit kept for reads (taken under a
  *                stripe lock; the unit's parts are read under it).
  *   writeback_lock  one writeback run at a time, and the writeback

@@ -1615,6 +1615,85 @@ test_writeback_beside_io (void **state)
   unlink (backing_path);
 }
 
+/* Dissolving beside trims that empty the same units.  A trim that moves
+ * a unit's last block out frees the unit; dissolving must never pin a
+ * unit in that state (it used to: the unit was freed twice, found by
+ * ASan in test_pack_beside_io).  Each round packs 64 blocks in units of
+ * 4, then one thread trims them while another dissolves every unit.
+ */
+struct dissolve_race {
+  struct block_store *store;
+  _Atomic bool trimming;
+};
+
+/* The window is a few instructions (between a trim's last reference
+ * going and its unlinking of the unit), so the trimming thread waits a
+ * little before each lock it takes (test-store links with
+ * -Wl,--wrap=pthread_mutex_lock): the dissolver, spinning, gets in.
+ */
+static __thread bool slow_locks;
+int __real_pthread_mutex_lock (pthread_mutex_t *mutex);
+int __wrap_pthread_mutex_lock (pthread_mutex_t *mutex);
+int
+__wrap_pthread_mutex_lock (pthread_mutex_t *mutex)
+{
+  if (slow_locks)
+    usleep (20);
+  return __real_pthread_mutex_lock (mutex);
+}
+
+static void *
+dissolve_race_dissolver (void *arg)
+{
+  struct dissolve_race *race = arg;
+  while (atomic_load (&race->trimming))
+    store_pack_dissolve (race->store, 100);
+  return NULL;
+}
+
+static void
+test_dissolve_beside_trims (void **state)
+{
+  enum { BLOCKS = 64, ROUNDS = 200 };
+  struct block_store *store = make_packing_store (BLOCKS, 4);
+  unsigned char buf[BS];
+  for (unsigned round = 0; round < ROUNDS; round++) {
+    for (uint64_t b = 0; b < BLOCKS; b++) {
+      /* Text alike across blocks: units save memory, so they are kept. */
+      for (unsigned i = 0; i < BS; i++)
+        buf[i] = "block and round "[i % 16] + (i / 512 == b % 8) + round % 3;
+      assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+    }
+    store_mark_idle (store, 0, NULL, NULL);
+    struct store_pack_result packed;
+    assert_int_equal (store_pack (store, 0, NULL, NULL, &packed), 0);
+    assert_true (packed.units > 0);
+
+    struct dissolve_race race = { .store = store, .trimming = true };
+    pthread_t thread;
+    assert_int_equal (pthread_create (&thread, NULL, dissolve_race_dissolver,
+                                      &race), 0);
+    /* Every other block first, so units empty while others dissolve. */
+    slow_locks = true;
+    for (uint64_t b = 0; b < BLOCKS; b += 2)
+      assert_int_equal (store_trim (store, BS, b * BS), 0);
+    for (uint64_t b = 1; b < BLOCKS; b += 2)
+      assert_int_equal (store_trim (store, BS, b * BS), 0);
+    slow_locks = false;
+    atomic_store (&race.trimming, false);
+    pthread_join (thread, NULL);
+
+    store_flush (store);
+    struct store_stats stats;
+    store_stats (store, &stats);
+    assert_int_equal (stats.pack_units, 0);
+    assert_int_equal (stats.packed_blocks, 0);
+    assert_int_equal (stats.orig_data_size, 0);
+    assert_int_equal (stats.compr_data_size, 0);
+  }
+  store_destroy (store);
+}
+
 /* A unit of pack_blocks outside 2..STORE_PACK_MAX is refused. */
 static void
 test_pack_blocks_bounds (void **state)
@@ -1654,6 +1733,7 @@ main (void)
     cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) 3),
     cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) STORE_PACK_MAX),
     cmocka_unit_test (test_pack_beside_io),
+    cmocka_unit_test (test_dissolve_beside_trims),
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_backing_space_map),
     cmocka_unit_test (test_writeback),
