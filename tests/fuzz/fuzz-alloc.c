@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-input.h"
 #include "zsalloc.h"
 
 #define SLOTS 64
@@ -29,26 +30,6 @@ struct object {
 
 static struct object objects[SLOTS];
 
-struct input {
-  const uint8_t *data;
-  size_t size, at;
-};
-
-static unsigned
-take (struct input *in, unsigned bytes)
-{
-  unsigned value = 0;
-  for (unsigned i = 0; i < bytes; i++)
-    value = value << 8 | (in->at < in->size ? in->data[in->at++] : 0);
-  return value;
-}
-
-static void
-check (bool condition)
-{
-  if (!condition)
-    abort ();
-}
 
 static void
 fill (unsigned char *bytes, size_t size, unsigned seed)

@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz-input.h"
 #include "backing.h"
 #include "block-store.h"
 #include "store-walk.h"
@@ -30,26 +31,6 @@
 #define BS STORE_BLOCK_SIZE
 #define WINDOW 256                 /* blocks used at each end of a huge device */
 
-struct input {
-  const uint8_t *data;
-  size_t size, at;
-};
-
-static unsigned
-take (struct input *in, unsigned bytes)
-{
-  unsigned value = 0;
-  for (unsigned i = 0; i < bytes; i++)
-    value = value << 8 | (in->at < in->size ? in->data[in->at++] : 0);
-  return value;
-}
-
-static void
-check (bool condition)
-{
-  if (!condition)
-    abort ();
-}
 
 /* The shadow: what each used block should read as. */
 static unsigned char shadow[2 * WINDOW][BS];
