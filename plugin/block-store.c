@@ -273,7 +273,7 @@ store_create (const struct store_config *config)
     errno = EINVAL;
     goto fail;
   }
-  store->writeback_limit = config->writeback_limit ? config->writeback_limit
+  store->writeback_limit = config->writeback_limited ? config->writeback_limit
     : UINT64_MAX;
   store->backing = config->backing;   /* the store's from here */
   store->readback_below = config->readback_below;
@@ -2144,6 +2144,23 @@ bool
 store_has_backing (const struct block_store *store)
 {
   return store->backing != NULL;
+}
+
+int
+store_set_writeback_limit (struct block_store *store, bool limited,
+                           uint64_t bytes)
+{
+  if (!store->backing) {
+    errno = ENODEV;
+    return -1;
+  }
+  /* UINT64_MAX is "no limit": a limit of that many bytes is one. */
+  if (limited && bytes == UINT64_MAX)
+    bytes--;
+  pthread_mutex_lock (&store->writeback_lock);
+  atomic_store (&store->writeback_limit, limited ? bytes : UINT64_MAX);
+  pthread_mutex_unlock (&store->writeback_lock);
+  return 0;
 }
 
 /* The table's reclaim grace period: take and drop every stripe lock. */

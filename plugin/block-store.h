@@ -42,6 +42,38 @@
  *   to look up and swap the entry; every write frees the old object after
  *   dropping it (design-hazards.md #2, #3).
  *
+ * MOVING A BLOCK: claim, then commit only if the claim holds
+ *   Packing, dissolving, recompression, writeback and readback move a
+ *   block to a new encoding while the server keeps serving it.  Each
+ *   does it the one way (entry_claim / entry_commit / entry_unclaim in
+ *   block-store-internal.h), with two bits of the entry's state word:
+ *     MOVE_HELD    a mover holds a claim on the entry.  Set by entry_claim
+ *                  (only where it is clear: one mover per entry at a
+ *                  time), cleared by that mover's entry_commit or
+ *                  entry_unclaim and by nothing else.
+ *     MOVE_INTACT  nothing was stored into the entry since it was
+ *                  claimed.  Set by entry_claim with MOVE_HELD; cleared by
+ *                  every store into the entry (entry_store: full and
+ *                  partial writes, trims, zeroes, zeroed ranges, other
+ *                  commits).  A read, an access-time update or the idle
+ *                  marker leave it: they change no content.
+ *   1. Under the block's stripe lock the mover claims the entry (both
+ *      bits) and copies what it needs (decoded bytes, object bytes).
+ *   2. With no stripe lock it does the slow part (compress, write to the
+ *      backing store).
+ *   3. Under the stripe lock again it commits: if MOVE_INTACT is still set
+ *      the new content replaces the old (not an access: the time and the
+ *      idle flag stay) and the old is freed after the lock; else its work
+ *      is dropped (freed) and the entry is left as the store made it.
+ *      Either way MOVE_HELD goes.
+ *   No decision rests on a handle, a state word or a time being equal:
+ *   a handle is recycled, a partial write in place keeps it, and the
+ *   idle marker makes old state words again.  Why two bits and not one:
+ *   with one, a claim voided by a write could be taken again by a second
+ *   mover, and the first would then see "its" claim standing and commit
+ *   stale bytes (tests/move-protocol.pml shows both rules failing and
+ *   this one holding).
+ *
  * A write allocates and fills the new object before touching the entry,
  * so a write refused for memory (ENOSPC) leaves the old block readable.
  *
@@ -96,8 +128,10 @@ struct store_config {
   struct backing *backing;
   unsigned writeback_batch;       /* blocks per backing write, 1..
                                      STORE_WRITEBACK_BATCH_MAX (0: 32) */
-  uint64_t writeback_limit;       /* bytes that may be written back (0:
-                                     no limit) */
+  bool writeback_limited;         /* writeback_limit applies (zram's
+                                     writeback_limit_enable) */
+  uint64_t writeback_limit;       /* bytes that may be written back, if
+                                     writeback_limited (0: none) */
   uint64_t readback_below;        /* a read of a written-back block brings
                                      it back into RAM while the pool holds
                                      less than this (0: never) */
@@ -305,6 +339,12 @@ extern int store_writeback_until (struct block_store *store, uint64_t target,
                                   void *opaque,
                                   struct store_writeback_result *result);
 extern bool store_has_backing (const struct block_store *store);
+/* zram's writeback_limit at run time: from now on writeback may write
+ * bytes more (limited), or any amount (!limited).  -1 with errno ENODEV
+ * without a backing store.  Waits for a writeback run in progress.
+ */
+extern int store_set_writeback_limit (struct block_store *store, bool limited,
+                                      uint64_t bytes);
 
 /* Cold packing: idle blocks, up to pack_blocks at a time in block
  * order, compressed together (zstd, level pack_level) into one unit held

@@ -303,6 +303,7 @@ zram_config (const char *key, const char *value)
     if (parse_size_parameter (key, value, &bytes) == -1)
       return -1;
     config.writeback_limit = bytes;
+    config.writeback_limited = true;    /* 0: nothing, as in zram */
   }
   else if (strcmp (key, "writeback_batch_size") == 0) {
     if (nbdkit_parse_unsigned (key, value, &config.writeback_batch) == -1)
@@ -395,10 +396,10 @@ zram_config_complete (void)
     config.recomp_count = p;
   }
   if (!backing_target
-      && (config.writeback_limit || config.writeback_batch
+      && (config.writeback_limited || config.writeback_batch
           || policy.writeback_watermark || backing_direct)) {
     nbdkit_error ("%s: needs backing= (where to write blocks back)",
-                  config.writeback_limit ? "writeback_limit"
+                  config.writeback_limited ? "writeback_limit"
                   : config.writeback_batch ? "writeback_batch_size"
                   : policy.writeback_watermark ? "writeback_watermark"
                   : "backing_direct");

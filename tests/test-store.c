@@ -1238,6 +1238,7 @@ make_backed_store (uint64_t blocks, uint64_t mem_limit, const char *path,
     .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
     .recomp_count = 1, .recomp = { { CODEC_ZSTD, 3 } },
     .backing = backing, .writeback_limit = writeback_limit,
+    .writeback_limited = writeback_limit != 0,
     .readback_below = readback_below,
   };
   zs_pool_config_init (&config.pool);
