@@ -44,7 +44,7 @@ packages=(
   build-essential autoconf automake libtool pkg-config perl
   nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd
   liblz4-dev libzstd-dev libcmocka-dev
-  fio qemu-utils
+  fio qemu-utils spin
 )
 missing=()
 for p in "${packages[@]}"; do

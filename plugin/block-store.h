@@ -7,7 +7,8 @@
  * ZRAM_SAME), compressed, raw (compressed size would reach the pool's
  * huge class, so the 4096 bytes are stored as they are), packed with
  * other idle blocks (cold packing, below), or written back to a backing
- * store (writeback, below).
+ * store (writeback, below).  The entry's state word (block-table.h) holds
+ * its kind, flags, zeroed overlay, access time and the move claim.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   table walk_lock  read: extents walks; write: the grace period of the
@@ -20,10 +21,10 @@
  *                partial write reads, patches and re-stores the block
  *                under it, so two partial writes of one block never lose
  *                each other's bytes.
- *   units_lock   the list of packed units and their links, and the
- *                pinning of a unit to dissolve (never one whose live
- *                count reached 0: its last block's thread frees it) (a
- *                leaf).
+ *   units_lock   the list of packed units, their links and dissolve_retry,
+ *                and the pinning of a unit to dissolve (never one whose
+ *                live count reached 0: its last block's thread frees it)
+ *                (a leaf; held for one pass over the list at most).
  *   unit cache slot lock  a decoded unit kept for reads (taken under a
  *                stripe lock; the unit's parts are read under it).
  *   writeback_lock  one writeback run at a time, and the writeback
@@ -66,6 +67,12 @@
  *      idle flag stay) and the old is freed after the lock; else its work
  *      is dropped (freed) and the entry is left as the store made it.
  *      Either way MOVE_HELD goes.
+ *   Readback (a read that brings a written-back block into RAM) moves
+ *   within the one hold of the stripe lock in which it read the block:
+ *   with no window it needs no claim, and stores like a write.
+ *   A claim also holds the entry's leaf (block_leaf_claim): were the
+ *   entry emptied and its leaf reclaimed, a new leaf could carry another
+ *   mover's claim on the same block.
  *   No decision rests on a handle, a state word or a time being equal:
  *   a handle is recycled, a partial write in place keeps it, and the
  *   idle marker makes old state words again.  Why two bits and not one:
@@ -259,9 +266,10 @@ extern int store_block_state (struct block_store *store, uint64_t first,
  * lands in a smaller size class of the allocator; a block that none
  * shrinks is marked incompressible and skipped from then on, and one
  * already recompressed at a priority is skipped by that priority and
- * lower ones.  Each block is decoded, compressed and swapped under its
- * stripe lock: a read or write waits for one block's recompression at
- * most, and nothing it writes meanwhile can be lost.
+ * lower ones.  A block whose compression fails is skipped.  Each block
+ * moves by the move protocol (MOVING A BLOCK): decoded under its stripe
+ * lock, compressed with none held, committed if nothing was stored
+ * meanwhile.
  */
 enum store_recompress_type {
   RECOMPRESS_IDLE = 1,            /* idle blocks */
@@ -295,11 +303,12 @@ extern const char *store_recompress_algorithm (const struct block_store *store,
  * Blocks matching the request are written, still compressed, to the
  * backing store, writeback_batch per backing write, and their memory is
  * freed once the write is confirmed; a block written to or trimmed
- * meanwhile stays in RAM.  Reading a written-back block reads it from the
- * backing store (under its stripe lock); writing, trimming or zeroing it
- * frees its place there.  Writeback is not an access.  Packed blocks and
- * blocks rewritten in place at the limit stay in RAM.  One writeback runs
- * at a time (writeback_lock, taken before any stripe lock).
+ * meanwhile stays in RAM (the move protocol).  Reading a written-back
+ * block reads it from the backing store (under its stripe lock); writing,
+ * trimming or zeroing it frees its place there.  Writeback is not an
+ * access.  A packed block is written compressed alone; blocks rewritten
+ * in place at the limit stay in RAM.  One writeback runs at a time
+ * (writeback_lock, taken before any stripe lock).
  */
 enum store_writeback_type {
   WRITEBACK_IDLE,                 /* idle blocks */
@@ -349,12 +358,15 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
 /* Cold packing: idle blocks, up to pack_blocks at a time in block
  * order, compressed together (zstd, level pack_level) into one unit held
  * in allocator objects of at most STORE_PACK_PART bytes each; each
- * block's entry points to (unit, index).  A unit is kept only if it takes
- * less than the blocks did.  Reading a packed block decodes its unit (a
- * few store-owned cache slots keep the last units decoded); writing,
- * trimming or zeroing it moves it out; a unit goes when its last block
- * does.  Each block is moved in under its stripe lock, and only if it
- * was not accessed since it was read for packing.
+ * block's entry points to (unit, index).  A unit is made only if it
+ * takes less than the blocks did, and kept only if it takes less than
+ * the blocks that really moved in did (a block written meanwhile stays
+ * out; if not all moved in and the unit is not worth it for the others,
+ * they are put back and it goes).  Reading a packed block decodes its
+ * unit (a few store-owned cache slots keep the last units decoded);
+ * writing, trimming or zeroing it moves it out; writeback writes it out
+ * alone; a unit goes when its last block does.  Blocks move in and out
+ * by the move protocol (MOVING A BLOCK).
  */
 #define STORE_PACK_DEFAULT 16     /* pack_blocks */
 #define STORE_PACK_MAX 64         /* pack_blocks at most */
@@ -362,15 +374,23 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
 struct store_pack_result {
   uint64_t units, blocks, bytes_before, bytes_after;
 };
+/* Packs idle blocks not accessed for min_age seconds, max_blocks at most
+ * (0: all); keep_going (if not NULL) is asked before each unit.
+ */
 extern int store_pack (struct block_store *store, uint64_t max_blocks,
+                       uint32_t min_age,
                        bool (*keep_going) (void *opaque), void *opaque,
                        struct store_pack_result *result);
 /* Dissolve the units in which fewer than live_percent of the blocks are
  * still packed (the others were rewritten or trimmed: dead bytes): each
- * block left is stored alone again.  Returns the units dissolved.
+ * block left is stored alone again.  Returns the units dissolved.  A
+ * unit that could not be (no memory) is tried again after 10 seconds.
+ * keep_going (if not NULL) is asked before each unit.
  */
 extern uint64_t store_pack_dissolve (struct block_store *store,
-                                     unsigned live_percent);
+                                     unsigned live_percent,
+                                     bool (*keep_going) (void *opaque),
+                                     void *opaque);
 
 /* The control channel's knobs: mem_limit at run time (-1 with errno
  * ENOSPC if more is held already; nothing changes then), mem_used_max

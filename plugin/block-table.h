@@ -58,7 +58,22 @@ enum block_kind {
                            4096: stored raw (writeback, block-store.c) */
 };
 
-/* Flags of a block (zram's block_state letters in brackets). */
+/* The state word of a block, one 64-bit atomic:
+ *   bits  0..2   kind (enum block_kind)
+ *   bit   3      BLOCK_MOVE_HELD: a mover holds a claim (block-store.h,
+ *                MOVING A BLOCK)
+ *   bits  4..7   flags, BLOCK_FLAG_* (zram's block_state letters below)
+ *   bit   8      BLOCK_MOVE_INTACT: nothing stored since the claim
+ *   bits  9..33  zeroed: a range of the block that reads as zeros
+ *                whatever its data says, first << 13 | end (0: none).
+ *                How a partial zero is stored when the block's new
+ *                encoding needs memory that the limit refuses.
+ *   bits 34..63  last access, seconds since the store was created: 2^30 s
+ *                is 34 years, so ages are right for any uptime (it
+ *                saturates after).
+ */
+#define BLOCK_KIND_MASK 0x7u
+#define BLOCK_MOVE_HELD 0x8u
 #define BLOCK_FLAG_IDLE 0x10u   /* [i] not accessed since marked idle */
 #define BLOCK_FLAG_INCOMPRESSIBLE 0x20u /* [n] no recompression shrank it */
 #define BLOCK_PRIORITY_SHIFT 6  /* [r] bits 6..7: the algorithm that
@@ -66,45 +81,47 @@ enum block_kind {
                                    recompression algorithms */
 #define BLOCK_PRIORITY_MASK 0xc0u
 #define BLOCK_FLAG_MASK 0xf0u
-#define BLOCK_KIND_MASK 0x0fu
-#define BLOCK_ATIME_SHIFT 8
-#define BLOCK_ATIME_MAX 0xffffffu /* seconds: 194 days, then it saturates */
+#define BLOCK_MOVE_INTACT 0x100u
+#define BLOCK_ZEROED_SHIFT 9
+#define BLOCK_ZEROED_MASK 0x1ffffffu
+#define BLOCK_ATIME_SHIFT 34
+#define BLOCK_ATIME_MAX 0x3fffffffu
 
 struct block_entry {
+  /* What the kind says: a handle, a fill word, a unit, a place. */
   _Atomic uint64_t value;
-  /* kind (bits 0..3, enum block_kind), flags (bits 4..7, BLOCK_FLAG_*),
-   * last access (bits 8..31, seconds since the store was created).
-   * Written under the stripe lock, except that the idle marker sets
-   * BLOCK_FLAG_IDLE with a compare-and-swap during a walk (a write that
-   * races with it wins: it is an access).
+  /* See above.  Written under the stripe lock, except that the idle
+   * marker sets BLOCK_FLAG_IDLE with a compare-and-swap during a walk (a
+   * write that races with it wins: it is an access).  Read without a
+   * lock by walks (a hint, checked again under the lock) and by extents.
    */
-  _Atomic uint32_t state;
-  /* A range of a block that holds data (an object or a fill word) which
-   * reads as zeros whatever the data says: first << 16 | end, 0 for none.
-   * How a partial zero is stored when the block's new encoding needs
-   * memory that the limit refuses (block-store.c).  Guarded by the stripe
-   * lock (atomic, as kind and value, only for the lockless extents walk).
-   */
-  _Atomic uint32_t zeroed;
+  _Atomic uint64_t state;
 };
 
-static inline uint32_t
-block_state_make (unsigned kind, unsigned flags, uint32_t atime)
+static inline uint64_t
+block_state_make (unsigned kind, unsigned flags, uint32_t zeroed,
+                  uint32_t atime)
 {
-  return kind | flags | atime << BLOCK_ATIME_SHIFT;
+  return kind | flags | (uint64_t) zeroed << BLOCK_ZEROED_SHIFT
+    | (uint64_t) atime << BLOCK_ATIME_SHIFT;
 }
 static inline unsigned
-block_state_kind (uint32_t state)
+block_state_kind (uint64_t state)
 {
   return state & BLOCK_KIND_MASK;
 }
 static inline unsigned
-block_state_flags (uint32_t state)
+block_state_flags (uint64_t state)
 {
   return state & BLOCK_FLAG_MASK;
 }
 static inline uint32_t
-block_state_atime (uint32_t state)
+block_state_zeroed (uint64_t state)
+{
+  return (state >> BLOCK_ZEROED_SHIFT) & BLOCK_ZEROED_MASK;
+}
+static inline uint32_t
+block_state_atime (uint64_t state)
 {
   return state >> BLOCK_ATIME_SHIFT;
 }

@@ -370,7 +370,8 @@ command_pack (struct client *client, int argc, char **argv)
                           "max_pages=N", argv[i]);
   }
   struct store_pack_result result;
-  if (store_pack (store, max_blocks, client_still_there, client, &result) == -1)
+  if (store_pack (store, max_blocks, 0, client_still_there, client, &result)
+      == -1)
     return reply_error (client, "pack: %s", error_text (errno));
   fprintf (client->out, "units %" PRIu64 "\nblocks %" PRIu64 "\nbytes_before %"
            PRIu64 "\nbytes_after %" PRIu64 "\n", result.units, result.blocks,
@@ -463,7 +464,7 @@ command_dissolve (struct client *client, int argc, char **argv)
   if (parse_number (argv[1], &percent) == -1 || percent > 100)
     return reply_error (client, "dissolve: '%s' is not a percentage", argv[1]);
   fprintf (client->out, "dissolved %" PRIu64 "\n",
-           store_pack_dissolve (store, percent));
+           store_pack_dissolve (store, percent, client_still_there, client));
   return 0;
 }
 

@@ -91,11 +91,13 @@ policy_round (void)
     store_recompress (store, &request, within_round_budget, &deadline, &result);
   }
   if (policy.pack_after) {
-    store_pack_dissolve (store, 50);
-    struct store_pack_result result;
+    /* Each its own age: idle_after may mark blocks idle sooner. */
     uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
-    store_pack (store, POLICY_BLOCKS_PER_ROUND, within_round_budget, &deadline,
-                &result);
+    store_pack_dissolve (store, 50, within_round_budget, &deadline);
+    struct store_pack_result result;
+    deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
+    store_pack (store, POLICY_BLOCKS_PER_ROUND, policy.pack_after,
+                within_round_budget, &deadline, &result);
   }
   if (policy.writeback_watermark)
     writeback_above_watermark ();

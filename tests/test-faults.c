@@ -334,12 +334,12 @@ workload (struct run *run)
                                      &recompressed));
   store_mark_idle (store, 0, NULL, NULL);
   struct store_pack_result packed;
-  background (run, store_pack (store, 0, NULL, NULL, &packed));
+  background (run, store_pack (store, 0, 0, NULL, NULL, &packed));
   do_read (run, 0, 2 * BS);
   do_read (run, 8 * BS, BS);
   do_write (run, 8 * BS + 300, 300, data);
   do_trim (run, 24 * BS, 2 * BS);
-  store_pack_dissolve (store, 75);
+  store_pack_dissolve (store, 75, NULL, NULL);
   read_all (run);
 
   /* Writeback, reads of written-back blocks (readback), and writes and
@@ -491,7 +491,7 @@ corruption (enum codec_algorithm algorithm, bool pack)
   if (pack) {
     store_mark_idle (store, 0, NULL, NULL);
     struct store_pack_result packed;
-    check (store_pack (store, 0, NULL, NULL, &packed) == 0);
+    check (store_pack (store, 0, 0, NULL, NULL, &packed) == 0);
     check (packed.blocks == 16);
   }
 

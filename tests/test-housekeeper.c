@@ -106,7 +106,7 @@ store_recompress (struct block_store *store,
 }
 
 int
-store_pack (struct block_store *store, uint64_t max_blocks,
+store_pack (struct block_store *store, uint64_t max_blocks, uint32_t min_age,
             bool (*keep_going) (void *opaque), void *opaque,
             struct store_pack_result *result)
 {
@@ -114,7 +114,8 @@ store_pack (struct block_store *store, uint64_t max_blocks,
 }
 
 uint64_t
-store_pack_dissolve (struct block_store *store, unsigned live_percent)
+store_pack_dissolve (struct block_store *store, unsigned live_percent,
+                     bool (*keep_going) (void *opaque), void *opaque)
 {
   return 0;
 }

@@ -1116,11 +1116,11 @@ test_pack (void **state)
   struct store_stats before, after;
   store_stats (store, &before);
   struct store_pack_result result;
-  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, 0);          /* nothing idle yet */
 
   store_mark_idle (store, 0, NULL, NULL);
-  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
   store_stats (store, &after);
   print_message ("pack: %" PRIu64 " units, %" PRIu64 " blocks, %" PRIu64
                  " -> %" PRIu64 " bytes; compressed %" PRIu64 " -> %" PRIu64
@@ -1166,7 +1166,7 @@ test_pack (void **state)
 
   /* Units now 40 % live: dissolved, their blocks stored alone again. */
   store_stats (store, &before);
-  uint64_t dissolved = store_pack_dissolve (store, 50);
+  uint64_t dissolved = store_pack_dissolve (store, 50, NULL, NULL);
   store_stats (store, &after);
   print_message ("dissolve: %" PRIu64 " units, packed blocks %" PRIu64
                  " -> %" PRIu64 ", units %" PRIu64 " -> %" PRIu64 "\n",
@@ -1178,7 +1178,7 @@ test_pack (void **state)
   recomp_verify (store, versions, present, 0, BLOCKS);
   /* Idle again, packed again. */
   store_mark_idle (store, 0, NULL, NULL);
-  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
   assert_true (result.blocks > 0);
   recomp_verify (store, versions, present, 0, BLOCKS);
 
@@ -1198,8 +1198,8 @@ static uint64_t
 pack_round (struct block_store *store, int round)
 {
   struct store_pack_result result;
-  assert_int_equal (store_pack (store, 0, NULL, NULL, &result), 0);
-  store_pack_dissolve (store, 50);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  store_pack_dissolve (store, 50, NULL, NULL);
   if (round % 2)
     store_release_idle_memory (store);   /* beside reads of packed blocks */
   return result.blocks;
@@ -1649,7 +1649,7 @@ dissolve_race_dissolver (void *arg)
 {
   struct dissolve_race *race = arg;
   while (atomic_load (&race->trimming)) {
-    store_pack_dissolve (race->store, 100);
+    store_pack_dissolve (race->store, 100, NULL, NULL);
     sched_yield ();             /* valgrind runs one thread at a time */
   }
   return NULL;
@@ -1673,7 +1673,7 @@ test_dissolve_beside_trims (void **state)
     }
     store_mark_idle (store, 0, NULL, NULL);
     struct store_pack_result packed;
-    assert_int_equal (store_pack (store, 0, NULL, NULL, &packed), 0);
+    assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &packed), 0);
     assert_true (packed.units > 0);
 
     struct dissolve_race race = { .store = store, .trimming = true };

@@ -207,9 +207,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     }
     case 9: {
       struct store_pack_result result;
-      check (store_pack (store, op >> 4, NULL, NULL, &result) == 0);
+      check (store_pack (store, op >> 4, 0, NULL, NULL, &result) == 0);
       if (op & 0x08)
-        store_pack_dissolve (store, 50 + op % 50);
+        store_pack_dissolve (store, 50 + op % 50, NULL, NULL);
       break;
     }
     case 10:

@@ -1,0 +1,343 @@
+/* The block store's private parts, shared by its files:
+ *   block-store.c   the core: create/destroy, read, write, patch, trim,
+ *                   zero, extents, statistics, and the entry helpers
+ *                   (lookup, store, accounting, the move protocol)
+ *   block-encode.c  encoding and decoding a block (with the zeroed overlay)
+ *   block-walks.c   walks: idle marking, block_state, candidates
+ *   recompress.c    recompression
+ *   pack.c          cold packing: units, their decode cache, dissolving
+ *   writeback.c     writeback to the backing store
+ * The design, the locks and their one order are in block-store.h.
+ */
+
+#ifndef ZRAM_BLOCK_STORE_INTERNAL_H
+#define ZRAM_BLOCK_STORE_INTERNAL_H
+
+#include "block-store.h"
+#include "backing.h"
+
+/* A packed unit (cold packing, block-store.h): the compressed bytes of
+ * count blocks, in parts of at most STORE_PACK_PART bytes.  live counts
+ * the entries that point to it; the one that drops it to 0 frees it.
+ * Everything else is fixed once the unit is made.  Aligned so that an
+ * entry holds its address and a block's index in one word.
+ */
+struct pack_unit {
+  _Atomic uint32_t live;
+  struct pack_unit *prev, *next;  /* store->units, under units_lock */
+  uint32_t dissolve_retry;        /* under units_lock: not before this
+                                     store_clock second (a dissolve that
+                                     failed for memory; 0: any time) */
+  uint8_t count;                  /* blocks */
+  uint8_t parts;                  /* allocator objects */
+  uint32_t length;                /* compressed bytes */
+  uint64_t id;                    /* never reused: the decode cache's key */
+  /* parts handles, then the count blocks packed (unit_blocks). */
+  uint64_t words[];
+} __attribute__ ((aligned (STORE_PACK_MAX)));
+
+#define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
+#define UNIT_CACHE_SLOTS 16
+
+/* A decoded unit, kept for the next read of one of its blocks.  Owned by
+ * the store (no thread-local buffers: design-hazards.md #11); a reader
+ * that finds its slot busy decodes into a buffer of its own.
+ */
+struct unit_cache {
+  pthread_mutex_t lock;           /* guards id and data */
+  uint64_t id;                    /* 0: empty */
+  unsigned char *data;            /* pack_blocks blocks */
+};
+
+struct block_store {
+  uint64_t size;
+  uint64_t blocks;
+  struct zs_pool *pool;
+  /* codecs[0] compresses every write; codecs[1..recomp_count], the
+   * recompression algorithms by priority, only recompress.  A block's
+   * priority bits say which one decodes it.
+   */
+  struct codec *codecs[1 + STORE_RECOMP_MAX];
+  enum codec_algorithm algorithms[1 + STORE_RECOMP_MAX];
+  unsigned recomp_count;
+  size_t raw_threshold;           /* compressed size stored raw from here */
+  struct block_table table;
+  pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
+
+  /* Counters, atomics: no lock. */
+  _Atomic uint64_t stored_blocks; /* entries not empty */
+  _Atomic uint64_t compr_bytes;   /* bytes of stored objects */
+  _Atomic uint64_t same_blocks;
+  _Atomic uint64_t raw_blocks;
+  _Atomic uint64_t raw_blocks_since;
+  _Atomic uint64_t failed_reads;
+  _Atomic uint64_t failed_writes;
+  _Atomic uint64_t invalid_io;
+  _Atomic uint64_t notify_free;
+  _Atomic uint64_t reads;
+  _Atomic uint64_t writes;
+  _Atomic uint64_t compact_ns;    /* time spent in store_compact */
+  /* Cold packing: its codec (zstd, its own contexts, sized for units),
+   * the decode cache, the counters.
+   */
+  struct codec *pack_codec;
+  pthread_mutex_t units_lock;     /* guards units, and every unit's links
+                                     and dissolve_retry; a leaf */
+  struct pack_unit *units;        /* newest first */
+  unsigned pack_blocks;           /* blocks per unit at most */
+  struct unit_cache *unit_cache;
+  unsigned char *unit_cache_data; /* the slots' data, one allocation */
+  _Atomic uint64_t unit_ids;
+  _Atomic uint64_t packed_blocks;
+  _Atomic uint64_t pack_units;
+  _Atomic uint64_t recomp_blocks;
+  _Atomic uint64_t recomp_bytes_saved;
+  uint64_t created_ns;            /* monotonic: block access times count
+                                     from here */
+  /* Writeback: the backing store (NULL: none), one run at a time. */
+  struct backing *backing;
+  pthread_mutex_t writeback_lock; /* held for a whole writeback run; taken
+                                     before any stripe lock */
+  unsigned writeback_batch;       /* blocks per backing write */
+  _Atomic uint64_t writeback_limit; /* bytes that may still be written
+                                     back (zram's writeback_limit),
+                                     changed under writeback_lock.
+                                     UINT64_MAX: no limit */
+  _Atomic uint64_t bd_count;      /* blocks in the backing store now */
+  _Atomic uint64_t bd_bytes;      /* their compressed bytes */
+  _Atomic uint64_t bd_reads;      /* blocks read from it, ever */
+  _Atomic uint64_t bd_writes;     /* blocks written to it, ever */
+  _Atomic uint64_t bd_failed_reads;
+  _Atomic uint64_t bd_readbacks;  /* blocks read back into RAM, ever */
+  uint64_t readback_below;        /* pool bytes under which reads bring
+                                     written-back blocks back (0: never) */
+};
+
+/* What an entry holds, detached from the table. */
+struct block_content {
+  enum block_kind kind;
+  uint64_t value;
+  uint32_t zeroed;                /* first << 13 | end, 0: none */
+  unsigned flags;                 /* BLOCK_FLAG_* */
+  uint32_t atime;                 /* last access, store_clock */
+};
+
+static inline uint32_t
+zeroed_range (size_t first, size_t end)
+{
+  return (uint32_t) first << 13 | (uint32_t) end;
+}
+static inline size_t zeroed_first (uint32_t zeroed) { return zeroed >> 13; }
+static inline size_t zeroed_end (uint32_t zeroed) { return zeroed & 0x1fff; }
+
+static inline unsigned
+content_priority (const struct block_content *content)
+{
+  return (content->flags & BLOCK_PRIORITY_MASK) >> BLOCK_PRIORITY_SHIFT;
+}
+
+/* The codec that compressed content's object. */
+static inline struct codec *
+content_codec (struct block_store *store, const struct block_content *content)
+{
+  return store->codecs[content_priority (content)];
+}
+
+/* Where a written-back block is (BLOCK_BACKED's value). */
+static inline uint64_t
+backed_value (uint64_t offset, size_t length)
+{
+  return (offset / BACKING_SECTOR) << 13 | (length - 1);
+}
+static inline uint64_t backed_offset (uint64_t value)
+{
+  return (value >> 13) * BACKING_SECTOR;
+}
+static inline size_t backed_length (uint64_t value)
+{
+  return (value & 0x1fff) + 1;
+}
+
+static inline bool
+content_has_object (const struct block_content *content)
+{
+  return content->kind == BLOCK_COMPRESSED || content->kind == BLOCK_RAW
+    || content->kind == BLOCK_COMPRESSED_PADDED;
+}
+
+static inline struct pack_unit *
+content_unit (const struct block_content *content)
+{
+  return (struct pack_unit *) (uintptr_t) (content->value & ~UNIT_INDEX_MASK);
+}
+
+static inline void
+counter_add (_Atomic uint64_t *counter, int64_t delta)
+{
+  atomic_fetch_add_explicit (counter, (uint64_t) delta, memory_order_relaxed);
+}
+
+static inline pthread_mutex_t *
+stripe_for (struct block_store *store, uint64_t block)
+{
+  return &store->stripes[block % STORE_STRIPES];
+}
+
+/* Is a block of this state word at least min_age seconds old at now? */
+static inline bool
+state_is_older (uint64_t state, uint32_t now, uint32_t min_age)
+{
+  uint32_t atime = block_state_atime (state);
+  return now >= atime && now - atime >= min_age;
+}
+
+/* ---- block-store.c: time, entries, accounting, the move protocol ---- */
+
+extern uint64_t monotonic_ns (void);
+/* Seconds since the store was created, as block entries keep them. */
+extern uint32_t store_clock (const struct block_store *store);
+
+extern struct block_content entry_load (const struct block_entry *entry);
+extern struct block_entry *entry_lock (struct block_store *store,
+                                       uint64_t block, bool create,
+                                       struct block_leaf **leaf,
+                                       struct block_content *old);
+extern void entry_store (struct block_store *store, struct block_leaf *leaf,
+                         struct block_entry *entry,
+                         const struct block_content *old,
+                         const struct block_content *content);
+extern size_t content_bytes (struct block_store *store,
+                             const struct block_content *content);
+extern void content_account (struct block_store *store,
+                             const struct block_content *content, int sign,
+                             size_t bytes);
+extern void content_discard (struct block_store *store,
+                             const struct block_content *content);
+extern void content_release (struct block_store *store,
+                             const struct block_content *content);
+
+/* The move protocol (block-store.h, MOVING A BLOCK).
+ *
+ * entry_claim: lock the block's stripe and claim its entry, with its
+ * content in *claimed.  NULL (stripe unlocked) if the block has no entry,
+ * another mover holds a claim on it, or wanted (if not NULL) does not
+ * accept its state word.  The caller copies what it needs and unlocks
+ * the stripe; a claim held keeps the entry's leaf.
+ *
+ * entry_commit: lock the stripe, and if the claim holds, put content in
+ * the entry (not an access: its time and idle flag stay; content's flags
+ * say its codec and incompressibility; the zeroed overlay stays) and set
+ * *old to what it held, to release (content_release) by the caller; the
+ * claim goes either way and the stripe is unlocked on return.  False if
+ * the claim was broken by a store: then content is the caller's to free.
+ *
+ * entry_unclaim: give a claim up (the mover dropped its work).
+ */
+extern struct block_entry *entry_claim (struct block_store *store,
+                                        uint64_t block,
+                                        bool (*wanted) (void *opaque,
+                                                        uint64_t block,
+                                                        uint64_t state),
+                                        void *opaque,
+                                        struct block_content *claimed);
+extern bool entry_commit (struct block_store *store, uint64_t block,
+                          const struct block_content *content,
+                          struct block_content *old);
+/* entry_commit_flags: the claim's outcome is a flag (flags added to the
+ * entry, e.g. BLOCK_FLAG_INCOMPRESSIBLE) rather than new content.
+ */
+extern bool entry_commit_flags (struct block_store *store, uint64_t block,
+                                unsigned flags);
+extern void entry_unclaim (struct block_store *store, uint64_t block);
+
+/* ---- block-encode.c ---------------------------------------------------- */
+
+/* Encode a whole block into new content: a fill word, or an object
+ * allocated and written (not yet in the table).  -1 with errno.
+ */
+extern int block_encode (struct block_store *store,
+                         const unsigned char *block,
+                         struct block_content *content);
+/* Compress a whole block with codecs[0] into out (STORE_BLOCK_SIZE
+ * bytes): its length, STORE_BLOCK_SIZE when it is stored raw (out holds
+ * the block), or -1 with errno.
+ */
+extern int block_compress (struct block_store *store,
+                           const unsigned char *block, unsigned char *out);
+/* Encode a whole block in the object old holds, if it fits there: 0, 1
+ * if it does not (nothing changed), -1 with errno.
+ */
+extern int block_encode_in_place (struct block_store *store,
+                                  const unsigned char *block,
+                                  const struct block_content *old,
+                                  struct block_content *content);
+extern bool zeroed_merge (uint32_t zeroed, size_t first, size_t end,
+                          uint32_t *merged);
+/* Decode stored content into a whole block, with its zeroed overlay.
+ * Under the stripe lock.
+ */
+extern int block_decode (struct block_store *store,
+                         const struct block_content *content,
+                         unsigned char *block);
+
+/* ---- block-walks.c ------------------------------------------------------ */
+
+/* Call visit for every stored block in [first, first + count), in order,
+ * inside a table walk (no stripe lock: the leaves stay alive), until it
+ * returns false.  keep_going is asked once per leaf.
+ */
+extern void stored_blocks_walk (struct block_store *store, uint64_t first,
+                                uint64_t count,
+                                bool (*visit) (void *opaque, uint64_t block,
+                                               struct block_entry *entry),
+                                bool (*keep_going) (void *opaque),
+                                void *opaque);
+
+/* The stored blocks of [first, last] whose state word wanted accepts,
+ * handed to work in groups of at most group blocks, in block order, until
+ * work returns non-zero (returned) or more (asked before each group)
+ * says to stop.  State words are read without locks: work checks each
+ * block again under its stripe lock.
+ */
+struct candidates {
+  uint64_t first, last;
+  unsigned group;
+  bool (*wanted) (void *opaque, uint64_t block, uint64_t state);
+  bool (*more) (void *opaque, unsigned *group);  /* may shrink *group */
+  int (*work) (void *opaque, const uint64_t *blocks, unsigned n);
+  void *opaque;
+};
+extern int candidates_walk (struct block_store *store,
+                            const struct candidates *walk);
+
+/* ---- pack.c ------------------------------------------------------------ */
+
+/* One block of a unit, through the decode cache.  Under the block's
+ * stripe lock, which keeps the unit alive (the entry points to it).
+ */
+extern int unit_decode (struct block_store *store,
+                        const struct block_content *content,
+                        unsigned char *block);
+/* Free a unit: its last block moved out. */
+extern void unit_destroy (struct block_store *store, struct pack_unit *unit);
+/* Free every unit's descriptor (store_destroy; the pool had the parts). */
+extern void units_free_all (struct block_store *store);
+
+/* ---- writeback.c --------------------------------------------------------- */
+
+/* A write refused for memory (errno ENOSPC) with a backing store: write
+ * back the coldest blocks and let the write try again (0), or -1 with
+ * errno as it was when there is nothing to gain.  No lock held.
+ */
+extern int writeback_for_room (struct block_store *store);
+/* A written-back block just read (into block, under its stripe lock):
+ * back into RAM while the pool is under readback_below.  True if it was;
+ * *old is then to be released after the lock.
+ */
+extern bool block_read_back (struct block_store *store,
+                             struct block_leaf *leaf,
+                             struct block_entry *entry,
+                             const unsigned char *block,
+                             const struct block_content *old);
+
+#endif /* ZRAM_BLOCK_STORE_INTERNAL_H */
