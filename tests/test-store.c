@@ -1730,6 +1730,8 @@ __wrap_clock_gettime (clockid_t clock, struct timespec *ts)
  */
 static void (*compression_action) (void *opaque);
 static void *compression_opaque;
+/* ... and the next this many fail (zstd's generic error). */
+static unsigned compression_failures;
 size_t __real_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
                                  const void *src, size_t size, int level);
 size_t __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
@@ -1742,6 +1744,10 @@ __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
   compression_action = NULL;
   if (action)
     action (compression_opaque);
+  if (compression_failures > 0) {
+    compression_failures--;
+    return (size_t) -1;         /* ZSTD_isError: ZSTD_error_GENERIC */
+  }
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
@@ -1772,6 +1778,45 @@ test_pack_respects_age (void **state)
   assert_int_equal (store_pack (store, 0, 3600, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, BLOCKS);
   atomic_store (&clock_offset_ns, 0);
+  store_destroy (store);
+}
+
+/* A group whose compression fails is skipped and the run goes on, in
+ * packing and in recompression (both stopped at the first failure).
+ */
+static void
+test_compression_failure_skipped (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 64 };
+  struct block_store *store = make_packing_store (BLOCKS, 4);
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    text_fill (buf, b, 0);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result packed;
+  compression_failures = 1;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &packed), 0);
+  assert_int_equal (compression_failures, 0);
+  assert_int_equal (packed.blocks, BLOCKS - 4);  /* all but the first group */
+  assert_int_equal (store_pack_dissolve (store, 101, NULL, NULL), BLOCKS / 4 - 1);
+
+  /* Recompression with priority 1's codec, which fails once. */
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_recompress_request request = {
+    .type = RECOMPRESS_IDLE, .priority = 1,
+  };
+  struct store_recompress_result result;
+  compression_failures = 1;
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  assert_int_equal (compression_failures, 0);
+  assert_int_equal (result.tried, BLOCKS);
+  assert_int_equal (result.recompressed + result.incompressible, BLOCKS - 1);
+  /* The failed one is not marked incompressible: tried again later. */
+  assert_int_equal (store_recompress (store, &request, NULL, NULL, &result), 0);
+  assert_int_equal (result.tried, 1);
   store_destroy (store);
 }
 
@@ -2037,6 +2082,7 @@ main (void)
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_pack_respects_age),
     cmocka_unit_test (test_pack_unit_kept_only_if_worth_it),
+    cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
     cmocka_unit_test (test_packed_blocks_written_back),
     cmocka_unit_test (test_backing_space_map),
