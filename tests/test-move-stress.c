@@ -21,13 +21,16 @@
  *
  *    The action runs in a thread of its own, and the mover waits for it
  *    at most MOVE_WINDOW_WAIT_MS (5000): a mover that holds the block's
- *    stripe lock through its slow part (today's recompression, which
- *    compresses under the lock) would deadlock an action run in its own
- *    thread; here the action waits for the lock, the mover goes on after
- *    the wait, and the action lands after the move, which must not lose
- *    it either.  Packing and writeback hold no stripe lock in their slow
+ *    stripe lock through its slow part (recompression did before the
+ *    move protocol: it compressed under the lock) would deadlock an
+ *    action run in the mover's thread; here the action waits for the
+ *    lock, the mover goes on after the wait, and the action lands after
+ *    the move, which must not lose it either (the test says which way it
+ *    went).  Packing and writeback hold no stripe lock in their slow
  *    part, so there the action must finish inside the window (else the
- *    test would test nothing, and says so).
+ *    test would test nothing, and says so).  On the code before the
+ *    protocol (a packer that compared handles and state words, c7b2761)
+ *    both packing cases fail: the block reads as the packer saw it.
  *
  * B. A stress against exact shadows: writer threads own disjoint blocks
  *    (block % WRITERS), so each keeps an exact copy of its blocks without

@@ -1728,10 +1728,13 @@ __wrap_clock_gettime (clockid_t clock, struct timespec *ts)
  * mover's window (test-store links with -Wl,--wrap=ZSTD_compressCCtx):
  * a packer compresses its unit there with no stripe lock held.
  */
-static void (*compression_action) (void *opaque);
+typedef void (*compression_action_fn) (void *opaque);
+static _Atomic (compression_action_fn) compression_action;
 static void *compression_opaque;
-/* ... and the next this many fail (zstd's generic error). */
-static unsigned compression_failures;
+/* ... and the next this many fail (zstd's generic error).  Atomics: every
+ * thread's compressions come here.
+ */
+static _Atomic unsigned compression_failures;
 size_t __real_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
                                  const void *src, size_t size, int level);
 size_t __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
@@ -1740,14 +1743,14 @@ size_t
 __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
                           const void *src, size_t size, int level)
 {
-  void (*action) (void *) = compression_action;
-  compression_action = NULL;
+  compression_action_fn action = atomic_exchange (&compression_action, NULL);
   if (action)
     action (compression_opaque);
-  if (compression_failures > 0) {
-    compression_failures--;
-    return (size_t) -1;         /* ZSTD_isError: ZSTD_error_GENERIC */
-  }
+  unsigned failures = atomic_load (&compression_failures);
+  while (failures > 0)
+    if (atomic_compare_exchange_weak (&compression_failures, &failures,
+                                      failures - 1))
+      return (size_t) -1;       /* ZSTD_isError: ZSTD_error_GENERIC */
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
