@@ -81,6 +81,7 @@
 #include "backing.h"
 #include "store-walk.h"
 #include "xorshift.h"
+#include "moved-clock.h"
 
 #define BS STORE_BLOCK_SIZE
 
@@ -91,40 +92,7 @@ env_unsigned (const char *name, unsigned otherwise)
   return value && atoi (value) > 0 ? (unsigned) atoi (value) : otherwise;
 }
 
-/* ---- the clock (-Wl,--wrap=clock_gettime) --------------------------- */
-
-/* The monotonic clocks, as the code under test sees them: clock_ahead_ns
- * later, and standing at clock_frozen_ns (when not 0) instead of running.
- * The test's own timing uses __real_clock_gettime.
- */
-static _Atomic int64_t clock_ahead_ns;
-static _Atomic int64_t clock_frozen_ns;
-
-int __real_clock_gettime (clockid_t clock, struct timespec *ts);
-int __wrap_clock_gettime (clockid_t clock, struct timespec *ts);
-int
-__wrap_clock_gettime (clockid_t clock, struct timespec *ts)
-{
-  int r = __real_clock_gettime (clock, ts);
-  if (r == 0 && (clock == CLOCK_MONOTONIC || clock == CLOCK_MONOTONIC_COARSE
-                 || clock == CLOCK_MONOTONIC_RAW || clock == CLOCK_BOOTTIME)) {
-    int64_t frozen = atomic_load (&clock_frozen_ns);
-    int64_t ns = frozen ? frozen
-      : (int64_t) ts->tv_sec * 1000000000 + ts->tv_nsec;
-    ns += atomic_load (&clock_ahead_ns);
-    ts->tv_sec = ns / 1000000000;
-    ts->tv_nsec = ns % 1000000000;
-  }
-  return r;
-}
-
-static int64_t
-real_now_ns (void)
-{
-  struct timespec now;
-  __real_clock_gettime (CLOCK_MONOTONIC, &now);
-  return (int64_t) now.tv_sec * 1000000000 + now.tv_nsec;
-}
+/* ---- the clock: tests/moved-clock.h ---------------------------------- */
 
 static void
 clock_freeze (void)

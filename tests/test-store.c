@@ -12,6 +12,7 @@
 
 #include "xorshift.h"
 #include "store-walk.h"
+#include "moved-clock.h"
 #include "thread-exit-hooks.h"
 
 #include <errno.h>
@@ -1705,25 +1706,6 @@ test_dissolve_beside_trims (void **state)
 
 /* ---- the movers' policies (issue 17) -------------------------------- */
 
-/* The monotonic clock, moved ahead by clock_offset_ns (test-store links
- * with -Wl,--wrap=clock_gettime): store ages without waiting.
- */
-static _Atomic uint64_t clock_offset_ns;
-int __real_clock_gettime (clockid_t clock, struct timespec *ts);
-int __wrap_clock_gettime (clockid_t clock, struct timespec *ts);
-int
-__wrap_clock_gettime (clockid_t clock, struct timespec *ts)
-{
-  int r = __real_clock_gettime (clock, ts);
-  if (r == 0 && clock == CLOCK_MONOTONIC) {
-    uint64_t ns = (uint64_t) ts->tv_sec * 1000000000 + ts->tv_nsec
-      + atomic_load (&clock_offset_ns);
-    ts->tv_sec = ns / 1000000000;
-    ts->tv_nsec = ns % 1000000000;
-  }
-  return r;
-}
-
 /* An action run once inside the next zstd compression, i.e. inside a
  * mover's window (test-store links with -Wl,--wrap=ZSTD_compressCCtx):
  * a packer compresses its unit there with no stripe lock held.
@@ -1777,10 +1759,10 @@ test_pack_respects_age (void **state)
   struct store_pack_result result;
   assert_int_equal (store_pack (store, 0, 3600, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, 0);          /* idle, but too young */
-  atomic_store (&clock_offset_ns, 3601ull * 1000000000);
+  atomic_store (&clock_ahead_ns, 3601ull * 1000000000);
   assert_int_equal (store_pack (store, 0, 3600, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, BLOCKS);
-  atomic_store (&clock_offset_ns, 0);
+  atomic_store (&clock_ahead_ns, 0);
   store_destroy (store);
 }
 
@@ -1943,12 +1925,10 @@ test_dissolve_budget_and_retry (void **state)
    */
   for (uint64_t units = 1000; units <= 4000; units *= 4) {
     store = make_sparse_units (units, 0);
-    struct timespec t0, t1;
-    __real_clock_gettime (CLOCK_MONOTONIC, &t0);
+    int64_t start = real_now_ns ();
     assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), units);
-    __real_clock_gettime (CLOCK_MONOTONIC, &t1);
     print_message ("dissolve %" PRIu64 " sparse units: %.3f s\n", units,
-                   (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+                   (real_now_ns () - start) / 1e9);
     store_destroy (store);
   }
 
@@ -1974,11 +1954,11 @@ test_dissolve_budget_and_retry (void **state)
   /* Not at once (each failed unit would cost a decode every round)... */
   assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), 0);
   /* ... but later. */
-  atomic_store (&clock_offset_ns, 11ull * 1000000000);
+  atomic_store (&clock_ahead_ns, 11ull * 1000000000);
   assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), 64);
   store_stats (store, &stats);
   assert_int_equal (stats.pack_units, 0);
-  atomic_store (&clock_offset_ns, 0);
+  atomic_store (&clock_ahead_ns, 0);
   store_destroy (store);
 }
 
