@@ -378,10 +378,12 @@ open_ram_backing (uint64_t capacity)
  * recompression and packing, a backing store in RAM.
  */
 static struct block_store *
-make_moving_store (uint64_t blocks, uint64_t readback_below)
+make_moving_store (uint64_t blocks, uint64_t readback_below,
+                   unsigned pack_blocks)
 {
   struct store_config config = {
     .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
+    .pack_blocks = pack_blocks,
     .recomp_count = 1, .recomp = { { CODEC_ZSTD, 3 } },
     .backing = open_ram_backing (blocks * BS),
     .readback_below = readback_below,
@@ -523,7 +525,7 @@ test_window (void **state)
 
   window_wait_ms = env_unsigned ("MOVE_WINDOW_WAIT_MS", 5000);
   clock_freeze ();
-  struct block_store *store = make_moving_store (64, 0);
+  struct block_store *store = make_moving_store (64, 0, 0);
   for (uint64_t b = 0; b < WIN_BLOCKS; b++) {
     shared_fill (buf, b, 1);
     assert_int_equal (store_write (store, buf, BS, b * BS), 0);
@@ -1039,9 +1041,12 @@ housekeeper_main (void *arg)
 static void
 test_stress (void **state)
 {
-  (void) state;
-  unsigned seconds = env_unsigned ("MOVE_STRESS_SECONDS", 6);
-  struct block_store *store = make_moving_store (STRESS_BLOCKS, 1 << 30);
+  /* state: blocks per packed unit; the three runs share the time. */
+  unsigned pack_blocks = (uintptr_t) *state;
+  unsigned seconds = (env_unsigned ("MOVE_STRESS_SECONDS", 6) + 2) / 3;
+  struct block_store *store = make_moving_store (STRESS_BLOCKS, 1 << 30,
+                                                 pack_blocks);
+  print_message ("units of up to %u blocks\n", pack_blocks);
   struct writer writers[WRITERS];
   struct mover movers[4];
   void *(*mover_mains[4]) (void *) = {
@@ -1259,7 +1264,7 @@ test_ages (void **state)
 
   /* A when the store is made, B after the uptime. */
   atomic_store (&clock_ahead_ns, 0);
-  struct block_store *store = make_moving_store (64, 0);
+  struct block_store *store = make_moving_store (64, 0, 0);
   age_write (store, 0, AGE_A);
   atomic_store (&clock_ahead_ns, (int64_t) uptime * 1000000000);
   age_write (store, AGE_A, AGE_BLOCKS - AGE_A);
@@ -1269,7 +1274,7 @@ test_ages (void **state)
 
   /* Both after the uptime, two hours apart. */
   atomic_store (&clock_ahead_ns, 0);
-  store = make_moving_store (64, 0);
+  store = make_moving_store (64, 0, 0);
   atomic_store (&clock_ahead_ns, (int64_t) uptime * 1000000000);
   age_write (store, 0, AGE_A);
   atomic_store (&clock_ahead_ns, (int64_t) uptime * 1000000000 + hours2);
@@ -1292,7 +1297,10 @@ main (void)
     cmocka_unit_test_prestate (test_ages, (void *) (uintptr_t) (365 * 86400)),
     cmocka_unit_test_prestate (test_ages,
                                (void *) (uintptr_t) (3 * 365 * 86400)),
-    cmocka_unit_test (test_stress),
+    cmocka_unit_test_prestate (test_stress, (void *) (uintptr_t) 2),
+    cmocka_unit_test_prestate (test_stress, (void *) (uintptr_t) 16),
+    cmocka_unit_test_prestate (test_stress,
+                               (void *) (uintptr_t) STORE_PACK_MAX),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
