@@ -47,6 +47,15 @@ zs_pool_create (const struct zs_pool_config *config)
   }
 
   atomic_init (&pool->mem_limit, pool->config.mem_limit);
+  /* Writers first: a change of the limit is not starved by charges. */
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init (&attr);
+#ifdef __GLIBC__
+  pthread_rwlockattr_setkind_np (&attr,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+  pthread_rwlock_init (&pool->limit_lock, &attr);
+  pthread_rwlockattr_destroy (&attr);
   page_source_init (&pool->pages);
   pool->pages.reserve_target = (pool->config.reserve_bytes + PAGE_CHUNK_BYTES - 1)
     / PAGE_CHUNK_BYTES;
@@ -65,6 +74,7 @@ zs_pool_create (const struct zs_pool_config *config)
   size_classes_destroy (pool);
  fail_classes:
   pthread_mutex_destroy (&pool->pool_lock);
+  pthread_rwlock_destroy (&pool->limit_lock);
   page_source_destroy (&pool->pages);
   free (pool);
   errno = ENOMEM;
@@ -85,27 +95,34 @@ zs_pool_destroy (struct zs_pool *pool)
   size_classes_destroy (pool);
   page_source_destroy (&pool->pages);
   pthread_mutex_destroy (&pool->pool_lock);
+  pthread_rwlock_destroy (&pool->limit_lock);
   free (pool);
 }
 
 /* Add to the limit account (bytes, and zspages in transit in the high
  * bits) with one compare-and-swap, unless the bytes would exceed the
- * limit: false then, with *seen the account that refused them.
+ * limit: false then, with *seen the account that refused them.  The
+ * check and the swap are made under limit_lock (read), so that the limit
+ * does not change between them (MEMORY LIMIT).
  */
 static bool
 limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
 {
+  bool added = true;
+  pthread_rwlock_rdlock (&pool->limit_lock);
   uint64_t account = atomic_load_explicit (&pool->limit_account,
                                            memory_order_relaxed);
+  uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
   do {
-    uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
     if (limit && account_bytes (account + add) > limit) {
       *seen = account;
-      return false;
+      added = false;
+      break;
     }
   } while (!atomic_compare_exchange_weak (&pool->limit_account, &account,
                                           account + add));
-  return true;
+  pthread_rwlock_unlock (&pool->limit_lock);
+  return added;
 }
 
 /* Give the limit back what reserve pages taken (or dropped) since the
@@ -511,18 +528,42 @@ zs_pool_get_config (const struct zs_pool *pool, struct zs_pool_config *config)
 }
 
 int
+zs_pool_set_mem_limit_held (struct zs_pool *pool, uint64_t limit,
+                            uint64_t *held)
+{
+  for (bool drained = false; ; drained = true) {
+    /* Checked and set with no charge in between (MEMORY LIMIT): a limit
+     * the account refuses is never in force, and one it accepts binds
+     * every charge that lands after it.
+     */
+    pthread_rwlock_wrlock (&pool->limit_lock);
+    uint64_t bytes = account_bytes (atomic_load (&pool->limit_account));
+    if (!limit || bytes <= limit) {
+      atomic_store (&pool->mem_limit, limit);
+      pthread_rwlock_unlock (&pool->limit_lock);
+      return 0;
+    }
+    pthread_rwlock_unlock (&pool->limit_lock);
+    /* Refused for what the pool holds once its deferred frees are
+     * drained and the reserve's pages that zspages took are given back,
+     * as an allocation is.
+     */
+    if (drained) {
+      if (held)
+        *held = bytes;
+      errno = ENOSPC;
+      return -1;
+    }
+    if (pool->config.free_mode == ZS_FREE_BATCHED)
+      zs_pool_flush (pool);
+    reserve_settle (pool);
+  }
+}
+
+int
 zs_pool_set_mem_limit (struct zs_pool *pool, uint64_t limit)
 {
-  uint64_t old = atomic_exchange (&pool->mem_limit, limit);
-  /* Allocations that start from now on see the new limit.  If the pool
-   * already holds more, put the old one back: nothing changed.
-   */
-  if (limit && account_bytes (atomic_load (&pool->limit_account)) > limit) {
-    atomic_store (&pool->mem_limit, old);
-    errno = ENOSPC;
-    return -1;
-  }
-  return 0;
+  return zs_pool_set_mem_limit_held (pool, limit, NULL);
 }
 
 void

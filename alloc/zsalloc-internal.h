@@ -133,6 +133,14 @@
  *   while the same snapshot of the account shows zspages in transit it
  *   yields and looks again.  So a refusal (ENOSPC) is true when it is
  *   made: every page is in a listed zspage and the class has no slot.
+ *   zs_pool_set_mem_limit changes the limit under limit_lock held for
+ *   writing, after checking the account; every charge checks the limit
+ *   and swaps the account under it held for reading.  So a limit the
+ *   account refuses is never in force, and a charge checked against the
+ *   old limit never lands after a new, lower one took effect.  Only
+ *   charges take it (limit_add), never the discharges, which only lower
+ *   the account; it is a leaf (taken with a class lock held, nothing
+ *   taken under it).
  *
  * THE RESERVE (page-source.h)
  *   zs_pool_reserve_refill maps populated chunks onto the page source's
@@ -164,6 +172,11 @@
  *                              back pointers, the class's counters and its
  *                              cell blocks.
  *   page_source->lock          the chunk lists of one run length.
+ *   pool->limit_lock           read: a charge's check of the limit and its
+ *                              swap of the account; write: a change of
+ *                              the limit (MEMORY LIMIT).  A leaf: taken
+ *                              with a class lock held or none, nothing
+ *                              taken under it.
  *
  *   Order: compact_lock -> move lock -> size_class->lock, and
  *   free_batch->lock -> size_class->lock.  No path holds two move locks,
@@ -278,6 +291,11 @@ struct zs_pool {
 
   _Atomic uint64_t mem_limit;     /* config.mem_limit, changeable at run
                                      time (zs_pool_set_mem_limit) */
+  pthread_rwlock_t limit_lock;    /* read: a charge's check of mem_limit
+                                     and its compare-and-swap of the
+                                     account; write: a change of mem_limit,
+                                     its check and its store (MEMORY
+                                     LIMIT) */
   /* Pool-wide counters: atomics, no lock. */
   _Atomic uint64_t limit_account; /* bytes counted against the limit and
                                      zspages in transit, see MEMORY LIMIT */

@@ -177,11 +177,17 @@ extern void zs_pool_get_config (const struct zs_pool *pool,
 extern uint64_t zs_compact (struct zs_pool *pool);
 
 /* Change the memory limit while the pool is in use (0: none).  -1 with
- * errno ENOSPC if the pool already holds more than limit; nothing
- * changes then.  It binds allocations that start after it: one already
- * past its check may still land under the old limit.
+ * errno ENOSPC if the pool holds more than limit once its deferred frees
+ * are drained; nothing changes then.  The check and the change are one
+ * step for every charge against the limit: a refused limit is never in
+ * force, not even for a moment, and an accepted one is never exceeded by
+ * an allocation checked against the old one.  zs_pool_set_mem_limit_held
+ * also says, on a refusal, the bytes the pool held that refused it
+ * (*held, the limit_used of zs_pool_stats at that moment).
  */
 extern int zs_pool_set_mem_limit (struct zs_pool *pool, uint64_t limit);
+extern int zs_pool_set_mem_limit_held (struct zs_pool *pool, uint64_t limit,
+                                       uint64_t *held);
 /* Restart pages_used_max from pages_used (zram's mem_used_max reset). */
 extern void zs_pool_reset_max (struct zs_pool *pool);
 /* The bytes mem_limit counts now (zs_pool_stats' limit_used), without

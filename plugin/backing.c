@@ -32,15 +32,29 @@ struct backing {
   _Atomic unsigned next_connection;
   atomic_bool can_trim;         /* cleared when the store cannot */
 
-  pthread_mutex_t map_lock;     /* guards bits, free_sectors, cursor */
-  uint64_t *bits;               /* one per sector, 1: allocated */
+  /* The space map (see backing.h): leaves of BACKING_MAP_LEAF_SECTORS
+   * bits, one per sector (1: allocated), each allocated when a run first
+   * lands in it and freed when its last run goes; over them a max tree
+   * of the longest free run within each leaf, so that the first leaf
+   * with room for a run is found in log time.
+   */
+  pthread_mutex_t map_lock;     /* guards the map and free_sectors */
+  uint64_t **leaves;            /* leaf_count bitmaps, NULL: all free */
+  uint16_t *longest;            /* the tree: 2 * tree_base nodes, 1 the
+                                   root, tree_base + i leaf i's longest
+                                   free run (0 past the last leaf) */
+  uint16_t *longest_runs;       /* per leaf, how many of its free runs
+                                   are that long */
+  uint64_t leaf_count, tree_base;
   uint64_t sectors;
   uint64_t free_sectors;
-  uint64_t cursor;              /* where the next search starts */
+  uint64_t map_bytes;           /* leaves, tree and pointers */
 
   _Atomic uint64_t failed;
   _Atomic uint64_t reconnects;
 };
+
+static int map_init (struct backing *backing, uint64_t sectors);
 
 bool
 backing_is_uri (const char *target)
@@ -171,13 +185,8 @@ backing_open (const char *target, uint64_t capacity, bool odirect,
   }
   else
     r = open_file (backing, target, capacity, error);
-  if (r == 0) {
-    backing->sectors = capacity / BACKING_SECTOR;
-    backing->free_sectors = backing->sectors;
-    backing->bits = calloc ((backing->sectors + 63) / 64, sizeof (uint64_t));
-    if (!backing->bits)
-      r = -1;
-  }
+  if (r == 0)
+    r = map_init (backing, capacity / BACKING_SECTOR);
   if (r == -1) {
     if (!*error)
       *error = message ("backing: %s", strerror (errno));
@@ -202,79 +211,240 @@ backing_close (struct backing *backing)
   if (backing->fd >= 0)
     close (backing->fd);
   pthread_mutex_destroy (&backing->map_lock);
-  free (backing->bits);
+  for (uint64_t i = 0; backing->leaves && i < backing->leaf_count; i++)
+    free (backing->leaves[i]);
+  free (backing->leaves);
+  free (backing->longest);
+  free (backing->longest_runs);
   free (backing->uri);
   free (backing);
 }
 
 /* ---- the space map --------------------------------------------------- */
 
-static inline bool
-bit_is_set (const uint64_t *bits, uint64_t i)
+#define LEAF_SECTORS BACKING_MAP_LEAF_SECTORS
+#define LEAF_WORDS (LEAF_SECTORS / 64)
+
+/* The sectors leaf i covers (the last one may be short). */
+static uint32_t
+leaf_sectors (const struct backing *backing, uint64_t leaf)
 {
-  return bits[i / 64] >> (i % 64) & 1;
+  uint64_t left = backing->sectors - leaf * LEAF_SECTORS;
+  return left < LEAF_SECTORS ? left : LEAF_SECTORS;
 }
 
-static void
-bits_assign (uint64_t *bits, uint64_t first, uint64_t count, bool set)
+static int
+map_init (struct backing *backing, uint64_t sectors)
 {
-  for (uint64_t i = first; i < first + count; i++) {
-    if (set)
-      bits[i / 64] |= 1ull << (i % 64);
-    else
-      bits[i / 64] &= ~(1ull << (i % 64));
+  backing->sectors = sectors;
+  backing->free_sectors = sectors;
+  backing->leaf_count = (sectors + LEAF_SECTORS - 1) / LEAF_SECTORS;
+  backing->tree_base = 1;
+  while (backing->tree_base < backing->leaf_count)
+    backing->tree_base *= 2;
+  backing->leaves = calloc (backing->leaf_count ? backing->leaf_count : 1,
+                            sizeof *backing->leaves);
+  backing->longest = calloc (2 * backing->tree_base, sizeof *backing->longest);
+  backing->longest_runs = calloc (backing->leaf_count ? backing->leaf_count : 1,
+                                  sizeof *backing->longest_runs);
+  if (!backing->leaves || !backing->longest || !backing->longest_runs)
+    return -1;
+  backing->map_bytes = backing->leaf_count
+    * (sizeof *backing->leaves + sizeof *backing->longest_runs)
+    + 2 * backing->tree_base * sizeof *backing->longest;
+  /* Every leaf free: its longest run is all of it. */
+  for (uint64_t i = 0; i < backing->leaf_count; i++) {
+    backing->longest[backing->tree_base + i] = leaf_sectors (backing, i);
+    backing->longest_runs[i] = 1;
+  }
+  for (uint64_t node = backing->tree_base; node-- > 1;) {
+    uint16_t a = backing->longest[2 * node], b = backing->longest[2 * node + 1];
+    backing->longest[node] = a > b ? a : b;
+  }
+  return 0;
+}
+
+/* Set leaf i's longest free run and bring its ancestors up to date. */
+static void
+tree_set (struct backing *backing, uint64_t leaf, uint16_t longest)
+{
+  uint64_t node = backing->tree_base + leaf;
+  backing->longest[node] = longest;
+  for (node /= 2; node >= 1; node /= 2) {
+    uint16_t a = backing->longest[2 * node], b = backing->longest[2 * node + 1];
+    uint16_t max = a > b ? a : b;
+    if (backing->longest[node] == max)
+      break;                    /* and so are those above */
+    backing->longest[node] = max;
   }
 }
 
-/* The first run of count free sectors in [from, end), or end if none. */
+/* The first leaf with a free run of count sectors, or leaf_count. */
 static uint64_t
-run_search (const uint64_t *bits, uint64_t from, uint64_t end, uint64_t count)
+tree_find (const struct backing *backing, uint32_t count)
 {
-  uint64_t start = from, length = 0;
-  for (uint64_t i = from; i < end; i++) {
-    if (i % 64 == 0 && bits[i / 64] == UINT64_MAX && i + 64 <= end) {
-      i += 63;                  /* a whole word taken */
-      length = 0;
-      start = i + 1;
-      continue;
+  if (backing->longest[1] < count)
+    return backing->leaf_count;
+  uint64_t node = 1;
+  while (node < backing->tree_base)
+    node = backing->longest[2 * node] >= count ? 2 * node : 2 * node + 1;
+  return node - backing->tree_base;
+}
+
+/* The first sector at or after from, below end, whose bit is set (one)
+ * or clear (!one); end if none.
+ */
+static uint32_t
+bit_find (const uint64_t *bits, uint32_t from, uint32_t end, bool one)
+{
+  while (from < end) {
+    uint64_t word = bits[from / 64];
+    if (!one)
+      word = ~word;
+    word &= ~0ull << (from % 64);
+    if (word) {
+      uint32_t at = from / 64 * 64 + __builtin_ctzll (word);
+      return at < end ? at : end;
     }
-    if (bit_is_set (bits, i)) {
-      length = 0;
-      start = i + 1;
-    }
-    else if (++length == count)
-      return start;
+    from = (from / 64 + 1) * 64;
   }
   return end;
+}
+
+/* The first sector after the last set bit below end; 0 if none. */
+static uint32_t
+bit_after_last_one (const uint64_t *bits, uint32_t end)
+{
+  while (end > 0) {
+    uint32_t w = (end - 1) / 64;
+    uint64_t word = bits[w];
+    if (end - w * 64 < 64)
+      word &= (1ull << (end - w * 64)) - 1;
+    if (word)
+      return w * 64 + 64 - __builtin_clzll (word);
+    end = w * 64;
+  }
+  return 0;
+}
+
+/* The first free run of at least count sectors in a leaf of n sectors
+ * (n if none), its length in *length: a word at a time over taken and
+ * free stretches, stopping there.
+ */
+static uint32_t
+leaf_first_fit (const uint64_t *bits, uint32_t n, uint32_t count,
+                uint32_t *length)
+{
+  for (uint32_t start = bit_find (bits, 0, n, false); start < n;) {
+    uint32_t end = bit_find (bits, start, n, true);
+    if (end - start >= count) {
+      *length = end - start;
+      return start;
+    }
+    start = bit_find (bits, end, n, false);
+  }
+  return n;
+}
+
+/* Look at a whole leaf again: its longest free run, and how many are
+ * that long, into the tree.
+ */
+static void
+leaf_measure (struct backing *backing, uint64_t leaf)
+{
+  const uint64_t *bits = backing->leaves[leaf];
+  uint32_t n = leaf_sectors (backing, leaf), longest = 0, runs = 0;
+  for (uint32_t start = bit_find (bits, 0, n, false); start < n;) {
+    uint32_t end = bit_find (bits, start, n, true);
+    if (end - start > longest) {
+      longest = end - start;
+      runs = 0;
+    }
+    runs += end - start == longest;
+    start = bit_find (bits, end, n, false);
+  }
+  backing->longest_runs[leaf] = runs;
+  tree_set (backing, leaf, longest);
+}
+
+/* Set (or clear) the bits of [first, first + count) in a leaf; returns
+ * how many changed.
+ */
+static uint32_t
+bits_assign (uint64_t *bits, uint32_t first, uint32_t count, bool set)
+{
+  uint32_t changed = 0;
+  while (count > 0) {
+    uint32_t shift = first % 64;
+    uint32_t n = 64 - shift < count ? 64 - shift : count;
+    uint64_t mask = (n == 64 ? ~0ull : ((1ull << n) - 1)) << shift;
+    uint64_t *word = &bits[first / 64];
+    changed += __builtin_popcountll (set ? mask & ~*word : mask & *word);
+    *word = set ? *word | mask : *word & ~mask;
+    first += n;
+    count -= n;
+  }
+  return changed;
+}
+
+/* Find a run of count sectors and take it; leaf_count if none.  First
+ * fit: the lowest leaf with room, then its first run that fits, so that
+ * runs pack at the start of the store and few leaves exist.  The tree
+ * and the counts of longest runs are exact (see backing_release); were
+ * a leaf to have no run that long after all, it is measured again and
+ * the search goes on.
+ */
+static uint64_t
+map_take (struct backing *backing, uint32_t count, uint32_t *start)
+{
+  for (;;) {
+    uint64_t leaf = tree_find (backing, count);
+    if (leaf == backing->leaf_count)
+      return leaf;
+    uint32_t n = leaf_sectors (backing, leaf), length = n;
+    uint32_t longest = backing->longest[backing->tree_base + leaf];
+    uint64_t *bits = backing->leaves[leaf];
+    *start = 0;
+    if (!bits) {
+      bits = calloc (LEAF_WORDS, sizeof *bits);
+      if (!bits) {
+        errno = ENOMEM;
+        return backing->leaf_count;
+      }
+      backing->leaves[leaf] = bits;
+      backing->map_bytes += LEAF_WORDS * sizeof *bits;
+    }
+    else if ((*start = leaf_first_fit (bits, n, count, &length)) == n) {
+      leaf_measure (backing, leaf);
+      continue;
+    }
+    bits_assign (bits, *start, count, true);
+    backing->free_sectors -= count;
+    /* Taken from a run shorter than the longest, the longest is still
+     * there; from the last of the longest, measure the leaf again.
+     */
+    if (length == longest && --backing->longest_runs[leaf] == 0)
+      leaf_measure (backing, leaf);
+    return leaf;
+  }
 }
 
 int64_t
 backing_allocate (struct backing *backing, size_t bytes)
 {
   uint64_t count = (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR;
-  pthread_mutex_lock (&backing->map_lock);
-  uint64_t start = backing->sectors;
-  if (count <= backing->free_sectors) {
-    /* Next fit: from the cursor, then from the start. */
-    start = run_search (backing->bits, backing->cursor, backing->sectors, count);
-    if (start == backing->sectors) {
-      uint64_t end = backing->cursor + count < backing->sectors
-        ? backing->cursor + count : backing->sectors;
-      start = run_search (backing->bits, 0, end, count);
-      if (start == end)
-        start = backing->sectors;     /* no run anywhere */
-    }
-  }
-  if (start >= backing->sectors) {
-    pthread_mutex_unlock (&backing->map_lock);
-    errno = ENOSPC;
+  if (count == 0 || count > LEAF_SECTORS) {
+    errno = count ? ENOSPC : EINVAL;     /* runs lie within a leaf */
     return -1;
   }
-  bits_assign (backing->bits, start, count, true);
-  backing->free_sectors -= count;
-  backing->cursor = start + count;
+  uint32_t start = 0;
+  errno = ENOSPC;
+  pthread_mutex_lock (&backing->map_lock);
+  uint64_t leaf = map_take (backing, count, &start);
   pthread_mutex_unlock (&backing->map_lock);
-  return (int64_t) (start * BACKING_SECTOR);
+  if (leaf == backing->leaf_count)
+    return -1;                  /* errno ENOSPC, or ENOMEM */
+  return (int64_t) ((leaf * LEAF_SECTORS + start) * BACKING_SECTOR);
 }
 
 /* ---- requests -------------------------------------------------------- */
@@ -410,8 +580,39 @@ backing_release (struct backing *backing, uint64_t offset, size_t bytes)
     errno = saved;
   }
   pthread_mutex_lock (&backing->map_lock);
-  bits_assign (backing->bits, first, count, false);
-  backing->free_sectors += count;
+  while (count > 0 && first < backing->sectors) {
+    uint64_t leaf = first / LEAF_SECTORS;
+    uint32_t at = first % LEAF_SECTORS, n = leaf_sectors (backing, leaf);
+    uint32_t length = count < n - at ? count : n - at;
+    uint64_t *bits = backing->leaves[leaf];
+    uint32_t freed = bits ? bits_assign (bits, at, length, false) : 0;
+    if (freed) {                /* (a leaf that is not there is free) */
+      backing->free_sectors += freed;
+      /* The free run the freed sectors are part of now: the runs it
+       * joined were shorter than it, so the leaf's longest runs are as
+       * they were, or this one is one more, or the only one.
+       */
+      uint32_t run = bit_find (bits, at + length, n, true)
+        - bit_after_last_one (bits, at);
+      uint32_t longest = backing->longest[backing->tree_base + leaf];
+      if (run > longest) {
+        longest = run;
+        backing->longest_runs[leaf] = 1;
+      }
+      else if (run == longest)
+        backing->longest_runs[leaf]++;
+      if (longest == n) {
+        /* Its last run went: the leaf goes too. */
+        free (bits);
+        backing->leaves[leaf] = NULL;
+        backing->map_bytes -= LEAF_WORDS * sizeof *bits;
+        backing->longest_runs[leaf] = 1;
+      }
+      tree_set (backing, leaf, longest);
+    }
+    first += length;
+    count -= length;
+  }
   pthread_mutex_unlock (&backing->map_lock);
 }
 
@@ -421,6 +622,7 @@ backing_stats (struct backing *backing, struct backing_stats *stats)
   pthread_mutex_lock (&backing->map_lock);
   stats->capacity = backing->sectors * BACKING_SECTOR;
   stats->used = (backing->sectors - backing->free_sectors) * BACKING_SECTOR;
+  stats->map_bytes = backing->map_bytes;
   pthread_mutex_unlock (&backing->map_lock);
   stats->failed = atomic_load (&backing->failed);
   stats->reconnects = atomic_load (&backing->reconnects);

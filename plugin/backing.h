@@ -4,10 +4,22 @@
  * libnbd (nbd://, nbds://, nbd+unix:// URIs: another nbdkit,
  * qemu-storage-daemon, an RBD image exported over NBD).  It holds blocks
  * still compressed (zram's compressed_writeback), each in a run of
- * 512-byte sectors handed out by the space map: a bitmap in RAM, one bit
- * per sector of the capacity (the device's size at most, since no more
- * can ever be written back: 32 KiB of RAM per GiB).  A batch of blocks
- * takes one run and one write.  A freed run is trimmed on the store too.
+ * 512-byte sectors handed out by the space map.  A batch of blocks takes
+ * one run and one write.  A freed run is trimmed on the store too.
+ *
+ * The space map costs RAM in proportion to what is written back: a bit
+ * per sector, in leaves of BACKING_MAP_LEAF_SECTORS sectors (16 MiB of
+ * the store, 4 KiB of bitmap), each allocated when a run first lands in
+ * it and freed when its last run goes, plus, for the whole capacity (the
+ * device's size at most, since no more can ever be written back), 14 to
+ * 18 bytes per leaf (a pointer, a count and search tree nodes): 896
+ * bytes per GiB of capacity (896 KiB for 1 TiB; it was a bitmap of the
+ * whole capacity, 256 KiB per GiB).  Runs are handed out first fit (the
+ * lowest leaf with room, found through the tree in log time, then its
+ * first run that fits), so they pack at the start of the store and
+ * leaves stay few and full: 4 KiB per 16 MiB of the store in use, i.e.
+ * 256 KiB per GiB of compressed data written back (padded to sectors).
+ * backing_stats' map_bytes says what it takes now.
  *
  * An NBD store is reached through one connection, or several when the
  * server offers multi-conn (up to BACKING_CONNECTIONS), each used by one
@@ -16,7 +28,7 @@
  * and retries once; until a reconnection works, requests fail with EIO.
  *
  * LOCKS (leaves: no other lock is taken while one is held).
- *   map_lock          the space map: bits, free count, the search cursor.
+ *   map_lock          the space map: leaves, tree, free count, map_bytes.
  *   connection lock   one per NBD connection: its handle, for one request
  *                     or a reconnection.
  * A caller may hold a stripe lock of the block store (block-store.h)
@@ -33,6 +45,9 @@
 
 #define BACKING_SECTOR 512
 #define BACKING_CONNECTIONS 4
+#define BACKING_MAP_LEAF_SECTORS 32768  /* sectors a leaf of the space map
+                                           covers: 16 MiB of the store */
+#define BACKING_MAP_LEAF_BYTES (BACKING_MAP_LEAF_SECTORS / 8)  /* its bitmap */
 
 struct backing;
 
@@ -48,11 +63,17 @@ extern void backing_close (struct backing *backing);
 /* Whether target names an NBD export rather than a file. */
 extern bool backing_is_uri (const char *target);
 
-/* A run of sectors for bytes (rounded up to sectors): its first byte's
- * offset.  -1 with errno ENOSPC when no run is free.
+/* A run of sectors for bytes (rounded up to sectors, at most
+ * BACKING_MAP_LEAF_SECTORS of them: a run lies within a leaf): its first
+ * byte's offset.  -1 with errno ENOSPC when no run that long is free
+ * within a leaf (or bytes is more than a leaf), ENOMEM when a leaf could
+ * not be allocated for it, EINVAL for 0 bytes.  The map grows by
+ * BACKING_MAP_LEAF_BYTES when the run starts a leaf.
  */
 extern int64_t backing_allocate (struct backing *backing, size_t bytes);
-/* Free a run (the store is trimmed there, best effort). */
+/* Free a run (the store is trimmed there, best effort).  The map
+ * shrinks by BACKING_MAP_LEAF_BYTES for each leaf it empties.
+ */
 extern void backing_release (struct backing *backing, uint64_t offset,
                              size_t bytes);
 
@@ -67,6 +88,9 @@ struct backing_stats {
   uint64_t used;                /* bytes in allocated runs */
   uint64_t failed;              /* requests that failed */
   uint64_t reconnects;          /* NBD connections made again */
+  uint64_t map_bytes;           /* RAM the space map takes now (its
+                                   leaves, tree and pointers): to count
+                                   against mem_limit */
 };
 extern void backing_stats (struct backing *backing, struct backing_stats *stats);
 

@@ -96,8 +96,11 @@ struct block_store {
                                      from here */
   /* Writeback: the backing store (NULL: none), one run at a time. */
   struct backing *backing;
-  pthread_mutex_t writeback_lock; /* held for a whole writeback run; taken
-                                     before any stripe lock */
+  pthread_mutex_t writeback_lock; /* held for a whole writeback run, and
+                                     guards map_charged; taken before any
+                                     stripe lock */
+  uint64_t map_charged;           /* the backing store's space map, bytes
+                                     charged to the pool for it */
   unsigned writeback_batch;       /* blocks per backing write */
   _Atomic uint64_t writeback_limit; /* bytes that may still be written
                                      back (zram's writeback_limit),
@@ -330,6 +333,12 @@ extern void units_free_all (struct block_store *store);
  * errno as it was when there is nothing to gain.  No lock held.
  */
 extern int writeback_for_room (struct block_store *store);
+/* Charge the pool for the backing store's space map as it is now (it
+ * grows and shrinks with what is written back): with writeback_lock
+ * held (locked), or taking it if free (a run in progress settles at its
+ * end).  A growth the limit refuses is charged at a later settle.
+ */
+extern void backing_map_settle (struct block_store *store, bool locked);
 /* A written-back block just read (into block, under its stripe lock):
  * back into RAM while the pool is under readback_below.  True if it was;
  * *old is then to be released after the lock.

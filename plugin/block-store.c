@@ -102,6 +102,7 @@ store_create (const struct store_config *config)
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_init (&store->stripes[i], NULL);
+  backing_map_settle (store, false);    /* the empty map's */
   return store;
 
  fail:;
@@ -726,9 +727,11 @@ store_extents (struct block_store *store, uint64_t count, uint64_t offset,
 }
 
 int
-store_set_mem_limit (struct block_store *store, uint64_t limit)
+store_set_mem_limit (struct block_store *store, uint64_t limit,
+                     uint64_t *held)
 {
-  return zs_pool_set_mem_limit (store->pool, limit);
+  uint64_t ignored;
+  return zs_pool_set_mem_limit_held (store->pool, limit, held ? held : &ignored);
 }
 
 void
@@ -825,6 +828,7 @@ void
 store_flush (struct block_store *store)
 {
   block_table_reclaim (&store->table, stripes_sweep, store);
+  backing_map_settle (store, false);
   zs_pool_flush (store->pool);
 }
 
@@ -876,6 +880,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
     backing_stats (store->backing, &backing);
     stats->backing_capacity = backing.capacity;
     stats->backing_used = backing.used;
+    stats->backing_map_bytes = backing.map_bytes;
     stats->backing_failed = backing.failed;
     stats->backing_reconnects = backing.reconnects;
   }

@@ -182,6 +182,8 @@ struct store_stats {
   uint64_t bd_readbacks;          /* blocks read back into RAM, ever */
   uint64_t backing_capacity;      /* bytes its space map covers (0: none) */
   uint64_t backing_used;          /* bytes of it in use (sector runs) */
+  uint64_t backing_map_bytes;     /* RAM its space map takes (counted in
+                                     limit_used once settled) */
   uint64_t backing_failed;        /* requests to it that failed */
   uint64_t backing_reconnects;    /* NBD connections made again */
   uint64_t writeback_limit_left;  /* bytes writeback may still write
@@ -393,10 +395,12 @@ extern uint64_t store_pack_dissolve (struct block_store *store,
                                      void *opaque);
 
 /* The control channel's knobs: mem_limit at run time (-1 with errno
- * ENOSPC if more is held already; nothing changes then), mem_used_max
+ * ENOSPC if more is held already; nothing changes then, and *held, if
+ * not NULL, says the bytes held that refused it), mem_used_max
  * restarted from now, the allocator's per-class table.
  */
-extern int store_set_mem_limit (struct block_store *store, uint64_t limit);
+extern int store_set_mem_limit (struct block_store *store, uint64_t limit,
+                                uint64_t *held);
 extern void store_reset_mem_used_max (struct block_store *store);
 extern void store_print_classes (struct block_store *store, FILE *fp);
 

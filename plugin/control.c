@@ -242,11 +242,15 @@ command_mem_limit (struct client *client, int argc, char **argv)
                         argv[1]);
   if (limit == 0 && swap_mode != SWAP_OFF)
     return reply_error (client, "mem_limit: swap mode needs a limit");
-  if (store_set_mem_limit (store, limit) == -1) {
-    struct store_stats s;
-    store_stats (store, &s);
-    return reply_error (client, "mem_limit: %" PRId64 " is below the %" PRIu64
-                        " bytes held now", limit, s.limit_used);
+  /* The pool checks and sets the limit in one step, after draining its
+   * deferred frees, and says what it held when it refused.
+   */
+  uint64_t held;
+  if (store_set_mem_limit (store, limit, &held) == -1) {
+    if (errno != ENOSPC)
+      return reply_error (client, "mem_limit: %s", error_text (errno));
+    return reply_error (client, "mem_limit: %" PRId64 " is below the %"
+                        PRIu64 " bytes held now", limit, held);
   }
   return 0;
 }
@@ -298,6 +302,7 @@ command_recompress (struct client *client, int argc, char **argv)
   static const char *const types[] = { NULL, "idle", "huge", "huge_idle" };
   struct store_recompress_request request = { 0 };
   const char *algorithm = NULL;
+  unsigned priority = 0;        /* priority= */
   for (int i = 1; i < argc; i++) {
     char *value = strchr (argv[i], '=');
     if (!value)
@@ -322,25 +327,36 @@ command_recompress (struct client *client, int argc, char **argv)
     else if (strcmp (argv[i], "max_pages") == 0)
       request.max_blocks = number;
     else if (strcmp (argv[i], "priority") == 0) {
-      if (!store_recompress_algorithm (store, number))
+      if (number > STORE_RECOMP_MAX || !store_recompress_algorithm (store, number))
         return reply_error (client, "recompress: no algorithm has priority "
                             "%" PRIu64, number);
-      request.priority = number;
+      priority = number;
     }
     else
       return reply_error (client, "recompress: unknown key '%s'", argv[i]);
   }
   if (!request.type)
     return reply_error (client, "recompress: type=idle|huge|huge_idle is needed");
+  /* algo= names an algorithm, priority= picks one: either, or both if
+   * they agree; a name that is none of the server's is refused whatever
+   * else is given.
+   */
+  request.priority = priority;
   if (algorithm) {
-    for (unsigned p = 1; store_recompress_algorithm (store, p); p++)
+    unsigned named = 0;
+    for (unsigned p = 1; p <= STORE_RECOMP_MAX
+           && store_recompress_algorithm (store, p); p++)
       if (strcmp (store_recompress_algorithm (store, p), algorithm) == 0) {
-        request.priority = p;
+        named = p;
         break;
       }
-    if (!request.priority)
+    if (!named)
       return reply_error (client, "recompress: algo=%s is not a recompression "
                           "algorithm (recomp_algorithm=)", algorithm);
+    if (priority && priority != named)
+      return reply_error (client, "recompress: algo=%s has priority %u, not "
+                          "priority=%u", algorithm, named, priority);
+    request.priority = named;
   }
   if (!store_recompress_algorithm (store, 1))
     return reply_error (client, "recompress: the server has no recompression "
@@ -456,6 +472,40 @@ command_writeback (struct client *client, int argc, char **argv)
   return 0;
 }
 
+/* writeback_limit [SIZE|off]: zram's writeback_limit and
+ * writeback_limit_enable in one.  SIZE (bytes, with suffixes; 0: nothing
+ * more may be written back) sets the limit and enables it, off disables
+ * it; either way, and with no argument, the reply says the limit now:
+ * what writeback may still write, as zram's writeback_limit reads.
+ */
+static int
+command_writeback_limit (struct client *client, int argc, char **argv)
+{
+  bool limited = true;
+  int64_t bytes = 0;
+  if (argc == 2) {
+    if (strcmp (argv[1], "off") == 0)
+      limited = false;
+    else if (!*argv[1] || (bytes = nbdkit_parse_size (argv[1])) == -1)
+      return reply_error (client, "writeback_limit: '%s' is not a size or off "
+                          "(e.g. 512M, 0: nothing more is written back)",
+                          argv[1]);
+  }
+  if (!store_has_backing (store))
+    return reply_error (client, "writeback_limit: the server has no backing "
+                        "store (backing=)");
+  if (argc == 2 && store_set_writeback_limit (store, limited, bytes) == -1)
+    return reply_error (client, "writeback_limit: %s", error_text (errno));
+  struct store_stats s;
+  store_stats (store, &s);
+  if (s.writeback_limit_left == UINT64_MAX)
+    fprintf (client->out, "writeback_limit off\n");
+  else
+    fprintf (client->out, "writeback_limit %" PRIu64 "\n",
+             s.writeback_limit_left);
+  return 0;
+}
+
 /* dissolve PERCENT: units with fewer live blocks go. */
 static int
 command_dissolve (struct client *client, int argc, char **argv)
@@ -493,6 +543,8 @@ static const struct command {
   { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve },
   { "writeback", 2, 3, "writeback idle|huge|huge_idle|incompressible|"
     "page_index=N|page_indexes=A-B [max_pages=N]", command_writeback },
+  { "writeback_limit", 1, 2, "writeback_limit [SIZE|off]",
+    command_writeback_limit },
   { "help", 1, 1, "help", command_help },
 };
 

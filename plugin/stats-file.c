@@ -129,6 +129,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (bd_readbacks);
   FIELD (backing_capacity);
   FIELD (backing_used);
+  FIELD (backing_map_bytes);
   FIELD (backing_failed);
   FIELD (backing_reconnects);
 #undef FIELD

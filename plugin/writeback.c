@@ -264,6 +264,27 @@ writeback_some (void *opaque, const uint64_t *blocks, unsigned n)
   return writeback_group (opaque, blocks, n);
 }
 
+void
+backing_map_settle (struct block_store *store, bool locked)
+{
+  if (!store->backing
+      || (!locked && pthread_mutex_trylock (&store->writeback_lock) != 0))
+    return;
+  struct backing_stats backing;
+  backing_stats (store->backing, &backing);
+  if (backing.map_bytes > store->map_charged) {
+    if (zs_pool_charge (store->pool, backing.map_bytes - store->map_charged)
+        == 0)
+      store->map_charged = backing.map_bytes;
+  }
+  else if (backing.map_bytes < store->map_charged) {
+    zs_pool_discharge (store->pool, store->map_charged - backing.map_bytes);
+    store->map_charged = backing.map_bytes;
+  }
+  if (!locked)
+    pthread_mutex_unlock (&store->writeback_lock);
+}
+
 /* One pass over the device for request; writeback_lock held. */
 static int
 writeback_pass (struct block_store *store,
@@ -281,7 +302,9 @@ writeback_pass (struct block_store *store,
     .group = store->writeback_batch, .wanted = writeback_candidate,
     .more = writeback_more, .work = writeback_some, .opaque = &run,
   };
-  return candidates_walk (store, &walk);
+  int r = candidates_walk (store, &walk);
+  backing_map_settle (store, true);
+  return r;
 }
 
 int

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -1450,6 +1451,219 @@ test_cell_failure_leaves_no_zspage (void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* 8b. Changing the limit while the pool is in use.                        */
+
+/* A limit is checked against what the pool holds and set in one step
+ * with respect to charges: a refused limit is never in force, not even
+ * for a moment, and an accepted one is never exceeded by a charge that
+ * was checked against the old one.  A thread charges and gives back a
+ * page over and over, another watches the limit, while the test sets
+ * limits.
+ */
+struct set_limit_race {
+  struct zs_pool *pool;
+  uint64_t low;                 /* the limit being set */
+  size_t charge;                /* what the charger charges each time */
+  atomic_bool stop;
+  atomic_ulong refusals;        /* charges refused */
+  atomic_ulong charges;         /* charges that got through */
+  atomic_ulong low_seen;        /* the watcher saw low in force */
+  atomic_ulong over_seen;       /* the charger held its charge under low */
+};
+
+static void *
+set_limit_charger (void *arg)
+{
+  struct set_limit_race *race = arg;
+  struct zs_pool_config config;
+
+  while (!atomic_load (&race->stop)) {
+    if (zs_pool_charge (race->pool, race->charge) == -1) {
+      atomic_fetch_add (&race->refusals, 1);
+      continue;
+    }
+    atomic_fetch_add (&race->charges, 1);
+    /* Charged: a limit in force now must have room for it. */
+    zs_pool_get_config (race->pool, &config);
+    if (config.mem_limit == race->low)
+      atomic_fetch_add (&race->over_seen, 1);
+    zs_pool_discharge (race->pool, race->charge);
+  }
+  return NULL;
+}
+
+static void *
+set_limit_watcher (void *arg)
+{
+  struct set_limit_race *race = arg;
+  struct zs_pool_config config;
+
+  while (!atomic_load (&race->stop)) {
+    zs_pool_get_config (race->pool, &config);
+    if (config.mem_limit == race->low)
+      atomic_fetch_add (&race->low_seen, 1);
+  }
+  return NULL;
+}
+
+static void
+set_limit_race_run (struct set_limit_race *race, bool watch,
+                    int (*round) (struct set_limit_race *race))
+{
+  pthread_t charger, watcher;
+  int failures = 0;
+
+  atomic_store (&race->stop, false);
+  assert_int_equal (pthread_create (&charger, NULL, set_limit_charger, race), 0);
+  if (watch)
+    assert_int_equal (pthread_create (&watcher, NULL, set_limit_watcher, race),
+                      0);
+  /* The charger at work, then as many rounds as fit in 300 ms. */
+  while (atomic_load (&race->charges) + atomic_load (&race->refusals) == 0)
+    sched_yield ();
+  struct timespec start, now;
+  clock_gettime (CLOCK_MONOTONIC, &start);
+  for (int i = 0; failures == 0; i++) {
+    failures += round (race);
+    if (i % 1000 == 999) {
+      clock_gettime (CLOCK_MONOTONIC, &now);
+      if ((now.tv_sec - start.tv_sec) * 1000000000L
+          + (now.tv_nsec - start.tv_nsec) > 300000000L)
+        break;
+    }
+  }
+  atomic_store (&race->stop, true);
+  assert_int_equal (pthread_join (charger, NULL), 0);
+  if (watch)
+    assert_int_equal (pthread_join (watcher, NULL), 0);
+  assert_int_equal (failures, 0);
+}
+
+/* Set the low limit, which the pool's holdings always refuse. */
+static int
+set_refused_limit (struct set_limit_race *race)
+{
+  struct zs_pool_config config;
+
+  errno = 0;
+  int r = zs_pool_set_mem_limit (race->pool, race->low);
+  zs_pool_get_config (race->pool, &config);
+  if (r != -1 || errno != ENOSPC || config.mem_limit != 0) {
+    print_error ("zs_pool_set_mem_limit (%" PRIu64 "): %d (%s), limit now %"
+                 PRIu64 "\n", race->low, r, strerror (errno), config.mem_limit);
+    return 1;
+  }
+  return 0;
+}
+
+/* Set the low limit (accepted while the charger holds nothing), then
+ * none again.
+ */
+static int
+set_limit_and_back (struct set_limit_race *race)
+{
+  errno = 0;
+  int r = zs_pool_set_mem_limit (race->pool, race->low);
+  if (r == -1 && errno != ENOSPC) {
+    print_error ("zs_pool_set_mem_limit: %s\n", strerror (errno));
+    return 1;
+  }
+  return zs_pool_set_mem_limit (race->pool, 0) == 0 ? 0 : 1;
+}
+
+static void
+test_set_mem_limit_refused_never_in_force (void **state)
+{
+  (void) state;
+  /* Immediate frees: a charge the limit refuses is refused at once, not
+   * retried after draining batches.
+   */
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_IMMEDIATE);
+  assert_int_equal (zs_pool_charge (pool, 1 << 20), 0);
+  struct set_limit_race race = {
+    .pool = pool, .low = 512 << 10, .charge = PAGE,
+  };
+  set_limit_race_run (&race, true, set_refused_limit);
+  print_message ("refused limit: %lu charges, %lu refused, the limit seen %lu "
+                 "times\n", atomic_load (&race.charges),
+                 atomic_load (&race.refusals), atomic_load (&race.low_seen));
+  assert_true (atomic_load (&race.charges) > 0);
+  assert_int_equal (atomic_load (&race.refusals), 0);
+  assert_int_equal (atomic_load (&race.low_seen), 0);
+  zs_pool_discharge (pool, 1 << 20);
+  zs_pool_destroy (pool);
+}
+
+static void
+test_set_mem_limit_accepted_never_exceeded (void **state)
+{
+  (void) state;
+  struct zs_pool *pool = make_pool (ZS_CHAIN_DEFAULT, 0, ZS_LOCK_CLASS,
+                                    ZS_FREE_IMMEDIATE);
+  assert_int_equal (zs_pool_charge (pool, 1 << 20), 0);
+  /* Room for the 1 MiB held, not for the charger's 64 KiB as well. */
+  struct set_limit_race race = {
+    .pool = pool, .low = (1 << 20) + (32 << 10), .charge = 64 << 10,
+  };
+  set_limit_race_run (&race, false, set_limit_and_back);
+  print_message ("accepted limit: %lu charges, %lu refused, %lu held over "
+                 "the limit\n", atomic_load (&race.charges),
+                 atomic_load (&race.refusals), atomic_load (&race.over_seen));
+  assert_true (atomic_load (&race.charges) > 0);
+  assert_int_equal (atomic_load (&race.over_seen), 0);
+  zs_pool_discharge (pool, 1 << 20);
+  zs_pool_destroy (pool);
+}
+
+/* A limit is refused only for what the pool holds once its deferred
+ * frees are drained (as an allocation is), and a refusal leaves the limit
+ * as it was.
+ */
+static void
+test_set_mem_limit_drains_first (void **state)
+{
+  (void) state;
+  enum { N = 64 };
+  struct zs_pool *pool = default_pool ();
+  zs_handle_t h[N];
+
+  for (int i = 0; i < N; i++)
+    h[i] = alloc_written (pool, 2000, i);
+  uint64_t full = zs_pool_bytes (pool);
+  for (int i = 0; i < N; i++)
+    zs_free (pool, h[i]);       /* pending: N frees fit in a batch */
+  assert_true (zs_pool_bytes (pool) == full);
+
+  /* What the pool holds once the frees are drained fits. */
+  struct zs_pool_config config;
+  assert_int_equal (zs_pool_set_mem_limit (pool, full / 2), 0);
+  zs_pool_get_config (pool, &config);
+  assert_int_equal (config.mem_limit, full / 2);
+  assert_true (zs_pool_bytes (pool) <= full / 2);
+
+  /* Refused (a block of handle cells stays): the limit stays, and the
+   * refusal says what the pool held.
+   */
+  errno = 0;
+  assert_int_equal (zs_pool_set_mem_limit (pool, 1), -1);
+  assert_int_equal (errno, ENOSPC);
+  zs_pool_get_config (pool, &config);
+  assert_int_equal (config.mem_limit, full / 2);
+  zs_handle_t kept = alloc_written (pool, 3000, 1);
+  uint64_t held = 0, now = zs_pool_bytes (pool);
+  errno = 0;
+  assert_int_equal (zs_pool_set_mem_limit_held (pool, now - 1, &held), -1);
+  assert_int_equal (errno, ENOSPC);
+  assert_int_equal (held, now);
+  zs_pool_get_config (pool, &config);
+  assert_int_equal (config.mem_limit, full / 2);
+  assert_int_equal (zs_pool_set_mem_limit_held (pool, now, &held), 0);
+  zs_free (pool, kept);
+  zs_pool_destroy (pool);
+}
+
+/* ---------------------------------------------------------------------- */
 /* 9. Bad input.                                                          */
 
 static void
@@ -2058,6 +2272,9 @@ main (void)
     cmocka_unit_test (test_cell_failure_leaves_no_zspage),
     cmocka_unit_test (test_cells_follow_objects),
     cmocka_unit_test (test_limit_refusal_is_true),
+    cmocka_unit_test (test_set_mem_limit_refused_never_in_force),
+    cmocka_unit_test (test_set_mem_limit_accepted_never_exceeded),
+    cmocka_unit_test (test_set_mem_limit_drains_first),
     cmocka_unit_test (test_bad_input),
     cmocka_unit_test (test_names_and_print),
     cmocka_unit_test (test_memory_returns),

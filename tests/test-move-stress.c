@@ -999,7 +999,7 @@ housekeeper_main (void *arg)
       store_compact (m->store);
     if ((r >> 8) % 64 == 0) {
       if (limited) {
-        if (store_set_mem_limit (m->store, 0) == -1)
+        if (store_set_mem_limit (m->store, 0, NULL) == -1)
           record_error ("store_set_mem_limit (0): %s", strerror (errno));
         if (writeback_stopped
             && store_set_writeback_limit (m->store, false, 0) == -1)
@@ -1018,7 +1018,7 @@ housekeeper_main (void *arg)
         struct store_stats stats;
         store_stats (m->store, &stats);
         uint64_t limit = stats.limit_used + (r >> 16) % (48 * 1024);
-        if (store_set_mem_limit (m->store, limit) == 0)
+        if (store_set_mem_limit (m->store, limit, NULL) == 0)
           limited = true;
         else if (errno != ENOSPC)
           record_error ("store_set_mem_limit: %s", strerror (errno));
@@ -1032,7 +1032,7 @@ housekeeper_main (void *arg)
     nanosleep (&pause, NULL);
   }
   if (limited)
-    store_set_mem_limit (m->store, 0);
+    store_set_mem_limit (m->store, 0, NULL);
   if (writeback_stopped)
     store_set_writeback_limit (m->store, false, 0);
   return NULL;

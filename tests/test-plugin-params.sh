@@ -102,6 +102,7 @@ good 1048576 1M compact=auto compact_threshold=0
 good 1048576 1M compact_threshold=100
 good 1048576 1M pack_level=19 pack_blocks=64
 good 1048576 1M pack_level=-1 pack_blocks=2
+good 1048576 1M backing="$tmp/backing" writeback_limit=0
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
 # --help lists every parameter (config_help).
@@ -113,6 +114,8 @@ for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class po
              writeback_limit= writeback_batch_size= writeback_watermark=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
+grep -qE -- '^writeback_limit=SIZE .*\(0 = nothing' <<<"$help" ||
+    fail "nbdkit --help does not say what writeback_limit=0 means"
 
 # --dump-plugin: the plugin's name and its features.
 dump="$(zram_nbdkit "$PLUGIN" --dump-plugin)"

@@ -230,8 +230,85 @@ else
     echo "O_DIRECT: $tmp's file system does not take it, not tested"
 fi
 
+# ---- writeback_limit: 0 writes nothing; changed at run time; off ---------
+cat > "$tmp/wblimit.py" <<'EOF'
+import os, subprocess, sys, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+
+uri, ctl_path = sys.argv[1], sys.argv[2]
+ctl = Ctl(ctl_path)
+B = 4096
+N = 256
+
+def content(i):
+    return (b"blk %06d " % i) * 300 + bytes(B - 3300)
+
+def limit_line():
+    lines = [l for l in ctl.ok("stats") if l.startswith("writeback_limit: ")]
+    return int(lines[0].split()[1]) if lines else None
+
+def writeback():
+    lines = ctl.ok("writeback idle")
+    fields = dict(l.split(" ", 1) for l in lines)
+    return int(fields["blocks"]), int(fields["bytes"]), "stopped writeback_limit" in lines
+
+h = nbd.NBD()
+h.connect_uri(uri)
+for i in range(N):
+    h.pwrite(content(i), i * B)
+ctl.ok("idle all")
+
+# writeback_limit=0: nothing may be written back, as in zram.
+assert limit_line() == 0, limit_line()
+assert ctl.ok("writeback_limit") == ["writeback_limit 0"]
+blocks, nbytes, stopped = writeback()
+assert (blocks, nbytes, stopped) == (0, 0, True), (blocks, nbytes, stopped)
+assert ctl.ok("bd_stat")[0].split()[0] == "0"
+
+# Bad values change nothing.
+ctl.error("writeback_limit lots", r"writeback_limit: 'lots' is not a size or off")
+ctl.error("writeback_limit 1M 2M", r"usage: writeback_limit")
+assert limit_line() == 0
+
+# Raised at run time: writeback writes, up to the new limit.
+assert ctl.ok("writeback_limit 64K") == ["writeback_limit 65536"]
+assert limit_line() == 65536
+blocks, nbytes, stopped = writeback()
+assert blocks > 0 and 0 < nbytes <= 65536 and stopped, (blocks, nbytes, stopped)
+left = limit_line()
+assert 0 <= left <= 65536 - nbytes, (left, nbytes)
+assert ctl.ok("writeback_limit") == ["writeback_limit %d" % left]
+first = blocks
+
+# off: no limit any more; the rest goes.
+assert ctl.ok("writeback_limit off") == ["writeback_limit off"]
+assert limit_line() is None
+assert ctl.ok("writeback_limit") == ["writeback_limit off"]
+blocks, nbytes, stopped = writeback()
+assert first + blocks == N and not stopped, (first, blocks, stopped)
+assert int(ctl.ok("bd_stat")[0].split()[0]) == N
+
+# The tool passes the command on.
+run = subprocess.run([os.environ["ZRAMCTL"], "writeback_limit", ctl_path, "1M"],
+                     capture_output=True, text=True)
+assert run.returncode == 0 and run.stdout == "writeback_limit 1048576\n", run
+assert limit_line() == 1 << 20
+for i in range(N):
+    assert h.pread(B, i * B) == content(i), "block %d reads back wrong" % i
+h.shutdown()
+print("writeback_limit: ok (%d blocks under 64K)" % first)
+EOF
+ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+export ZRAMCTL
+zram_nbdkit -U - "$PLUGIN" 16M backing="$tmp/backing4" writeback_limit=0 \
+    ctl="$tmp/ctl4" \
+    --run "/usr/bin/python3 '$tmp/wblimit.py' \"\$uri\" '$tmp/ctl4'" ||
+    fail "writeback_limit"
+
 # ---- bad parameters --------------------------------------------------------
-for bad in "writeback_watermark=50" "writeback_limit=1M" "writeback_batch_size=8" \
+for bad in "writeback_watermark=50" "writeback_limit=1M" "writeback_limit=0" \
+           "backing=$tmp/b writeback_limit=junk" "writeback_batch_size=8" \
            "backing=$tmp/nonexistent/dir/file" "backing=nbd+unix:///?socket=$tmp/none" \
            "backing=$tmp/b writeback_watermark=50" "backing=$tmp/b writeback_batch_size=0" \
            "backing=$tmp/b writeback_watermark=5"; do

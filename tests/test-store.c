@@ -365,7 +365,7 @@ test_partial_zero_at_limit (void **state)
       /* Recompression needs room for the new object before the old one
        * goes: give it some, then put the limit back at what is held.
        */
-      assert_int_equal (store_set_mem_limit (store, 64 * BS), 0);
+      assert_int_equal (store_set_mem_limit (store, 64 * BS, NULL), 0);
       store_mark_idle (store, 0, NULL, NULL);
       struct store_recompress_request request = { .type = RECOMPRESS_IDLE };
       struct store_recompress_result result;
@@ -375,7 +375,7 @@ test_partial_zero_at_limit (void **state)
       store_flush (store);
       struct store_stats st;
       store_stats (store, &st);
-      assert_int_equal (store_set_mem_limit (store, st.limit_used), 0);
+      assert_int_equal (store_set_mem_limit (store, st.limit_used, NULL), 0);
       print_message ("tried %" PRIu64 ", incompressible %" PRIu64 "; %" PRIu64 " of %" PRIu64 " blocks recompressed, the "
                      "limit put back at %" PRIu64 " bytes held\n",
                      result.tried, result.incompressible, result.recompressed, stored, st.limit_used);
@@ -1936,7 +1936,7 @@ test_dissolve_budget_and_retry (void **state)
   store = make_sparse_units (64, 0);
   store_flush (store);
   store_stats (store, &stats);
-  assert_int_equal (store_set_mem_limit (store, stats.limit_used), 0);
+  assert_int_equal (store_set_mem_limit (store, stats.limit_used, NULL), 0);
   /* The pool's slack taken by blocks of the same size, in the trimmed
    * places, until the limit refuses one.
    */
@@ -1950,7 +1950,7 @@ test_dissolve_budget_and_retry (void **state)
   assert_true (b < 2 * 64);
   assert_int_equal (errno, ENOSPC);
   assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), 0);
-  assert_int_equal (store_set_mem_limit (store, 0), 0);
+  assert_int_equal (store_set_mem_limit (store, 0, NULL), 0);
   /* Not at once (each failed unit would cost a decode every round)... */
   assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), 0);
   /* ... but later. */
@@ -2022,6 +2022,57 @@ test_packed_blocks_written_back (void **state)
   unlink (backing_path);
 }
 
+/* The backing store's space map grows with what is written back and is
+ * charged to the pool (what mem_limit counts), as the block table is: it
+ * was outside mem_limit, 256 KiB per GiB of device.
+ */
+static void
+test_backing_map_charged (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 8192 };       /* 32 MiB: two leaves of the map */
+  struct block_store *store = make_backed_store (BLOCKS, 0, NULL, 0);
+  unsigned char buf[BS];
+  uint64_t seed = 7;
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    for (unsigned i = 0; i < BS / 8; i++) {
+      uint64_t word = xorshift64 (&seed);
+      memcpy (buf + 8 * i, &word, 8);
+    }
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  struct store_stats empty, full, trimmed;
+  store_flush (store);
+  store_stats (store, &empty);
+  struct store_writeback_request all = {
+    .type = WRITEBACK_ANY, .first = 0, .last = UINT64_MAX,
+  };
+  struct store_writeback_result written;
+  assert_int_equal (store_writeback (store, &all, NULL, NULL, &written), 0);
+  assert_int_equal (written.blocks, BLOCKS);
+  store_compact (store);
+  store_flush (store);
+  store_stats (store, &full);
+  assert_int_equal (full.mem_used_total, 0);
+  assert_true (full.backing_map_bytes >= empty.backing_map_bytes + 2 * 4096);
+
+  assert_int_equal (store_trim (store, (uint64_t) BLOCKS * BS, 0), 0);
+  store_flush (store);
+  store_stats (store, &trimmed);
+  assert_int_equal (trimmed.mem_used_total, 0);
+  assert_int_equal (trimmed.backing_map_bytes, empty.backing_map_bytes);
+  print_message ("space map: %" PRIu64 " bytes empty, %" PRIu64 " with 32 MiB "
+                 "written back; limit_used %" PRIu64 " -> %" PRIu64 "\n",
+                 empty.backing_map_bytes, full.backing_map_bytes,
+                 full.limit_used, trimmed.limit_used);
+  /* What left the pool's count is the map's leaves and the table's. */
+  assert_int_equal (full.limit_used - trimmed.limit_used,
+                    (full.backing_map_bytes - trimmed.backing_map_bytes)
+                    + (full.table_bytes - trimmed.table_bytes));
+  store_destroy (store);
+  unlink (backing_path);
+}
+
 /* A unit of pack_blocks outside 2..STORE_PACK_MAX is refused. */
 static void
 test_pack_blocks_bounds (void **state)
@@ -2068,6 +2119,7 @@ main (void)
     cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
     cmocka_unit_test (test_packed_blocks_written_back),
+    cmocka_unit_test (test_backing_map_charged),
     cmocka_unit_test (test_backing_space_map),
     cmocka_unit_test (test_writeback),
     cmocka_unit_test (test_writeback_readback),

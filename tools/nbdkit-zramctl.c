@@ -23,7 +23,7 @@ static const char *program = "nbdkit-zramctl";
 static const char *const commands[] = {
   "info", "mm_stat", "io_stat", "bd_stat", "stats", "classes", "compact",
   "idle", "mem_limit", "mem_used_max", "block_state", "recompress", "pack",
-  "dissolve", "writeback", "help",
+  "dissolve", "writeback", "writeback_limit", "help",
 };
 
 static void
