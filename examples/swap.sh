@@ -7,6 +7,11 @@
 # - swap=on: the server is an IO flusher (reclaim does not recurse into
 #   it), out of the OOM killer's reach, and locks its memory as it
 #   touches it; it refuses to start if it cannot be all of that.
+# - swap=on also runs the server's threads at SCHED_RR priority 1 (root
+#   has CAP_SYS_NICE; else ulimit -r 1), so that the kernel lets it take
+#   memory below the min watermark, and it keeps a populated reserve from
+#   the start.  vm.min_free_kbytes of at least 12288 (set below) is the
+#   other half of what lets it answer under a sudden spike.
 # - mem_limit is required: set it below the RAM you can spare.  A full
 #   device fails swap-outs with ENOSPC rather than taking the host down.
 # - A Unix socket, no TLS, no proxy: their own memory needs would bring
@@ -31,6 +36,9 @@ SOCKET=${SOCKET:-/run/nbdkit-zram.sock}
 DEVICE=${DEVICE:-/dev/nbd0}
 
 modprobe nbd
+if [ "$(sysctl -n vm.min_free_kbytes)" -lt 12288 ]; then
+  sysctl -w vm.min_free_kbytes=12288
+fi
 # Not nbdkit --swap: it populates every mapping (about 200 MiB idle);
 # swap=on locks memory as it is touched.
 "$NBDKIT" --unix "$SOCKET" --pidfile /run/nbdkit-zram.pid \

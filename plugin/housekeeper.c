@@ -21,7 +21,8 @@ static bool stopping;
  */
 static atomic_bool refill_requested;
 /* The reserve is kept from the first wake on, so that an idle server that
- * was never written to holds no reserve.
+ * was never written to holds no reserve; with policy.reserve_always
+ * (swap mode) from the start: the first swap-out must not find it empty.
  */
 static atomic_bool reserve_active;
 static bool running;
@@ -128,10 +129,11 @@ housekeeping_round (bool last)
   if (compact_threshold >= 0)
     compact_if_wasteful ();
   /* Swap mode's reserve: kept while the store holds data, given back
-   * when it holds none (the next write takes it up again).
+   * when it holds none (the next write takes it up again), unless it is
+   * kept always.
    */
   if (atomic_load (&reserve_active) && !last) {
-    if (store_reserve_release_if_empty (store))
+    if (!policy.reserve_always && store_reserve_release_if_empty (store))
       atomic_store (&reserve_active, false);
     else
       store_reserve_refill (store);
@@ -185,7 +187,9 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   compact_threshold = the_compact_threshold;
   stopping = false;
   atomic_store (&refill_requested, false);
-  atomic_store (&reserve_active, false);
+  atomic_store (&reserve_active, policy.reserve_always);
+  if (policy.reserve_always)
+    store_reserve_refill (store);
   int err = pthread_create (&thread, NULL, housekeeper_main, NULL);
   if (err) {
     errno = err;

@@ -19,7 +19,8 @@
 
 /* stats_path may be NULL.  compact_threshold: compact the pool when the
  * pages compaction could free reach this percent of its pages (-1:
- * never).  0, or -1 with errno.
+ * never).  With policy.reserve_always, fills the reserve before it
+ * returns.  0, or -1 with errno.
  */
 extern int housekeeper_start (struct block_store *store, const char *stats_path,
                               int compact_threshold);
@@ -37,6 +38,11 @@ struct housekeeper_policy {
   unsigned writeback_watermark;   /* percent of mem_limit: above it, write
                                      the coldest blocks back until 10
                                      points below it (0: off) */
+  bool reserve_always;            /* swap mode: the reserve is filled by
+                                     housekeeper_start, before the first
+                                     request, and kept (else it is kept
+                                     from the first wake, and given back
+                                     while the store is empty) */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #define NBDKIT_API_VERSION 2
@@ -29,6 +30,19 @@
 #define CAP_SYS_RESOURCE_BIT 24
 
 enum swap_mode swap_mode = SWAP_OFF;
+
+/* The real-time priority of the server's threads (SCHED_RR): the lowest
+ * one, enough for the page allocator's allowance (swap-mode.h).
+ */
+#define SWAP_RT_PRIORITY 1
+/* vm.min_free_kbytes below this, the kernel's reserve is too thin for a
+ * server's socket buffers under a sudden spike (seen in a 384 MiB guest:
+ * hangs at 5,000 KiB, passes at 12,288 with SCHED_RR).
+ */
+#define SWAP_MIN_FREE_KBYTES 12288
+
+/* What swap_mode_prepare got, for the start line. */
+static bool got_io_flusher, got_oom_score, got_realtime, got_locked;
 
 /* PR_GET_IO_FLUSHER as the first request's thread saw it: -1 before. */
 static atomic_int worker_io_flusher = -1;
@@ -75,6 +89,20 @@ status_field (const char *name, int base)
       break;
     }
   fclose (fp);
+  return value;
+}
+
+/* The number a /proc/sys file holds, or -1. */
+static int64_t
+sysctl_number (const char *path)
+{
+  FILE *fp = fopen (path, "r");
+  int64_t value = -1;
+  if (fp) {
+    if (fscanf (fp, "%" SCNd64, &value) != 1)
+      value = -1;
+    fclose (fp);
+  }
   return value;
 }
 
@@ -128,10 +156,25 @@ swap_mode_prepare (void)
   char item[512];
 
   /* Before any thread exists: all of them inherit it. */
-  if (prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == -1) {
+  got_io_flusher = prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == 0;
+  if (!got_io_flusher) {
     snprintf (item, sizeof item,
               "PR_SET_IO_FLUSHER refused (it needs CAP_SYS_RESOURCE and "
               "Linux 5.6): %s", error_text (errno));
+    add_missing (missing, sizeof missing, item);
+  }
+
+  /* Before any thread exists too: threads and the forked server inherit
+   * the policy.
+   */
+  struct sched_param param = { .sched_priority = SWAP_RT_PRIORITY };
+  got_realtime = sched_setscheduler (0, SCHED_RR, &param) == 0;
+  if (!got_realtime) {
+    snprintf (item, sizeof item,
+              "SCHED_RR refused (it needs CAP_SYS_NICE, or RLIMIT_RTPRIO of "
+              "at least %d: ulimit -r %d, LimitRTPRIO=%d): %s",
+              SWAP_RT_PRIORITY, SWAP_RT_PRIORITY, SWAP_RT_PRIORITY,
+              error_text (errno));
     add_missing (missing, sizeof missing, item);
   }
 
@@ -139,9 +182,20 @@ swap_mode_prepare (void)
   bool oom_set = fp && fprintf (fp, "-1000\n") > 0;
   if (fp && fclose (fp) != 0)
     oom_set = false;
+  got_oom_score = oom_set;
   if (!oom_set)
     add_missing (missing, sizeof missing,
                  "oom_score_adj -1000 refused: it needs CAP_SYS_RESOURCE");
+
+  /* A host setting: warned about, never refused. */
+  int64_t min_free = sysctl_number ("/proc/sys/vm/min_free_kbytes");
+  if (min_free >= 0 && min_free < SWAP_MIN_FREE_KBYTES)
+    nbdkit_error ("zram: warning: swap=%s: vm.min_free_kbytes is %" PRId64
+                  ": a sudden memory spike can starve the server of the "
+                  "socket buffers it needs to answer; set it to at least "
+                  "%d (sysctl -w vm.min_free_kbytes=%d)",
+                  mode_names[swap_mode], min_free, SWAP_MIN_FREE_KBYTES,
+                  SWAP_MIN_FREE_KBYTES);
 
   if (memlock_problem (item, sizeof item))
     add_missing (missing, sizeof missing, item);
@@ -150,8 +204,8 @@ swap_mode_prepare (void)
     return 0;
   if (swap_mode == SWAP_ON) {
     nbdkit_error ("swap=on: cannot make this server safe to swap to: %s.  "
-                  "Run it as root or with CAP_SYS_RESOURCE and CAP_IPC_LOCK, "
-                  "or use swap=try to go on without", missing);
+                  "Grant what is named, or use swap=try to go on without",
+                  missing);
     return -1;
   }
   nbdkit_error ("zram: warning: swap=try: going on without: %s", missing);
@@ -191,8 +245,25 @@ swap_mode_lock (void)
     }
     nbdkit_error ("zram: warning: swap=try: going on with memory not "
                   "locked: mlockall: %s", error_text (err));
+    return 0;
   }
+  got_locked = true;
   return 0;
+}
+
+void
+swap_mode_report (uint64_t reserve_bytes)
+{
+  if (swap_mode == SWAP_OFF)
+    return;
+  /* A line even when all went well: what a user asks first. */
+  nbdkit_error ("zram: swap=%s: memory %s, reserve of %" PRIu64 " MiB "
+                "populated, %s, %s, %s", mode_names[swap_mode],
+                got_locked ? "locked as it is touched" : "NOT locked",
+                reserve_bytes >> 20,
+                got_realtime ? "SCHED_RR priority 1" : "NOT real-time",
+                got_io_flusher ? "IO flusher" : "NOT an IO flusher",
+                got_oom_score ? "oom_score_adj -1000" : "oom_score_adj unchanged");
 }
 
 void
@@ -206,13 +277,41 @@ swap_mode_check_worker (void)
                                   flusher == 1 ? 1 : 0);
 }
 
+/* The resident locked memory, in KiB ("Locked:" of smaps_rollup; VmLck
+ * is the size of the locked mappings, touched or not), or -1.
+ */
+static int64_t
+resident_locked_kib (void)
+{
+  FILE *fp = fopen ("/proc/self/smaps_rollup", "r");
+  if (!fp)
+    return -1;
+  char line[256];
+  int64_t value = -1;
+  while (fgets (line, sizeof line, fp))
+    if (strncmp (line, "Locked:", 7) == 0) {
+      value = strtoll (line + 7, NULL, 10);
+      break;
+    }
+  fclose (fp);
+  return value;
+}
+
 void
 swap_mode_print (FILE *fp)
 {
-  int64_t locked_kib = status_field ("VmLck", 10);
+  int64_t locked_kib = resident_locked_kib ();
+  int64_t mapped_kib = status_field ("VmLck", 10);
   fprintf (fp, "swap_mode: %s\n", mode_names[swap_mode]);
   fprintf (fp, "swap_locked_bytes: %" PRId64 "\n",
            locked_kib < 0 ? 0 : locked_kib * 1024);
+  fprintf (fp, "swap_locked_mappings_bytes: %" PRId64 "\n",
+           mapped_kib < 0 ? 0 : mapped_kib * 1024);
+  struct sched_param param;
+  int policy = sched_getscheduler (0);
+  fprintf (fp, "swap_realtime_priority: %d\n",
+           policy == SCHED_RR || policy == SCHED_FIFO
+           ? (sched_getparam (0, &param) == 0 ? param.sched_priority : 0) : 0);
   fprintf (fp, "swap_io_flusher_worker: %d\n", atomic_load (&worker_io_flusher));
   FILE *oom = fopen ("/proc/self/oom_score_adj", "r");
   int adjust = 0;

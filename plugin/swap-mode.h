@@ -20,6 +20,16 @@
  *   survive fork.  The kernel counts every locked mapping in full against
  *   RLIMIT_MEMLOCK, so it must be unlimited unless the process has
  *   CAP_IPC_LOCK.
+ * - SCHED_RR at priority 1 (CAP_SYS_NICE or RLIMIT_RTPRIO): the page
+ *   allocator lets a real-time task in process context dip below the min
+ *   watermark - by a quarter of it on Linux 6.1 (ALLOC_HARDER), by half
+ *   of it from 6.3 (ALLOC_MIN_RESERVE) - which is where the allocations
+ *   the server cannot avoid (socket buffers for its replies) must come
+ *   from when a spike has taken everything above it.  Set in .get_ready:
+ *   threads and the forked server inherit it.
+ * - vm.min_free_kbytes of at least 12288: a host setting, warned about.
+ * - The allocator's reserve of populated pages is filled at start and
+ *   kept (housekeeper.h, reserve_always): the first swap-out finds it.
  * - mem_limit is required: a swap device that grows without bound is how
  *   a host dies.
  *
@@ -56,6 +66,11 @@ extern int swap_mode_prepare (void);
  * nbdkit --swap's lock to lock-on-fault.
  */
 extern int swap_mode_lock (void);
+
+/* After swap_mode_lock, the line saying what was done (reserve_bytes:
+ * the populated reserve).
+ */
+extern void swap_mode_report (uint64_t reserve_bytes);
 
 /* In each data request: note, once, whether a worker thread runs as an
  * IO flusher.

@@ -458,7 +458,8 @@ zram_config_complete (void)
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
   "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
   "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
-  "writeback_limit=SIZE      Writeback: write at most this much (default no limit).\n" \
+  "writeback_limit=SIZE      Writeback: write at most this much (0 = nothing;\n" \
+  "                          default no limit).\n" \
   "writeback_batch_size=N    Writeback: blocks per backing write (default 32).\n" \
   "writeback_watermark=PERCENT\n" \
   "                          Writeback: above this much of mem_limit, write the\n" \
@@ -517,6 +518,8 @@ zram_after_fork (void)
 {
   if (swap_mode_lock () == -1)
     goto failed;
+  /* Swap mode: the reserve populated (and locked) before any request. */
+  policy.reserve_always = swap_mode != SWAP_OFF;
   housekeeper_set_policy (&policy);
   if (housekeeper_start (store, stats_path,
                          config.pool.compact_before_refusal
@@ -524,6 +527,9 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
+  struct store_stats stats;
+  store_stats (store, &stats);
+  swap_mode_report (stats.reserve_bytes);
   struct control_info info = {
     .disksize = config.size,
     .algorithm = codec_name (config.algorithm),

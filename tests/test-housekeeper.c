@@ -120,10 +120,14 @@ store_pack_dissolve (struct block_store *store, unsigned live_percent,
   return 0;
 }
 
+/* The store is empty whenever asked: the reserve would go back. */
+static atomic_int releases_asked;
+
 bool
 store_reserve_release_if_empty (struct block_store *store)
 {
-  return false;
+  atomic_fetch_add (&releases_asked, 1);
+  return true;
 }
 
 bool
@@ -195,12 +199,50 @@ test_wake_refills_between_rounds (void **state)
   assert_true (between_rounds);
 }
 
+/* Swap mode (reserve_always): the reserve is filled before
+ * housekeeper_start returns, before any request can need it (the first
+ * swap-out used to find it empty), refilled every round and never given
+ * back, even while the store is empty.
+ */
+static void
+test_reserve_always (void **state)
+{
+  (void) state;
+  struct housekeeper_policy policy = { .reserve_always = true };
+  housekeeper_set_policy (&policy);
+  atomic_store (&rounds, 0);
+  atomic_store (&refills, 0);
+  atomic_store (&releases_asked, 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, -1), 0);
+  assert_true (atomic_load (&refills) >= 1);
+  for (int i = 0; i < 50 && atomic_load (&rounds) < 2; i++)
+    usleep (100000);
+  housekeeper_stop ();
+  assert_true (atomic_load (&rounds) >= 2);
+  assert_true (atomic_load (&refills) >= 2);
+  assert_int_equal (atomic_load (&releases_asked), 0);
+
+  /* Without it: nothing before the first wake; given back when empty. */
+  policy.reserve_always = false;
+  housekeeper_set_policy (&policy);
+  atomic_store (&rounds, 0);
+  atomic_store (&refills, 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, -1), 0);
+  assert_int_equal (atomic_load (&refills), 0);
+  housekeeper_wake ();
+  for (int i = 0; i < 50 && atomic_load (&releases_asked) == 0; i++)
+    usleep (100000);
+  housekeeper_stop ();
+  assert_true (atomic_load (&releases_asked) >= 1);
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_rounds_survive_a_clock_step),
     cmocka_unit_test (test_wake_refills_between_rounds),
+    cmocka_unit_test (test_reserve_always),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

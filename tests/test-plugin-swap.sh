@@ -2,9 +2,13 @@
 # Swap mode.  Refusals: swap=on without mem_limit, without
 # CAP_SYS_RESOURCE, with a finite RLIMIT_MEMLOCK and no CAP_IPC_LOCK, each
 # naming what is missing; a bad swap= value; swap_reserve= without swap.
+# naming what is missing, without CAP_SYS_NICE and RLIMIT_RTPRIO
+# (SCHED_RR).
 # Serving: swap=try (and swap=on where this process has CAP_SYS_RESOURCE)
 # locks memory, reports from a worker thread whether it is an IO flusher,
-# keeps a populated reserve, and gives the memory of trimmed data back
+# has a populated reserve before the first write and keeps it with
+# nothing stored, says what it did in one line at start, and gives the
+# memory of trimmed data back
 # (RSS within 16 MiB of idle, outside sanitizer builds); nbdkit --swap
 # without swap= gives it back too.
 set -euo pipefail
@@ -75,6 +79,14 @@ expect_refusal_under 'swap=on: cannot make .*PR_SET_IO_FLUSHER refused.*CAP_SYS_
     "${no_resource[@]}" -- swap=on mem_limit=8M
 expect_refusal_under 'swap=on: cannot make .*RLIMIT_MEMLOCK is 64 KiB and there is no CAP_IPC_LOCK' \
     "${no_ipc_lock[@]}" prlimit --memlock=65536 -- swap=on mem_limit=8M
+if has_capability 8; then
+    no_nice=(setpriv --bounding-set=-sys_nice --inh-caps=-sys_nice)
+else
+    has_capability 23 && fail "CAP_SYS_NICE without CAP_SETPCAP: cannot drop it for the test"
+    no_nice=(env)
+fi
+expect_refusal_under 'swap=on: cannot make .*SCHED_RR refused \(it needs CAP_SYS_NICE, or RLIMIT_RTPRIO of at least 1' \
+    "${no_nice[@]}" prlimit --rtprio=0 -- swap=on mem_limit=8M
 
 # ---- serving ---------------------------------------------------------
 cat > "$tmp/serve.py" <<'EOF'
@@ -100,6 +112,10 @@ def stat_text(name):
 B = 4096
 BLOCKS = 8192                              # 32 MiB
 idle = stat("process_rss")
+# Swap mode: the reserve is there before the first write (the first
+# swap-out found it empty).
+if mode != "off":
+    assert stat("reserve_bytes") > 0, "no reserve before the first write"
 h = nbd.NBD(); h.connect_uri(uri)
 r = random.Random(1)
 data = {}
@@ -123,10 +139,13 @@ if mode == "on":
 h.trim(BLOCKS * B, 0)
 time.sleep(2.5)
 after = stat("process_rss")
-# Nothing stored: the reserve went back too.
-assert stat("reserve_bytes") == 0, "reserve kept with nothing stored"
+# Nothing stored: swap mode keeps its reserve for the next swap-out.
+if mode != "off":
+    assert stat("reserve_bytes") > 0, "reserve given back"
+else:
+    assert stat("reserve_bytes") == 0, "a reserve without swap mode"
 print("swap=%s: RSS idle %.1f MiB, with 32 MiB stored %.1f MiB, 2.5 s after "
-      "trimming it all %.1f MiB; locked %.0f MiB (mappings); reserve %.0f MiB, "
+      "trimming it all %.1f MiB; locked %.0f MiB (resident); reserve %.0f MiB, "
       "%d misses; worker IO flusher %d"
       % (mode, idle / 2**20, full / 2**20, after / 2**20, locked / 2**20,
          reserve / 2**20, misses, flusher))
@@ -154,6 +173,8 @@ if [ "$flusher" = 0 ]; then
     grep -q 'swap=try: going on without: PR_SET_IO_FLUSHER refused' "$NBDKIT_STDERR" \
         || fail "swap=try did not warn about what it went without"
 fi
+grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, (SCHED_RR priority 1|NOT real-time), ' \
+    "$NBDKIT_STDERR" || fail "swap=try did not say what it did at start"
 if [ "$can_lock" = yes ]; then
     # Captive: nbdkit --run serves from a process it forks after its
     # mlockall, which a fork does not inherit.
