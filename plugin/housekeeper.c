@@ -11,11 +11,24 @@
 
 #define HOUSEKEEPING_INTERVAL_SECONDS 1
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping
-                                                            and wake's waits */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping,
+                                                            stats_due and the
+                                                            waits of wake and
+                                                            stats_wake */
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping
                                                             or a refill */
 static bool stopping;
+/* Swap mode (policy.reserve_always): the stats file is written by a
+ * thread of its own, woken each round, so that a write stuck in direct
+ * reclaim (a page of the file's tmpfs, with memory gone) never keeps the
+ * housekeeper from refilling the reserve the swap-outs take.
+ */
+static pthread_cond_t stats_wake = PTHREAD_COND_INITIALIZER; /* signals
+                                                            stats_due or
+                                                            stopping */
+static bool stats_due;
+static bool stats_thread_running;
+static pthread_t stats_thread;
 /* A request found the swap reserve low: set by housekeeper_wake, cleared
  * by the thread before it refills, so a burst of requests wakes it once.
  */
@@ -138,8 +151,32 @@ housekeeping_round (bool last)
     else
       store_reserve_refill (store);
   }
-  if (stats_path)
+  if (stats_path && stats_thread_running && !last) {
+    pthread_mutex_lock (&lock);
+    stats_due = true;
+    pthread_cond_signal (&stats_wake);
+    pthread_mutex_unlock (&lock);
+  }
+  else if (stats_path)
     stats_file_write (store, stats_path);
+}
+
+static void *
+stats_writer_main (void *arg)
+{
+  pthread_mutex_lock (&lock);
+  for (;;) {
+    while (!stats_due && !stopping)
+      pthread_cond_wait (&stats_wake, &lock);
+    if (stopping)
+      break;                    /* housekeeper_stop writes the last one */
+    stats_due = false;
+    pthread_mutex_unlock (&lock);
+    stats_file_write (store, stats_path);
+    pthread_mutex_lock (&lock);
+  }
+  pthread_mutex_unlock (&lock);
+  return NULL;
 }
 
 static void *
@@ -178,6 +215,19 @@ housekeeper_main (void *arg)
   return NULL;
 }
 
+static void
+housekeeper_stop_stats_writer (void)
+{
+  if (!stats_thread_running)
+    return;
+  pthread_mutex_lock (&lock);
+  stopping = true;
+  pthread_cond_signal (&stats_wake);
+  pthread_mutex_unlock (&lock);
+  pthread_join (stats_thread, NULL);
+  stats_thread_running = false;
+}
+
 int
 housekeeper_start (struct block_store *the_store, const char *the_stats_path,
                    int the_compact_threshold)
@@ -190,8 +240,18 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   atomic_store (&reserve_active, policy.reserve_always);
   if (policy.reserve_always)
     store_reserve_refill (store);
-  int err = pthread_create (&thread, NULL, housekeeper_main, NULL);
-  if (err) {
+  stats_due = false;
+  stats_thread_running = false;
+  int err;
+  if (policy.reserve_always && stats_path) {
+    if ((err = pthread_create (&stats_thread, NULL, stats_writer_main, NULL))) {
+      errno = err;
+      return -1;
+    }
+    stats_thread_running = true;
+  }
+  if ((err = pthread_create (&thread, NULL, housekeeper_main, NULL))) {
+    housekeeper_stop_stats_writer ();
     errno = err;
     return -1;
   }
@@ -226,6 +286,7 @@ housekeeper_stop (void)
   pthread_cond_signal (&wake);
   pthread_mutex_unlock (&lock);
   pthread_join (thread, NULL);
+  housekeeper_stop_stats_writer ();
   running = false;
   housekeeping_round (true);    /* no refill: the store is going away */
 }

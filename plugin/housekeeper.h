@@ -42,7 +42,10 @@ struct housekeeper_policy {
                                      housekeeper_start, before the first
                                      request, and kept (else it is kept
                                      from the first wake, and given back
-                                     while the store is empty) */
+                                     while the store is empty); and the
+                                     stats file is written by a thread of
+                                     its own, so that a write stuck in
+                                     reclaim never stops the refills */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 

@@ -26,7 +26,8 @@ extern int stats_file_check (const char *path);
 
 /* Write the file now: 0, or -1 with errno.  A failure is logged, once
  * until a write succeeds again (which is logged too): the housekeeper
- * tries each round.  The housekeeper's thread only.
+ * tries each round.  One thread at a time: the housekeeper's, or its
+ * stats writer (swap mode).
  */
 extern int stats_file_write (struct block_store *store, const char *path);
 
