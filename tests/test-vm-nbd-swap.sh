@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# The real use, in a guest: the kernel's nbd driver swaps to nbdkit and
+# the plugin running on the same (virtual) machine, so the server is
+# starved by the very memory pressure it relieves.  (tests/test-vm-swap.sh
+# swaps through QEMU's NBD client instead: the server runs on the host.)
+#
+# A Linux guest under QEMU (TCG) boots Debian's kernel with an initramfs
+# (tests/vm-nbd/make-initramfs.sh) holding busybox, nbdkit, the plugin,
+# nbd-client, nbd.ko, every shared library they need, and the workload
+# (tests/vm-nbd/touch.c) built here statically.  The root is ramfs, so
+# the server's code cannot be swapped out to itself.  tests/vm-nbd/init
+# starts the server as examples/swap.sh does (swap=SWAP_MODE, mem_limit,
+# stats= under /run), attaches it with `nbd-client -unix SOCK /dev/nbd0
+# -b 4096 -swap`, mkswap, swapon with discard of freed pages, then starts
+# at once a tmpfs fill and anonymous memory touchers: 2.25 times the
+# guest's RAM by default, every page written with a pattern that
+# compresses like ordinary data (8:1 with lz4, 9:1 with zstd) and
+# verified twice.
+#
+# Hangs: a watchdog in the guest (tests/vm-nbd/watchdog.c: locked in
+# memory, SCHED_FIFO 99) dumps blocked tasks, the CPUs' backtraces, memory
+# and all tasks with sysrq (w, l, m, t) and says HANG when the workload
+# has not moved for ZRAM_VM_STALL seconds; and when the console shows
+# nothing from the guest for longer (nothing inside can run), this script
+# sends the same through QEMU's keyboard (monitor: sendkey alt-sysrq-w)
+# and kills QEMU.
+#
+# One line says what happened:
+#   RESULT: OK|HANG|OOM|FAIL  with swap used, pages verified, the pool's
+#   peak (mem_used_max), reserve misses and the time
+# followed, for a hang, by the blocked tasks' stacks (one per kind).
+# Exit status: 0 for OK, 1 otherwise; 77 (skip) when qemu-system-x86_64,
+# a kernel with nbd.ko, busybox-static, nbd-client, cpio or a static C
+# compiler is missing, unless VM_REQUIRED is set.
+#
+# Slow (several minutes under TCG): not in `make check`; `make check-swap`
+# runs lz4 and zstd with SWAP_MODE=on and reports SWAP_MODE=off.
+#
+# Environment:
+#   COMP                 lz4 (default) or zstd
+#   SWAP_MODE            on (default), try or off (the plugin's swap=)
+#   ZRAM_VM_RT           run nbdkit (every thread) at SCHED_RR: 1 for
+#                        priority 50, or the priority; default: no
+#   ZRAM_VM_MIN_FREE_KB  set vm.min_free_kbytes in the guest (e.g. 12288);
+#                        default: the kernel's
+#   ZRAM_VM_MEM_MB       guest RAM (default 384)
+#   ZRAM_VM_SIZE         the device (default 1G)
+#   ZRAM_VM_MEM_LIMIT    the plugin's mem_limit (default 160M)
+#   ZRAM_VM_FILL_MB      the tmpfs fill (default 480)
+#   ZRAM_VM_TOUCH_MB     each anonymous toucher (default 192)
+#   ZRAM_VM_TOUCHERS     how many (default 2)
+#   ZRAM_VM_SMP          guest CPUs (default 2)
+#   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
+#   ZRAM_VM_STALL        the guest watchdog: seconds without progress
+#                        (default 120)
+#   ZRAM_VM_HOST_STALL   seconds without a line from the guest before this
+#                        script sends sysrq itself (default 240)
+#   ZRAM_VM_EXTRA        more plugin parameters
+#   ZRAM_VM_NBD_CLIENT_EXTRA  more nbd-client arguments (e.g. -nonetlink)
+#   ZRAM_VM_APPEND       more kernel command line
+#   ZRAM_VM_LOG          keep the guest's console log at this path
+#   ZRAM_VM_KERNEL, ZRAM_VM_MODULES, ZRAM_VM_BUSYBOX, ZRAM_VM_NBD_CLIENT
+#                        the kernel (default: the newest /boot/vmlinuz-*),
+#                        its modules, a static busybox, nbd-client
+#   VM_REQUIRED          a missing tool fails instead of skipping
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+
+COMP=${COMP:-lz4}
+SWAP_MODE=${SWAP_MODE:-on}
+RT=${ZRAM_VM_RT:-}
+MIN_FREE_KB=${ZRAM_VM_MIN_FREE_KB:-}
+VM_MEM_MB=${ZRAM_VM_MEM_MB:-384}
+SIZE=${ZRAM_VM_SIZE:-1G}
+MEM_LIMIT=${ZRAM_VM_MEM_LIMIT:-160M}
+FILL_MB=${ZRAM_VM_FILL_MB:-480}
+TOUCH_MB=${ZRAM_VM_TOUCH_MB:-192}
+TOUCHERS=${ZRAM_VM_TOUCHERS:-2}
+VM_SMP=${ZRAM_VM_SMP:-2}
+VM_TIMEOUT=${ZRAM_VM_TIMEOUT:-900}
+STALL=${ZRAM_VM_STALL:-120}
+HOST_STALL=${ZRAM_VM_HOST_STALL:-240}
+case "$RT" in
+    ''|0|no) RT= ;;
+    1|yes) RT=50 ;;
+esac
+
+skip ()
+{
+    if [ -n "${VM_REQUIRED:-}" ]; then
+        fail "$* (VM_REQUIRED is set)"
+    fi
+    echo "$TEST_NAME: SKIP: $*" >&2
+    exit 77
+}
+
+# ---- what the guest needs ----------------------------------------------
+command -v qemu-system-x86_64 >/dev/null 2>&1 ||
+    skip "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"
+command -v cpio >/dev/null 2>&1 || skip "cpio is not installed"
+
+kernel=${ZRAM_VM_KERNEL:-}
+if [ -z "$kernel" ]; then
+    for k in $(printf '%s\n' /boot/vmlinuz-* | sort -V); do
+        [ -r "$k" ] && kernel=$k
+    done
+    [ -n "$kernel" ] ||
+        skip "no readable kernel image /boot/vmlinuz-* (apt-get install linux-image-amd64, or set ZRAM_VM_KERNEL)"
+fi
+[ -r "$kernel" ] || skip "kernel image $kernel is not readable"
+modules=${ZRAM_VM_MODULES:-/lib/modules/${kernel##*/vmlinuz-}}
+[ -r "$modules/modules.dep" ] ||
+    skip "no modules for $kernel ($modules/modules.dep; set ZRAM_VM_MODULES)"
+grep -Eq '/nbd\.ko' "$modules/modules.dep" ||
+    grep -Eq '/nbd\.ko' "$modules/modules.builtin" 2>/dev/null ||
+    skip "the kernel $kernel has no nbd driver"
+
+busybox=${ZRAM_VM_BUSYBOX:-$(command -v busybox || :)}
+[ -n "$busybox" ] || skip "busybox is not installed (apt-get install busybox-static)"
+if ldd "$busybox" >/dev/null 2>&1; then
+    skip "$busybox is not statically linked (apt-get install busybox-static)"
+fi
+nbd_client=${ZRAM_VM_NBD_CLIENT:-$(command -v nbd-client || :)}
+[ -n "$nbd_client" ] || skip "nbd-client is not installed (apt-get install nbd-client)"
+
+[ "$SANITIZERS" = no ] ||
+    skip "a sanitizer build ($SANITIZERS): the guest has no sanitizer runtime"
+nbdkit_bin=$(command -v "$NBDKIT" || :)
+[ -n "$nbdkit_bin" ] || fail "no nbdkit $NBDKIT"
+
+case "$COMP" in
+    lz4|zstd) ;;
+    *) fail "COMP=$COMP: lz4 or zstd" ;;
+esac
+case "$SWAP_MODE" in
+    on|try|off) ;;
+    *) fail "SWAP_MODE=$SWAP_MODE: on, try or off" ;;
+esac
+"$NBDKIT" --dump-plugin "$PLUGIN" 2>/dev/null | grep -qx "zram_$COMP=yes" ||
+    skip "the plugin was built without $COMP"
+
+# The workload and the real-time wrapper, static: the guest has no libc
+# of its own beyond what nbdkit and nbd-client bring.
+command -v cc >/dev/null 2>&1 || skip "no C compiler (cc)"
+for prog in touch rt watchdog; do
+    cc -static -O2 -o "$tmp/$prog" "$SRCDIR/tests/vm-nbd/$prog.c" 2>"$tmp/cc.log" ||
+        { cat "$tmp/cc.log" >&2; skip "cc -static fails (apt-get install libc6-dev)"; }
+done
+
+# ---- the initramfs -------------------------------------------------------
+cat > "$tmp/zram-vm.conf" <<EOF
+COMP='$COMP'
+SWAP_MODE='$SWAP_MODE'
+SIZE='$SIZE'
+MEM_LIMIT='$MEM_LIMIT'
+FILL_MB='$FILL_MB'
+TOUCH_MB='$TOUCH_MB'
+TOUCHERS='$TOUCHERS'
+RT_PRIO='$RT'
+MIN_FREE_KB='$MIN_FREE_KB'
+STALL_S='$STALL'
+DEADLINE_S='$((VM_TIMEOUT - 120))'
+HEARTBEAT_S=30
+NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
+NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
+EOF
+bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
+    "$busybox" "$SRCDIR/tests/vm-nbd/init" nbd \
+    "/etc/zram-vm.conf=$tmp/zram-vm.conf" \
+    "/bin/nbdkit=$nbdkit_bin" \
+    "/lib/nbdkit/nbdkit-zram-plugin.so=$PLUGIN" \
+    "/sbin/nbd-client=$nbd_client" \
+    "/bin/vmtouch=$tmp/touch" \
+    "/bin/watchdog=$tmp/watchdog" \
+    "/bin/rt=$tmp/rt"
+
+# ---- the guest -------------------------------------------------------------
+log="$tmp/console.log"
+host_log="$tmp/host.log"
+: > "$log"
+: > "$host_log"
+has () { grep -aq "^ZRAM-VM: $1" "$log"; }
+# A note of this script's, kept apart from the console (QEMU writes the
+# file at its own offset) and added to it once QEMU is gone.
+note () { echo "ZRAM-VM-HOST: $*" >> "$host_log"; }
+# The host's own sysrq, through the guest's keyboard.
+host_sysrq ()
+{
+    local k
+    for k in "$@"; do
+        note "sendkey alt-sysrq-$k"
+        echo "sendkey alt-sysrq-$k" >&4
+        sleep 10
+    done
+}
+
+# run_guest: boot the guest, follow its console until it gives a result,
+# hangs or runs out of time, and stop it.  Sets hang_by when this script
+# (not the guest's watchdog) found the hang.
+hang_by=
+run_guest ()
+{
+    local append qemu_job deadline lines=0 last_progress t_hang= n i
+
+    # The monitor on a pair of FIFOs (QEMU's pipe chardev): sendkey
+    # needs no socket client.
+    mkfifo "$tmp/mon.in" "$tmp/mon.out"
+    exec 4<>"$tmp/mon.in"
+    cleanup_add 'exec 4>&-'
+    cat "$tmp/mon.out" > "$tmp/monitor.log" 2>/dev/null &
+    mon_cat=$!
+    cleanup_add 'kill "$mon_cat" 2>/dev/null'
+
+    append="console=ttyS0 rootfstype=ramfs rdinit=/init panic=-1 loglevel=4"
+    append+=" sysrq_always_enabled mitigations=off init_on_alloc=0"
+    append+=" ${ZRAM_VM_APPEND:-}"
+    # No timeout(1) in between: $! must be QEMU's own PID, which the loop
+    # below (and the cleanup) kills.
+    qemu-system-x86_64 \
+        -accel tcg -cpu max -smp "$VM_SMP" -m "$VM_MEM_MB" \
+        -nodefaults -no-user-config -display none -no-reboot \
+        -serial "file:$log" \
+        -chardev "pipe,id=mon0,path=$tmp/mon" -mon chardev=mon0,mode=readline \
+        -kernel "$kernel" -initrd "$tmp/initramfs.cpio" -append "$append" \
+        </dev/null >"$tmp/qemu.log" 2>&1 &
+    qemu_job=$!
+    cleanup_add "kill -9 $qemu_job 2>/dev/null"
+    deadline=$((SECONDS + VM_TIMEOUT))
+    last_progress=$SECONDS
+
+    while :; do
+        if has RESULT; then
+            # The guest powers off.
+            for ((i = 0; i < 60; i++)); do
+                _alive "$qemu_job" || break
+                sleep 1
+            done
+            break
+        fi
+        _alive "$qemu_job" || break
+        if has 'HANG ' || has 'DEADLINE '; then
+            [ -n "$t_hang" ] || t_hang=$SECONDS
+            if has DUMPS-DONE || [ $((SECONDS - t_hang)) -ge 120 ]; then
+                has DUMPS-DONE || note "the guest's watchdog did not finish its dumps"
+                sleep 3
+                break
+            fi
+        fi
+        n=$(grep -ac '^ZRAM-VM: ' "$log" || :)
+        if [ "$n" != "$lines" ]; then
+            lines=$n
+            last_progress=$SECONDS
+        fi
+        if [ -z "$t_hang" ] && [ $((SECONDS - last_progress)) -ge "$HOST_STALL" ]; then
+            hang_by="the host: no line from the guest for $((SECONDS - last_progress)) s"
+            host_sysrq w l m t
+            break
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            hang_by="the host: no result within ${VM_TIMEOUT} s"
+            host_sysrq w l m t
+            break
+        fi
+        sleep 1
+    done
+    kill -9 "$qemu_job" 2>/dev/null || :
+    wait "$qemu_job" 2>/dev/null || :
+    [ -z "$hang_by" ] || note "hang detected by $hang_by"
+    cat "$host_log" >> "$log"
+}
+
+t_boot=$SECONDS
+if [ -n "${ZRAM_VM_REPLAY:-}" ]; then
+    # Read a console log kept with ZRAM_VM_LOG instead of running a guest
+    # (to work on what this script makes of one).
+    cp "$ZRAM_VM_REPLAY" "$log"
+    hang_by=$(sed -n 's/^ZRAM-VM-HOST: hang detected by //p' "$log" | tail -1)
+else
+    [ -z "${ZRAM_VM_LOG:-}" ] || cleanup_add 'cp "$log" "$ZRAM_VM_LOG"'
+    run_guest
+fi
+t_end=$SECONDS
+
+# ---- what the guest said -----------------------------------------------------
+clean="$tmp/console.txt"
+tr -d '\r' < "$log" > "$clean"
+declare -A st=()
+while IFS= read -r line; do
+    line=${line#ZRAM-VM: stat }
+    case "$line" in
+        *": "*) st[${line%%: *}]=${line#*: } ;;
+    esac
+done < <(grep -a '^ZRAM-VM: stat ' "$clean")
+field () { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< "$1" | tail -1; }
+mib () { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+
+result_line=$(grep -a '^ZRAM-VM: RESULT ' "$clean" | tail -1 || :)
+result=$(awk '{ print $3 }' <<< "$result_line" || :)
+if has 'HANG ' || [ -n "$hang_by" ]; then
+    result=HANG
+    [ -n "$hang_by" ] || hang_by="the guest's watchdog"
+elif has 'DEADLINE '; then
+    result=FAIL
+    reason="too slow: the workload was still moving at the deadline (ZRAM_VM_TIMEOUT=$VM_TIMEOUT)"
+fi
+if [ -z "$result" ]; then
+    result=FAIL
+    if grep -aq 'Kernel panic' "$clean"; then
+        reason="the guest's kernel panicked"
+    else
+        reason="QEMU exited without a result"
+    fi
+fi
+
+pages=0 verified=0 bad=0
+while IFS= read -r line; do
+    pages=$((pages + $(field "$line" pages)))
+    verified=$((verified + $(field "$line" verified)))
+    bad=$((bad + $(field "$line" bad)))
+done < <(grep -a '^ZRAM-VM: touch .*: done ' "$clean")
+swap_kib=$(field "$result_line" swap_max_kib)
+if [ -z "$swap_kib" ]; then
+    swap_kib=$({ grep -a '^ZRAM-VM: \(wd\|HANG\|DEADLINE\) ' "$clean" || :; } | tail -1 |
+               sed -n 's/.* swap_used_kib=\([0-9]*\).*/\1/p')
+fi
+guest_time=$(field "$result_line" time_s)
+oom_lines=$(grep -ac 'invoked oom-killer' "$clean" || :)
+knobs="swap=$SWAP_MODE"
+[ -z "$RT" ] || knobs+=" rt=SCHED_RR:$RT"
+[ -z "$MIN_FREE_KB" ] || knobs+=" min_free_kbytes=$MIN_FREE_KB"
+[ -z "${ZRAM_VM_EXTRA:-}" ] || knobs+=" $ZRAM_VM_EXTRA"
+
+cat <<EOF
+$TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
+EOF
+grep -a '^ZRAM-VM: \(booted\|nbdkit:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
+    sed 's/^ZRAM-VM: /  guest: /' || :
+[ -z "$hang_by" ] || echo "  hang detected by $hang_by"
+[ "${oom_lines:-0}" = 0 ] || echo "  the OOM killer was invoked $oom_lines times"
+enospc=$(grep -ac 'Other side returned error (28)' "$clean" || :)
+[ "${enospc:-0}" = 0 ] ||
+    echo "  the device filled up: $enospc writes refused with ENOSPC (mem_limit $MEM_LIMIT)"
+echo "RESULT: $result comp=$COMP $knobs" \
+    "swap_used=$(mib $(( ${swap_kib:-0} * 1024 )))MiB" \
+    "verified=$verified/$((pages * 2)) bad=$bad" \
+    "pool_peak=$(mib "${st[mem_used_max]:-0}")MiB" \
+    "reserve_misses=${st[reserve_misses]:-?}" \
+    "orig_data=$(mib "${st[orig_data_size]:-0}")MiB" \
+    "compr_data=$(mib "${st[compr_data_size]:-0}")MiB" \
+    "failed_writes=${st[failed_writes]:-?}" \
+    "workload_time=${guest_time:-?}s qemu_time=$((t_end - t_boot))s"
+
+# ---- for a hang: who is stuck where ----------------------------------------
+# Each task of the sysrq dumps (w: blocked, l: on a CPU, t: all; only the
+# workload's, the server's, the client's, the watchdog's and reclaim's
+# threads) with the top of its stack, identical ones counted once.
+if [ "$result" != OK ]; then
+    echo "--- tasks in the sysrq dumps (count x dump: task state: frames) ---"
+    awk '
+        { sub(/^\[ *[0-9.]+\] /, "") }
+        /sysrq: Show Blocked State/ { dump = "w"; intask = 0; next }
+        /sysrq: Show backtrace of all active CPUs/ { dump = "l"; intask = 0; next }
+        /sysrq: Show State/ { dump = "t"; intask = 0; next }
+        /sysrq: Show Memory/ { dump = ""; intask = 0; next }
+        function start(n, s) {
+            name = n; state = s; frames = ""; nf = 0; intask = 1; rip = ""
+            keep = (name ~ /^(nbdkit|vmtouch|watchdog|nbd-client|kswapd|init$|kworker.*nbd|knbd)/)
+        }
+        dump != "" && /^task:/ {
+            n = $1; sub(/^task:/, "", n); s = $2; sub(/^state:/, "", s)
+            start(n, s); next
+        }
+        dump == "l" && /^CPU: [0-9]+ PID: [0-9]+ Comm: / { start($6, "on-cpu"); next }
+        intask && /^RIP: 0010:/ { rip = $2; sub(/^0010:/, "", rip); sub(/\+0x.*/, "", rip) }
+        intask && /^ <TASK>/ && dump == "l" {
+            frames = rip == "" ? "" : "RIP " rip; nf = rip == "" ? 0 : 1; next
+        }
+        intask && /<\/TASK>/ {
+            if (keep) count[dump " " name " " state ": " frames]++
+            intask = 0; next
+        }
+        intask && /^ [a-z_0-9.]+\+0x/ && nf < 14 {
+            f = $1; sub(/\+0x.*/, "", f)
+            if (f !~ /^(__schedule|schedule|__switch_to_asm|ret_from_fork)$/) {
+                frames = frames (nf ? " < " : "") f; nf++
+            }
+        }
+        END { for (k in count) printf "%3d x %s\n", count[k], k }
+    ' "$clean" | sort -k3,3 -k4,4 | head -60
+    echo "--- guest console (last 30 lines) ---"
+    grep -av '^ZRAM-VM: touch .*MiB$' "$clean" | tail -30
+    echo "---"
+fi
+
+case "$result" in
+    OK)
+        [ "$bad" = 0 ] && [ "$verified" = $((pages * 2)) ] && [ "$pages" -gt 0 ] ||
+            fail "RESULT OK but $verified of $((pages * 2)) page checks passed"
+        [ "${swap_kib:-0}" -gt $((64 << 10)) ] ||
+            fail "RESULT OK but the guest swapped only $(mib $(( ${swap_kib:-0} * 1024 ))) MiB (64 MiB at least): the workload is too small"
+        echo "ok: comp=$COMP $knobs: swapped, every page verified twice" ;;
+    FAIL) fail "${reason:-the guest failed}" ;;
+    *) fail "$result" ;;
+esac
