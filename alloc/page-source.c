@@ -202,7 +202,6 @@ chunk_map (struct page_source *source, unsigned run_pages)
     return NULL;
   void *base = reserve_take (source, (uint64_t) runs * run_pages);
   chunk->from_reserve = base != NULL;
-  chunk->populated = false;
   if (base) {
     /* The tail no run covers is never used: give it back now. */
     size_t used = (size_t) runs * run_pages * ZS_PAGE_SIZE;
@@ -214,24 +213,11 @@ chunk_map (struct page_source *source, unsigned run_pages)
     if (source->reserve_target)
       atomic_fetch_add (&source->reserve_misses, 1);
     base = chunk_mapping ();
-    /* A pool with a reserve (swap mode) found it empty: populate the
-     * whole chunk now, in one call, rather than a call per run later,
-     * each taking the mmap lock while memory is short (issue 18 saw
-     * threads queue there behind a pending mmap).  Its runs not yet
-     * handed out are resident before mem_limit counts them (as zspages):
-     * 2 MiB per run length at most.
-     */
-#ifdef MADV_POPULATE_WRITE
-    if (base && source->reserve_target)
-      chunk->populated = madvise (base, PAGE_CHUNK_BYTES,
-                                  MADV_POPULATE_WRITE) == 0;
-#endif
   }
   if (!base) {
     free (chunk);
     return NULL;
   }
-  chunk->populated |= chunk->from_reserve;
   chunk->base = base;
   chunk->locked = false;
   chunk->run_pages = run_pages;
@@ -298,12 +284,10 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
   }
   if (chunk->free_count == chunk->runs)
     list->empty_chunks--;
-  bool populated = false;
   if (chunk->free_top > 0)
-    index = chunk->free_stack[--chunk->free_top];   /* purged: not resident */
+    index = chunk->free_stack[--chunk->free_top];
   else {
     index = chunk->never_used++;
-    populated = chunk->populated;
     /* A reserve chunk's run: a zspage's page from now on. */
     if (chunk->from_reserve)
       atomic_fetch_sub (&source->reserve_spare_pages, run_pages);
@@ -322,11 +306,9 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     mlock2 (run, (size_t) run_pages * ZS_PAGE_SIZE, MLOCK_ONFAULT);
 #ifdef MADV_POPULATE_WRITE
   /* One call instead of a fault per page; older kernels refuse it with
-   * EINVAL and the pages fault in as they are touched, as before.  Not
-   * for a run populated with its chunk.
+   * EINVAL and the pages fault in as they are touched, as before.
    */
-  if (!populated)
-    madvise (run, (size_t) run_pages * ZS_PAGE_SIZE, MADV_POPULATE_WRITE);
+  madvise (run, (size_t) run_pages * ZS_PAGE_SIZE, MADV_POPULATE_WRITE);
 #endif
   *chunk_out = chunk;
   return run;

@@ -77,10 +77,6 @@ struct page_chunk {
   bool from_reserve;              /* its never-used runs are populated
                                      (a reserve chunk): they count as
                                      reserve_spare_pages */
-  bool populated;                 /* its never-used runs are populated (a
-                                     reserve chunk, or one mapped with the
-                                     reserve empty): handing one out needs
-                                     no MADV_POPULATE_WRITE */
   uint16_t free_stack[];          /* recycled run indexes */
 };
 

@@ -2127,59 +2127,6 @@ test_reserve (void **state)
 }
 
 
-/* Resident bytes of this process. */
-static uint64_t
-resident_bytes (void)
-{
-  FILE *fp = fopen ("/proc/self/statm", "r");
-  unsigned long size = 0, resident = 0;
-  assert_non_null (fp);
-  assert_int_equal (fscanf (fp, "%lu %lu", &size, &resident), 2);
-  fclose (fp);
-  return (uint64_t) resident * sysconf (_SC_PAGESIZE);
-}
-
-/* A chunk mapped with the reserve empty (a miss) is populated whole when
- * it is mapped, not a run at a time as zspages take its runs (each a
- * call that takes the mmap lock, under the memory pressure that emptied
- * the reserve: issue 18).
- */
-static void
-test_reserve_miss_populates_chunk (void **state)
-{
-  (void) state;
-  enum { MAX = 4096 };
-  zs_handle_t *h = calloc (MAX, sizeof *h);
-  assert_non_null (h);
-  struct zs_pool_config config;
-  zs_pool_config_init (&config);
-  config.free_mode = ZS_FREE_IMMEDIATE;
-  config.reserve_bytes = 2 << 20;
-  struct zs_pool *pool = zs_pool_create (&config);
-  assert_non_null (pool);
-  assert_int_equal (zs_pool_reserve_refill (pool), 2 << 20);
-  struct zs_pool_stats st;
-  uint64_t grew = 0;
-  unsigned n = 0;
-  for (; n < MAX; n++) {
-    uint64_t before = resident_bytes ();
-    assert_true ((h[n] = zs_malloc (pool, PAGE)) != 0);
-    get_stats (pool, &st);
-    if (st.reserve_misses > 0) {
-      grew = resident_bytes () - before;
-      break;
-    }
-  }
-  print_message ("reserve miss after %u objects: resident +%" PRIu64
-                 " KiB at once\n", n + 1, grew >> 10);
-  assert_true (n < MAX);
-  assert_true (grew >= 1 << 20);
-  for (unsigned i = 0; i <= n; i++)
-    zs_free (pool, h[i]);
-  zs_pool_destroy (pool);
-  free (h);
-}
-
 /* The reserve's regressions: a cell block refused while the reserve
  * holds room must take that room; a refusal while a refill is in flight
  * must not be made; what is resident must stay within the limit when
@@ -2333,7 +2280,6 @@ main (void)
     cmocka_unit_test (test_memory_returns),
     cmocka_unit_test (test_memory_returns_when_locked),
     cmocka_unit_test (test_reserve),
-    cmocka_unit_test (test_reserve_miss_populates_chunk),
     cmocka_unit_test (test_reserve_edges),
   };
 
