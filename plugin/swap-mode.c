@@ -168,7 +168,9 @@ swap_mode_prepare (void)
    * the policy.
    */
   struct sched_param param = { .sched_priority = SWAP_RT_PRIORITY };
-  got_realtime = sched_setscheduler (0, SCHED_RR, &param) == 0;
+  int policy = sched_getscheduler (0);
+  got_realtime = policy == SCHED_RR || policy == SCHED_FIFO   /* chrt: kept */
+    || sched_setscheduler (0, SCHED_RR, &param) == 0;
   if (!got_realtime) {
     snprintf (item, sizeof item,
               "SCHED_RR refused (it needs CAP_SYS_NICE, or RLIMIT_RTPRIO of "
@@ -261,7 +263,7 @@ swap_mode_report (uint64_t reserve_bytes)
                 "populated, %s, %s, %s", mode_names[swap_mode],
                 got_locked ? "locked as it is touched" : "NOT locked",
                 reserve_bytes >> 20,
-                got_realtime ? "SCHED_RR priority 1" : "NOT real-time",
+                got_realtime ? "real-time" : "NOT real-time",
                 got_io_flusher ? "IO flusher" : "NOT an IO flusher",
                 got_oom_score ? "oom_score_adj -1000" : "oom_score_adj unchanged");
 }

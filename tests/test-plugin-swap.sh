@@ -173,8 +173,18 @@ if [ "$flusher" = 0 ]; then
     grep -q 'swap=try: going on without: PR_SET_IO_FLUSHER refused' "$NBDKIT_STDERR" \
         || fail "swap=try did not warn about what it went without"
 fi
-grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, (SCHED_RR priority 1|NOT real-time), ' \
+grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, (NOT )?real-time, ' \
     "$NBDKIT_STDERR" || fail "swap=try did not say what it did at start"
+# A real-time priority the server was started with (chrt) is kept.
+if command -v chrt >/dev/null && chrt -r 5 true 2>/dev/null; then
+    prio=$(env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} chrt -r 5 \
+               "$NBDKIT" -U - "$PLUGIN" 64M swap=try mem_limit=64M \
+               stats="$stats" \
+               --run "sleep 1.5; grep '^swap_realtime_priority:' '$stats'" \
+               2>/dev/null | awk '{ print $2 }')
+    [ "$prio" = 5 ] || fail "chrt -r 5: swap_realtime_priority is '$prio', not kept at 5"
+    echo "ok: a priority given with chrt is kept"
+fi
 if [ "$can_lock" = yes ]; then
     # Captive: nbdkit --run serves from a process it forks after its
     # mlockall, which a fork does not inherit.

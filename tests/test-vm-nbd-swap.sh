@@ -47,6 +47,7 @@
 #   ZRAM_VM_SIZE         the device (default 1G)
 #   ZRAM_VM_MEM_LIMIT    the plugin's mem_limit (default 160M)
 #   ZRAM_VM_FILL_MB      the tmpfs fill (default 480)
+#   ZRAM_VM_FILLERS      in how many files, written at once (default 2)
 #   ZRAM_VM_TOUCH_MB     each anonymous toucher (default 192)
 #   ZRAM_VM_TOUCHERS     how many (default 2)
 #   ZRAM_VM_SMP          guest CPUs (default 2)
@@ -75,6 +76,7 @@ VM_MEM_MB=${ZRAM_VM_MEM_MB:-384}
 SIZE=${ZRAM_VM_SIZE:-1G}
 MEM_LIMIT=${ZRAM_VM_MEM_LIMIT:-160M}
 FILL_MB=${ZRAM_VM_FILL_MB:-480}
+FILLERS=${ZRAM_VM_FILLERS:-2}
 TOUCH_MB=${ZRAM_VM_TOUCH_MB:-192}
 TOUCHERS=${ZRAM_VM_TOUCHERS:-2}
 VM_SMP=${ZRAM_VM_SMP:-2}
@@ -155,6 +157,7 @@ SWAP_MODE='$SWAP_MODE'
 SIZE='$SIZE'
 MEM_LIMIT='$MEM_LIMIT'
 FILL_MB='$FILL_MB'
+FILLERS='$FILLERS'
 TOUCH_MB='$TOUCH_MB'
 TOUCHERS='$TOUCHERS'
 RT_PRIO='$RT'
@@ -201,7 +204,7 @@ host_sysrq ()
 hang_by=
 run_guest ()
 {
-    local append qemu_job deadline lines=0 last_progress t_hang= n i
+    local append qemu_job deadline lines=0 last_progress t_hang='' n i mon_cat
 
     # The monitor on a pair of FIFOs (QEMU's pipe chardev): sendkey
     # needs no socket client.
@@ -210,7 +213,7 @@ run_guest ()
     cleanup_add 'exec 4>&-'
     cat "$tmp/mon.out" > "$tmp/monitor.log" 2>/dev/null &
     mon_cat=$!
-    cleanup_add 'kill "$mon_cat" 2>/dev/null'
+    cleanup_add "kill $mon_cat 2>/dev/null"
 
     append="console=ttyS0 rootfstype=ramfs rdinit=/init panic=-1 loglevel=4"
     append+=" sysrq_always_enabled mitigations=off init_on_alloc=0"
@@ -332,11 +335,14 @@ knobs="swap=$SWAP_MODE"
 [ -z "${ZRAM_VM_EXTRA:-}" ] || knobs+=" $ZRAM_VM_EXTRA"
 
 cat <<EOF
-$TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
+$TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs ($FILLERS files) + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
 EOF
-grep -a '^ZRAM-VM: \(booted\|nbdkit:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
+grep -a '^ZRAM-VM: \(booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
     sed 's/^ZRAM-VM: /  guest: /' || :
 [ -z "$hang_by" ] || echo "  hang detected by $hang_by"
+# At a hang the stats are the last the watchdog could read (the server's
+# stats file sits on the guest's /run tmpfs, and may be swapped out).
+{ grep -a '^ZRAM-VM: stats file' "$clean" || :; } | tail -1 | sed 's/^ZRAM-VM: /  /'
 [ "${oom_lines:-0}" = 0 ] || echo "  the OOM killer was invoked $oom_lines times"
 enospc=$(grep -ac 'Other side returned error (28)' "$clean" || :)
 [ "${enospc:-0}" = 0 ] ||

@@ -269,8 +269,9 @@ main (int argc, char **argv)
         printf ("ZRAM-VM: stats file: never read\n");
       else {
         char *p = stats[stats_latest], *nl;
-        printf ("ZRAM-VM: stats file as read at t=%lds (%ld s before "
-                "the hang):\n", stats_when - start, now - stats_when);
+        printf ("ZRAM-VM: stats file as last read, at t=%lds (the %s: "
+                "t=%lds):\n", stats_when - start,
+                verdict[0] == 'H' ? "hang" : "deadline", now - start);
         while ((nl = strchr (p, '\n')) != NULL) {
           *nl = '\0';
           printf ("ZRAM-VM: stat %s\n", p);
