@@ -81,7 +81,14 @@ case "$job" in
   build) ;;
   check)
     make -C "$BUILD_DIR" -j"$JOBS" check || {
-      cat "$BUILD_DIR"/tests/*.log >&2 || true
+      # The failed tests' logs, last, so that the tail of the output (all
+      # a CI summary may keep) shows why.
+      for trs in "$BUILD_DIR"/tests/*.trs; do
+        if grep -qE '^:test-result: (FAIL|ERROR)' "$trs"; then
+          echo "=== ${trs%.trs}.log" >&2
+          tail -n 200 "${trs%.trs}.log" >&2 || true
+        fi
+      done
       exit 1
     }
     ;;
