@@ -9,10 +9,11 @@
 # nbd-client, nbd.ko, every shared library they need, and the workload
 # (tests/vm-nbd/touch.c) built here statically.  The root is ramfs, so
 # the server's code cannot be swapped out to itself.  tests/vm-nbd/init
-# starts the server as examples/swap.sh does (swap=SWAP_MODE, mem_limit,
-# stats= under /run), attaches it with `nbd-client -unix SOCK /dev/nbd0
-# -b 4096 -swap`, mkswap, swapon with discard of freed pages, then starts
-# at once a tmpfs fill and anonymous memory touchers: 2.25 times the
+# sets up swap with the one command a user runs, `nbdkit-zramctl swap on`
+# (the build's tools/nbdkit-zram-swap: vm.min_free_kbytes, nbdkit with
+# swap=on, mem_limit, stats and ctl under /run, `nbd-client -unix SOCK
+# /dev/nbd0 -b 4096 -swap`, mkswap, swapon with discard of freed pages),
+# then starts at once a tmpfs fill and anonymous memory touchers: 2.25 times the
 # guest's RAM by default, every page written with a pattern that
 # compresses like ordinary data (8:1 with lz4, 9:1 with zstd) and
 # verified twice.
@@ -38,11 +39,13 @@
 #
 # Environment:
 #   COMP                 lz4 (default) or zstd
-#   SWAP_MODE            on (default), try or off (the plugin's swap=)
-#   ZRAM_VM_RT           run nbdkit (every thread) at SCHED_RR: 1 for
-#                        priority 50, or the priority; default: no
-#   ZRAM_VM_MIN_FREE_KB  set vm.min_free_kbytes in the guest (e.g. 12288);
-#                        default: the kernel's
+#   SWAP_MODE            on (default), try or off (the plugin's swap=,
+#                        given to `swap on` after the recipe's)
+#   ZRAM_VM_RT           run `swap on` (so nbdkit) at SCHED_RR: 1 for
+#                        priority 50, or the priority; default: no (the
+#                        plugin's swap=on takes SCHED_RR 1 itself)
+#   ZRAM_VM_MIN_FREE_KB  `swap on --min-free-kbytes` (0: the kernel's
+#                        value); default: the tool's floor, 12288
 #   ZRAM_VM_MEM_MB       guest RAM (default 384)
 #   ZRAM_VM_SIZE         the device (default 1G)
 #   ZRAM_VM_MEM_LIMIT    the plugin's mem_limit (default 160M)
@@ -176,7 +179,9 @@ bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "/sbin/nbd-client=$nbd_client" \
     "/bin/vmtouch=$tmp/touch" \
     "/bin/watchdog=$tmp/watchdog" \
-    "/bin/rt=$tmp/rt"
+    "/bin/rt=$tmp/rt" \
+    "/bin/nbdkit-zramctl=$BUILDDIR/tools/nbdkit-zramctl" \
+    "/bin/nbdkit-zram-swap=$BUILDDIR/tools/nbdkit-zram-swap"
 
 # ---- the guest -------------------------------------------------------------
 log="$tmp/console.log"

@@ -4,6 +4,7 @@
  *
  *   nbdkit-zramctl [--json] [--bytes] SOCKET...     one line per server
  *   nbdkit-zramctl COMMAND SOCKET [ARGUMENT...]     one control command
+ *   nbdkit-zramctl swap on|off|status [OPTION...]   compressed swap
  */
 
 #include <errno.h>
@@ -32,8 +33,9 @@ usage (FILE *fp)
   fprintf (fp,
            "usage: %s [--json] [--bytes] SOCKET...\n"
            "       %s COMMAND SOCKET [ARGUMENT...]\n"
+           "       %s swap on|off|status [OPTION...]\n"
            "SOCKET is a server's ctl= socket.  COMMAND is one of:", program,
-           program);
+           program, program);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf (fp, " %s", commands[i]);
   fprintf (fp, "\n(see nbdkit-zramctl(1))\n");
@@ -239,6 +241,32 @@ run_command (const char *command, const char *path, int argc, char **argv)
   return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* swap on|off|status: the shell script that sets up swap (it runs
+ * modprobe, nbdkit, nbd-client, mkswap, swapon), told where this program
+ * is so that `swap status` can print the table.
+ */
+static int
+run_swap_helper (int argc, char **argv)
+{
+  const char *helper = getenv ("NBDKIT_ZRAM_SWAP");
+  if (!helper || !*helper)
+    helper = SWAP_HELPER;
+  char self[4096];
+  ssize_t length = readlink ("/proc/self/exe", self, sizeof self - 1);
+  if (length > 0) {
+    self[length] = '\0';
+    setenv ("NBDKIT_ZRAMCTL", self, 1);
+  }
+  char *helper_argv[argc + 2];
+  helper_argv[0] = (char *) helper;
+  for (int i = 0; i < argc; i++)
+    helper_argv[i + 1] = argv[i];
+  helper_argv[argc + 1] = NULL;
+  execv (helper, helper_argv);
+  fprintf (stderr, "%s: swap: %s: %s\n", program, helper, strerror (errno));
+  return EXIT_FAILURE;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -265,6 +293,8 @@ main (int argc, char **argv)
     usage (stderr);
     return EXIT_FAILURE;
   }
+  if (strcmp (argv[optind], "swap") == 0)
+    return run_swap_helper (argc - optind - 1, argv + optind + 1);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (argv[optind], commands[i]) == 0) {
       if (optind + 1 >= argc) {
