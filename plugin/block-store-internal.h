@@ -63,6 +63,7 @@ struct block_store {
   size_t raw_threshold;           /* compressed size stored raw from here */
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
+  atomic_bool keep_resident;      /* store_keep_resident ran */
 
   /* Counters, atomics: no lock. */
   _Atomic uint64_t stored_blocks; /* entries not empty */

@@ -795,9 +795,34 @@ store_release_idle_memory (struct block_store *store)
     freed += codec_trim (store->codecs[p]);
   /* What the data let go of, the process should too: the C library
    * keeps freed request buffers and metadata in its arenas otherwise.
+   * Not when the serving path is to stay resident: the next request
+   * would fault those pages in again, maybe with memory gone.
    */
-  malloc_trim (0);
+  if (!atomic_load (&store->keep_resident))
+    malloc_trim (0);
   return freed;
+}
+
+static void
+stripe_lock_block (void *opaque, uint64_t block)
+{
+  pthread_mutex_lock (stripe_for (opaque, block));
+}
+
+static void
+stripe_unlock_block (void *opaque, uint64_t block)
+{
+  pthread_mutex_unlock (stripe_for (opaque, block));
+}
+
+int
+store_keep_resident (struct block_store *store, unsigned threads)
+{
+  atomic_store (&store->keep_resident, true);
+  if (block_table_populate (&store->table, store->blocks, stripe_lock_block,
+                            stripe_unlock_block, store) == -1)
+    return -1;
+  return codec_prepare (store->codecs[0], threads);
 }
 
 uint64_t

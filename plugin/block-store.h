@@ -423,6 +423,17 @@ extern uint64_t store_compact (struct block_store *store);
  */
 extern size_t store_release_idle_memory (struct block_store *store);
 
+/* Swap mode: what a write needs beyond the allocator's reserve, made
+ * now and kept.  The whole block table (16 bytes a block, charged to
+ * mem_limit, as the kernel's zram allocates its table at once); threads
+ * compression contexts of the write codec, each with its workspace
+ * touched (codec_prepare); and store_release_idle_memory no longer hands
+ * the C library's free memory back (it would be faulted in again by the
+ * next request).  0, or -1 with errno (ENOSPC: mem_limit cannot hold the
+ * table).  Before any request.
+ */
+extern int store_keep_resident (struct block_store *store, unsigned threads);
+
 /* Exact statistics (drains deferred frees first). */
 extern void store_stats (struct block_store *store, struct store_stats *stats);
 

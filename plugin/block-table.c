@@ -37,6 +37,7 @@ block_table_init (struct block_table *table, uint64_t blocks,
   atomic_init (&table->root, NULL);
   atomic_init (&table->bytes, 0);
   atomic_init (&table->nodes_to_check, false);
+  atomic_init (&table->keep_nodes, false);
   table->pool = pool;
   pthread_rwlock_init (&table->walk_lock, NULL);
 }
@@ -311,11 +312,29 @@ reclaim_under (struct reclaim *r, node_slot *slot, unsigned level)
   return true;
 }
 
+int
+block_table_populate (struct block_table *table, uint64_t blocks,
+                      block_table_lock_fn lock, block_table_lock_fn unlock,
+                      void *opaque)
+{
+  atomic_store (&table->keep_nodes, true);
+  for (uint64_t block = 0; block < blocks; block += BLOCK_TABLE_FANOUT) {
+    struct block_leaf *leaf;
+    lock (opaque, block);
+    bool made = block_table_lookup (table, block, true, &leaf) != NULL;
+    unlock (opaque, block);
+    if (!made)
+      return -1;
+  }
+  return 0;
+}
+
 void
 block_table_reclaim (struct block_table *table, block_table_sweep_fn sweep,
                      void *opaque)
 {
-  if (!atomic_exchange (&table->nodes_to_check, false))
+  if (atomic_load (&table->keep_nodes)
+      || !atomic_exchange (&table->nodes_to_check, false))
     return;
   struct reclaim r = { NULL, 0, 0 };
   reclaim_under (&r, &table->root, table->inner_levels);

@@ -133,6 +133,7 @@ struct block_table {
   _Atomic (void *) root;
   _Atomic uint64_t bytes;     /* memory held by nodes */
   _Atomic bool nodes_to_check; /* a node may be empty: reclaim has work */
+  _Atomic bool keep_nodes;    /* block_table_populate ran: reclaim is off */
   struct zs_pool *pool;       /* charged for the nodes; NULL: not charged */
   pthread_rwlock_t walk_lock; /* read: walkers without stripe locks;
                                  write: reclaim.  See LIFETIME. */
@@ -160,6 +161,18 @@ extern bool block_leaf_claim (struct block_leaf *leaf);
 /* An entry of the leaf became empty.  With the entry's stripe lock held. */
 extern void block_leaf_release (struct block_table *table,
                                 struct block_leaf *leaf);
+
+/* Make every node of the table now, as the kernel's zram allocates its
+ * table at once, and keep them (reclaim does nothing from then on): a
+ * write never allocates a node (swap mode).  lock and unlock (opaque,
+ * block) take and drop the block's stripe lock around each lookup.  0,
+ * or -1 with errno (ENOSPC: the pool's limit; ENOMEM); the nodes made are
+ * kept either way.
+ */
+typedef void (*block_table_lock_fn) (void *opaque, uint64_t block);
+extern int block_table_populate (struct block_table *table, uint64_t blocks,
+                                 block_table_lock_fn lock,
+                                 block_table_lock_fn unlock, void *opaque);
 
 /* Walkers that hold no stripe lock bracket their walk with these. */
 extern void block_table_walk_begin (struct block_table *table);

@@ -35,6 +35,7 @@ struct codec {
    */
   _Atomic (struct codec_context *) contexts[CODEC_CONTEXTS];
   _Atomic size_t memory;      /* bytes of the live contexts */
+  atomic_bool prepared;       /* codec_prepare ran: codec_trim keeps them */
 };
 
 /* The slot this thread borrowed from last: a hint shared by every codec,
@@ -327,11 +328,63 @@ codec_decompress (struct codec *codec, const void *src, size_t length,
 #pragma GCC diagnostic pop
 #endif
 
+int
+codec_prepare (struct codec *codec, unsigned count)
+{
+  struct codec_context *held[CODEC_CONTEXTS];
+  unsigned n;
+  int result = 0;
+  unsigned char block[CODEC_BLOCK_SIZE], compressed[CODEC_BLOCK_SIZE * 2];
+  /* Something to compress that zstd does not take a shortcut on. */
+  for (size_t i = 0; i < sizeof block; i++)
+    block[i] = (i * 2654435761u) >> 13;
+  if (count > CODEC_CONTEXTS)
+    count = CODEC_CONTEXTS;
+  /* Borrowed all at once, so that each one fills a slot of its own. */
+  for (n = 0; n < count; n++) {
+    if (!(held[n] = context_borrow (codec)) || held[n]->temporary) {
+      if (held[n])
+        context_return (held[n]);
+      result = -1;
+      break;
+    }
+  }
+  for (unsigned i = 0; i < n && result == 0; i++) {
+    struct codec_context *context = held[i];
+    if (codec->algorithm == CODEC_LZ4) {
+      if (LZ4_compress_fast_extState (context->lz4_state, (char *) block,
+                                      (char *) compressed, sizeof block,
+                                      sizeof compressed, codec->level) <= 0)
+        result = -1;
+      continue;
+    }
+    if (!zstd_ready (context, true) || !zstd_ready (context, false)) {
+      result = -1;
+      break;
+    }
+    size_t length = ZSTD_compressCCtx (context->zstd_compress, compressed,
+                                       sizeof compressed, block, sizeof block,
+                                       codec->level);
+    if (ZSTD_isError (length)
+        || ZSTD_decompressDCtx (context->zstd_decompress, block, sizeof block,
+                                compressed, length) != sizeof block) {
+      errno = EIO;
+      result = -1;
+    }
+    context_account (context);
+  }
+  for (unsigned i = 0; i < n; i++)
+    context_return (held[i]);
+  if (result == 0)
+    atomic_store (&codec->prepared, true);
+  return result;
+}
+
 size_t
 codec_trim (struct codec *codec)
 {
   size_t before = atomic_load (&codec->memory);
-  if (codec->algorithm != CODEC_ZSTD)
+  if (codec->algorithm != CODEC_ZSTD || atomic_load (&codec->prepared))
     return 0;                   /* lz4 state is fixed and small */
   for (unsigned n = 0; n < CODEC_CONTEXTS; n++) {
     struct codec_context *context = atomic_load_explicit (&codec->contexts[n],

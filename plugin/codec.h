@@ -58,10 +58,17 @@ extern int codec_decompress_bytes (struct codec *codec, const void *src,
                                    size_t length, bool padded, void *dst,
                                    size_t expected);
 
+/* Make count contexts (at most 128) and run a block through each, so
+ * that every workspace a call needs is allocated and touched now, not
+ * when memory is short (swap mode); codec_trim keeps them from then on.
+ * 0, or -1 with errno.  Before any call.
+ */
+extern int codec_prepare (struct codec *codec, unsigned count);
+
 /* Free the zstd workspaces of every context no call is using (they are
  * made again on next use): the memory a burst of parallel calls grew
  * goes back.  Returns the bytes freed (0 for lz4, whose state is small
- * and fixed).  Safe beside any call.
+ * and fixed, and after codec_prepare).  Safe beside any call.
  */
 extern size_t codec_trim (struct codec *codec);
 

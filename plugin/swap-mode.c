@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -253,16 +255,55 @@ swap_mode_lock (void)
   return 0;
 }
 
+/* The heap made ready for requests: HEAP_BUFFERS buffers of
+ * HEAP_BUFFER_BYTES, room for a request of each worker thread nbdkit
+ * starts by default (16) with room to spare.
+ */
+#define HEAP_BUFFERS 32
+#define HEAP_BUFFER_BYTES (256 << 10)
+/* Requests up to this size come from the heap, not a mapping of their
+ * own: the kernel's nbd client sends up to max_sectors_kb (1280 KiB by
+ * default) in one request.
+ */
+#define HEAP_MMAP_THRESHOLD (2 << 20)
+
+size_t
+swap_mode_prepare_heap (void)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;
+  /* One arena: the pages touched here serve every thread, including the
+   * workers nbdkit starts later.  The heap's free top is never given back
+   * (a request would fault it in again, maybe with memory gone).
+   */
+  mallopt (M_ARENA_MAX, 1);
+  mallopt (M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD);
+  mallopt (M_TRIM_THRESHOLD, INT_MAX);
+  void *buffers[HEAP_BUFFERS];
+  size_t touched = 0;
+  for (unsigned i = 0; i < HEAP_BUFFERS; i++) {
+    if ((buffers[i] = malloc (HEAP_BUFFER_BYTES))) {
+      memset (buffers[i], 0, HEAP_BUFFER_BYTES);
+      touched += HEAP_BUFFER_BYTES;
+    }
+  }
+  /* Freed, they merge into free heap that stays: touched and locked. */
+  for (unsigned i = 0; i < HEAP_BUFFERS; i++)
+    free (buffers[i]);
+  return touched;
+}
+
 void
-swap_mode_report (uint64_t reserve_bytes)
+swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
 {
   if (swap_mode == SWAP_OFF)
     return;
   /* A line even when all went well: what a user asks first. */
   nbdkit_error ("zram: swap=%s: memory %s, reserve of %" PRIu64 " MiB "
-                "populated, %s, %s, %s", mode_names[swap_mode],
+                "populated, %" PRIu64 " MiB of table, contexts and heap "
+                "made ready, %s, %s, %s", mode_names[swap_mode],
                 got_locked ? "locked as it is touched" : "NOT locked",
-                reserve_bytes >> 20,
+                reserve_bytes >> 20, prepared_bytes >> 20,
                 got_realtime ? "real-time" : "NOT real-time",
                 got_io_flusher ? "IO flusher" : "NOT an IO flusher",
                 got_oom_score ? "oom_score_adj -1000" : "oom_score_adj unchanged");

@@ -67,10 +67,18 @@ extern int swap_mode_prepare (void);
  */
 extern int swap_mode_lock (void);
 
-/* After swap_mode_lock, the line saying what was done (reserve_bytes:
- * the populated reserve).
+/* After swap_mode_lock (swap=on|try): make the C library's heap ready
+ * for the requests of every thread and keep it (one arena, requests up
+ * to 2 MiB from the heap, never trimmed, 8 MiB touched now, so locked).
+ * Returns the bytes touched.
  */
-extern void swap_mode_report (uint64_t reserve_bytes);
+extern size_t swap_mode_prepare_heap (void);
+
+/* After those, the line saying what was done (reserve_bytes: the
+ * populated reserve; prepared_bytes: the table, the contexts and the
+ * heap made ready).
+ */
+extern void swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes);
 
 /* In each data request: note, once, whether a worker thread runs as an
  * IO flusher.

@@ -512,12 +512,32 @@ zram_get_ready (void)
   return 0;
 }
 
+/* Swap mode makes this many compression contexts ready: nbdkit's worker
+ * threads by default (--threads 16), the housekeeper and the control
+ * thread.
+ */
+#define SWAP_SERVING_THREADS 18
+
 /* Threads do not survive nbdkit's fork: start the housekeeper after it. */
 static int
 zram_after_fork (void)
 {
   if (swap_mode_lock () == -1)
     goto failed;
+  /* Swap mode: what the serving path needs, made (and so locked) before
+   * any request; the reserve below.  The table is charged to mem_limit.
+   */
+  size_t heap_bytes = swap_mode_prepare_heap ();
+  if (swap_mode != SWAP_OFF
+      && store_keep_resident (store, SWAP_SERVING_THREADS) == -1) {
+    nbdkit_error ("swap=%s: cannot make the block table and compression "
+                  "contexts ready: %s%s", swap_mode == SWAP_ON ? "on" : "try",
+                  error_text (errno),
+                  errno == ENOSPC ? " (mem_limit is too small for the "
+                  "device's table: 16 bytes a block)" : "");
+    if (swap_mode == SWAP_ON)
+      goto failed;
+  }
   /* Swap mode: the reserve populated (and locked) before any request. */
   policy.reserve_always = swap_mode != SWAP_OFF;
   housekeeper_set_policy (&policy);
@@ -529,7 +549,8 @@ zram_after_fork (void)
   }
   struct store_stats stats;
   store_stats (store, &stats);
-  swap_mode_report (stats.reserve_bytes);
+  swap_mode_report (stats.reserve_bytes,
+                    heap_bytes + stats.table_bytes + stats.codec_bytes);
   struct control_info info = {
     .disksize = config.size,
     .algorithm = codec_name (config.algorithm),

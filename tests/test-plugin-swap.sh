@@ -173,7 +173,7 @@ if [ "$flusher" = 0 ]; then
     grep -q 'swap=try: going on without: PR_SET_IO_FLUSHER refused' "$NBDKIT_STDERR" \
         || fail "swap=try did not warn about what it went without"
 fi
-grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, (NOT )?real-time, ' \
+grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, [1-9][0-9]* MiB of table, contexts and heap made ready, (NOT )?real-time, ' \
     "$NBDKIT_STDERR" || fail "swap=try did not say what it did at start"
 # A real-time priority the server was started with (chrt) is kept.
 if command -v chrt >/dev/null && chrt -r 5 true 2>/dev/null; then

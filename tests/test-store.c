@@ -474,6 +474,65 @@ test_table_bounded_and_reclaimed (void **state)
   store_destroy (store);
 }
 
+/* Swap mode's store_keep_resident: the whole table made at once and kept
+ * through trims and reclaim, the write codec's contexts made and kept
+ * through store_release_idle_memory, and a mem_limit too small for the
+ * table refused with ENOSPC.
+ */
+static void
+test_keep_resident (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 8 * 512 };      /* 8 leaves */
+  unsigned char buf[BS], back[BS];
+  struct store_stats st;
+
+  for (int zstd = 0; zstd <= 1; zstd++) {
+    enum codec_algorithm algorithm = zstd ? CODEC_ZSTD : CODEC_LZ4;
+    struct block_store *store = make_store (BLOCKS * BS, algorithm, 0);
+    store_stats (store, &st);
+    assert_int_equal (st.table_bytes, 0);
+    assert_int_equal (store_keep_resident (store, 6), 0);
+    store_stats (store, &st);
+    uint64_t table = st.table_bytes, contexts = st.codec_bytes;
+    print_message ("%s: table %" PRIu64 " bytes, contexts %" PRIu64 " bytes\n",
+                   zstd ? "zstd" : "lz4", table, contexts);
+    /* 8 leaves of 16-byte entries and the root above them. */
+    assert_true (table >= 8 * 512 * 16);
+    assert_true (table < 8 * 512 * 16 + 2 * 8192);
+    /* Six contexts, each with its workspace (zstd's: tens of KiB). */
+    assert_true (contexts >= (zstd ? 6 * 16384 : 6 * 1024));
+
+    for (uint64_t i = 0; i < BLOCKS; i += 37) {
+      block_fill (buf, i, 1);
+      assert_int_equal (store_write (store, buf, BS, i * BS), 0);
+    }
+    assert_int_equal (store_trim (store, BLOCKS * BS, 0), 0);
+    store_flush (store);
+    assert_int_equal (store_release_idle_memory (store), 0);
+    store_stats (store, &st);
+    assert_int_equal (st.table_bytes, table);
+    assert_true (st.codec_bytes >= contexts);
+    assert_int_equal (st.orig_data_size, 0);
+    block_fill (buf, 5, 1);
+    assert_int_equal (store_write (store, buf, BS, 5 * BS), 0);
+    assert_int_equal (store_read (store, back, BS, 5 * BS), 0);
+    assert_memory_equal (buf, back, BS);
+    assert_int_equal (store_read (store, back, BS, 6 * BS), 0);
+    assert_true (back[0] == 0 && memcmp (back, back + 1, BS - 1) == 0);
+    store_destroy (store);
+  }
+
+  /* 1 TiB of device is 4 GiB of table: more than a 1 MiB limit. */
+  struct block_store *store = make_store ((uint64_t) 1 << 40, CODEC_LZ4, 1 << 20);
+  errno = 0;
+  assert_int_equal (store_keep_resident (store, 2), -1);
+  assert_int_equal (errno, ENOSPC);
+  store_stats (store, &st);
+  assert_true (st.limit_used <= 1 << 20);
+  store_destroy (store);
+}
+
 /* ---- concurrency ---------------------------------------------------- */
 
 #define THREADS 4
@@ -2101,6 +2160,7 @@ main (void)
     cmocka_unit_test (test_enospc_keeps_old_block),
     cmocka_unit_test (test_partial_zero_at_limit),
     cmocka_unit_test (test_table_bounded_and_reclaimed),
+    cmocka_unit_test (test_keep_resident),
     cmocka_unit_test (test_concurrent_partial_writes),
     cmocka_unit_test (test_threads_exit_after_destroy),
     cmocka_unit_test (test_concurrent_mixed_batched),
