@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -25,6 +26,16 @@
 
 #define CONTROL_LINE_MAX 1024
 #define CONTROL_WORDS_MAX 8
+/* Clients served at once; one more is told so and closed. */
+#define CONTROL_CLIENTS_MAX 8
+/* A client that sends nothing for this long is closed. */
+#define CONTROL_IDLE_MS (60 * 1000)
+/* A reply its client does not read for this long: the client is dropped
+ * (the command's effect stays; its log line says so).
+ */
+#define CONTROL_SEND_TIMEOUT_MS 2000
+/* Connections the kernel queues before the thread accepts them. */
+#define CONTROL_BACKLOG SOMAXCONN
 
 /* Set up in control_listen / control_start, torn down in control_stop,
  * all on nbdkit's main thread; the control thread only reads them.
@@ -37,13 +48,18 @@ static bool running;
 static struct block_store *store;
 static struct control_info info;
 
-/* A connected client and the reply being built for it. */
+/* A connected client: what it sent that is not a whole line yet, and
+ * the reply being built for it.  Owned by the control thread.
+ */
 struct client {
-  int fd;
-  bool gone;                    /* hung up, or a send failed */
+  int fd;                       /* non-blocking; -1: a free slot */
+  bool gone;                    /* hung up, a send failed or timed out */
   char *reply;                  /* open_memstream buffer */
   size_t reply_length;
   FILE *out;
+  char line[CONTROL_LINE_MAX];
+  size_t used;                  /* bytes in line */
+  uint64_t last_heard_ms;       /* when it last sent something */
 };
 
 /* ---- the socket ------------------------------------------------------ */
@@ -85,7 +101,7 @@ control_listen (const char *path)
   mode_t old_mask = umask (0177);
   int r = bind (fd, (struct sockaddr *) &address, sizeof address);
   umask (old_mask);
-  if (r == -1 || listen (fd, 4) == -1) {
+  if (r == -1 || listen (fd, CONTROL_BACKLOG) == -1) {
     nbdkit_error ("ctl: cannot listen on '%s': %s", path, error_text (errno));
     close (fd);
     if (r == 0)
@@ -106,19 +122,45 @@ control_listen (const char *path)
 
 /* ---- replies ------------------------------------------------------- */
 
+static uint64_t
+now_ms (void)
+{
+  struct timespec t;
+  clock_gettime (CLOCK_MONOTONIC, &t);
+  return (uint64_t) t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Send on the non-blocking socket, waiting for room at most
+ * CONTROL_SEND_TIMEOUT_MS without progress: a client that does not read
+ * is dropped, and so is every client when the server stops.
+ */
 static void
 client_send (struct client *client, const char *bytes, size_t length)
 {
   while (length > 0 && !client->gone) {
-    ssize_t sent = send (client->fd, bytes, length, MSG_NOSIGNAL);
+    ssize_t sent = send (client->fd, bytes, length, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent > 0) {
+      bytes += sent;
+      length -= sent;
+      continue;
+    }
     if (sent == -1 && errno == EINTR)
       continue;
-    if (sent <= 0) {
-      client->gone = true;
-      return;
+    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      struct pollfd fds[] = {
+        { .fd = client->fd, .events = POLLOUT },
+        { .fd = wake_pipe[0], .events = POLLIN },
+      };
+      int ready = poll (fds, 2, CONTROL_SEND_TIMEOUT_MS);
+      if (ready == -1 && errno == EINTR)
+        continue;
+      if (ready == 0)
+        nbdkit_error ("ctl: client dropped: it read nothing of its reply "
+                      "for %d s", CONTROL_SEND_TIMEOUT_MS / 1000);
+      if (ready > 0 && !fds[1].revents)
+        continue;
     }
-    bytes += sent;
-    length -= sent;
+    client->gone = true;
   }
 }
 
@@ -163,6 +205,20 @@ client_still_there (void *opaque)
 }
 
 /* ---- commands ------------------------------------------------------ */
+
+/* A size as nbdkit_parse_size reads it (512M, 4G), or -1.  Text with
+ * anything but letters, digits and a point is refused here, so that
+ * nbdkit_parse_size, which logs what it cannot read, never writes a
+ * client's control bytes into the server's log.
+ */
+static int64_t
+parse_size (const char *text)
+{
+  if (!*text || text[strspn (text, "0123456789.abcdefghijklmnopqrstuvwxyz"
+                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ")])
+    return -1;
+  return nbdkit_parse_size (text);
+}
 
 static int
 parse_number (const char *text, uint64_t *value)
@@ -236,7 +292,7 @@ command_idle (struct client *client, int argc, char **argv)
 static int
 command_mem_limit (struct client *client, int argc, char **argv)
 {
-  int64_t limit = nbdkit_parse_size (argv[1]);
+  int64_t limit = parse_size (argv[1]);
   if (limit == -1)
     return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
                         argv[1]);
@@ -486,7 +542,7 @@ command_writeback_limit (struct client *client, int argc, char **argv)
   if (argc == 2) {
     if (strcmp (argv[1], "off") == 0)
       limited = false;
-    else if (!*argv[1] || (bytes = nbdkit_parse_size (argv[1])) == -1)
+    else if (!*argv[1] || (bytes = parse_size (argv[1])) == -1)
       return reply_error (client, "writeback_limit: '%s' is not a size or off "
                           "(e.g. 512M, 0: nothing more is written back)",
                           argv[1]);
@@ -568,8 +624,11 @@ run_line (struct client *client, char *line)
       break;
     argv[argc++] = word;
   }
-  if (argc == 0)
-    return;                     /* an empty line: no reply */
+  if (argc == 0) {
+    fprintf (client->out, "ok\n"); /* an empty line: nothing to do */
+    reply_flush (client);
+    return;
+  }
 
   int r = -1;
   size_t i;
@@ -591,84 +650,142 @@ run_line (struct client *client, char *line)
 
 /* ---- the thread ------------------------------------------------------ */
 
-/* Read lines from a client and run them until it hangs up or the server
- * stops.
- */
-static void
-client_serve (int fd)
+/* Run the whole lines the client sent: true while it stays. */
+static bool
+client_read (struct client *client)
 {
-  struct client client = { .fd = fd };
-  client.out = open_memstream (&client.reply, &client.reply_length);
-  if (!client.out) {
-    nbdkit_error ("ctl: client dropped: %s", error_text (errno));
-    return;
+  ssize_t n = recv (client->fd, client->line + client->used,
+                    sizeof client->line - client->used, MSG_DONTWAIT);
+  if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return true;
+  if (n <= 0)
+    return false;
+  client->used += n;
+  client->last_heard_ms = now_ms ();
+  char *end;
+  while (!client->gone && (end = memchr (client->line, '\n', client->used))) {
+    size_t length = end - client->line;
+    *end = '\0';
+    /* A NUL would cut the line short unseen: refuse it, and answer. */
+    if (memchr (client->line, '\0', length)) {
+      reply_error (client, "the line holds a NUL byte");
+      reply_flush (client);
+    }
+    else
+      run_line (client, client->line);
+    client->used -= length + 1;
+    memmove (client->line, end + 1, client->used);
   }
-  char line[CONTROL_LINE_MAX];
-  size_t used = 0;
-
-  while (!client.gone) {
-    struct pollfd fds[] = {
-      { .fd = fd, .events = POLLIN },
-      { .fd = wake_pipe[0], .events = POLLIN },
-    };
-    if (poll (fds, 2, -1) == -1) {
-      if (errno == EINTR)
-        continue;
-      break;
-    }
-    if (fds[1].revents)
-      break;                    /* stopping */
-    ssize_t n = recv (fd, line + used, sizeof line - used, 0);
-    if (n <= 0)
-      break;
-    used += n;
-    char *end;
-    while (!client.gone && (end = memchr (line, '\n', used))) {
-      *end = '\0';
-      run_line (&client, line);
-      used -= end + 1 - line;
-      memmove (line, end + 1, used);
-    }
-    if (used == sizeof line) {
-      reply_error (&client, "line too long (%d bytes at most)", CONTROL_LINE_MAX);
-      reply_flush (&client);
-      break;
-    }
+  if (client->used == sizeof client->line) {
+    reply_error (client, "line too long (%d bytes at most)", CONTROL_LINE_MAX);
+    reply_flush (client);
+    return false;
   }
-  fclose (client.out);
-  free (client.reply);
+  return !client->gone;
 }
 
+static struct client clients[CONTROL_CLIENTS_MAX];
+
+static void
+client_close (struct client *client)
+{
+  fclose (client->out);
+  free (client->reply);
+  close (client->fd);
+  client->fd = -1;
+}
+
+/* A new connection: a free slot; else the slot of the client silent the
+ * longest, if for a second or more (silent connections, however many,
+ * never lock out the next client that talks); else a short refusal.
+ */
+static void
+client_accept (int fd)
+{
+  struct client *slot = NULL;
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX && !slot; i++)
+    if (clients[i].fd == -1)
+      slot = &clients[i];
+  if (!slot) {
+    uint64_t now = now_ms ();
+    for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+      if (now - clients[i].last_heard_ms >= 1000
+          && (!slot || clients[i].last_heard_ms < slot->last_heard_ms))
+        slot = &clients[i];
+    if (slot)
+      client_close (slot);
+  }
+  if (!slot) {
+    static const char refusal[] = "error: too many control clients ("
+      "at most 8 at once); try again later\n";
+    _Static_assert (CONTROL_CLIENTS_MAX == 8, "the refusal names the limit");
+    ssize_t sent = send (fd, refusal, sizeof refusal - 1,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void) sent;
+    close (fd);
+    return;
+  }
+  *slot = (struct client) { .fd = fd, .last_heard_ms = now_ms () };
+  slot->out = open_memstream (&slot->reply, &slot->reply_length);
+  if (!slot->out) {
+    nbdkit_error ("ctl: client refused: %s", error_text (errno));
+    close (fd);
+    slot->fd = -1;
+  }
+}
+
+/* One thread serves every client: it waits for any of them to send, runs
+ * the lines that came, and closes clients that hang up, stay silent for
+ * CONTROL_IDLE_MS, or do not read their replies (client_send).  A
+ * silent or stuck client never holds up the others for long, and the
+ * wake pipe stops the thread in any wait.
+ */
 static void *
 control_main (void *arg)
 {
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+    clients[i].fd = -1;
   for (;;) {
-    struct pollfd fds[] = {
-      { .fd = listen_fd, .events = POLLIN },
-      { .fd = wake_pipe[0], .events = POLLIN },
-    };
-    if (poll (fds, 2, -1) == -1) {
-      if (errno == EINTR)
-        continue;
-      return NULL;
-    }
-    if (fds[1].revents)
-      return NULL;
-    int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd == -1) {
-      /* Out of descriptors or memory, the pending connection stays and
-       * the socket stays readable: wait a little (or for the stop) rather
-       * than spin.
-       */
-      if (errno != EINTR && errno != ECONNABORTED) {
-        nbdkit_debug ("ctl: accept: %s", error_text (errno));
-        poll (&fds[1], 1, 100);
+    struct pollfd fds[2 + CONTROL_CLIENTS_MAX];
+    struct client *polled[CONTROL_CLIENTS_MAX];
+    nfds_t count = 2;
+    fds[0] = (struct pollfd) { .fd = wake_pipe[0], .events = POLLIN };
+    fds[1] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
+    for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+      if (clients[i].fd != -1) {
+        polled[count - 2] = &clients[i];
+        fds[count++] = (struct pollfd) { .fd = clients[i].fd, .events = POLLIN };
       }
-      continue;
+    int ready = poll (fds, count, 1000);
+    if (ready == -1 && errno != EINTR)
+      break;
+    if (ready > 0 && fds[0].revents)
+      break;                    /* stopping */
+    for (nfds_t k = 2; ready > 0 && k < count; k++)
+      if (fds[k].revents && !client_read (polled[k - 2]))
+        client_close (polled[k - 2]);
+    uint64_t now = now_ms ();
+    for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+      if (clients[i].fd != -1 && now - clients[i].last_heard_ms > CONTROL_IDLE_MS)
+        client_close (&clients[i]);
+    if (ready > 0 && fds[1].revents) {
+      int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd != -1)
+        client_accept (fd);
+      else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
+        /* Out of descriptors or memory, the pending connection stays and
+         * the socket stays readable: wait a little (or for the stop)
+         * rather than spin.
+         */
+        nbdkit_debug ("ctl: accept: %s", error_text (errno));
+        poll (&fds[0], 1, 100);
+      }
     }
-    client_serve (fd);
-    close (fd);
   }
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+    if (clients[i].fd != -1)
+      client_close (&clients[i]);
+  return NULL;
 }
 
 int

@@ -1,8 +1,9 @@
 /* The control channel (ctl=PATH): zram's sysfs attributes, over a Unix
  * socket that only the server's owner may connect to (mode 0600).
  *
- * One client at a time sends lines; each command's reply is zero or more
- * lines, then "ok" or "error: MESSAGE".  A bad command changes nothing.
+ * Clients send lines; each line's reply is zero or more lines, then "ok"
+ * or "error: MESSAGE" (an empty line: "ok"; a line with a NUL byte: an
+ * error).  A bad command changes nothing.
  * Commands (man page, "Control channel"):
  *
  *   info                   disksize, algorithm, level, mem_limit, ...
@@ -18,9 +19,16 @@
  *   help
  *
  * THREADS.  One control thread (started in .after_fork, stopped in
- * .cleanup) accepts clients and runs their commands, beside nbdkit's
- * threads: commands use the store's thread-safe calls only.  A command
- * that walks the device stops early when its client hangs up.
+ * .cleanup) serves up to 8 clients at once, beside nbdkit's threads:
+ * commands use the store's thread-safe calls only.  No client can wedge
+ * it: sockets are non-blocking; a client silent for 60 s is closed, and
+ * when all 8 places are taken a new client takes the place of one silent
+ * for a second or more, else it is told "too many" and closed; a reply
+ * its client reads nothing of for 2 s drops the client (the command's
+ * effect stays; the log says so); every wait also watches the wake pipe,
+ * so control_stop returns within a poll.  A command that walks the
+ * device stops early when its client hangs up.  Client bytes never reach
+ * the server's log.
  */
 #ifndef ZRAM_CONTROL_H
 #define ZRAM_CONTROL_H

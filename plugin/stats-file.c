@@ -1,10 +1,12 @@
 /* The stats= file: see stats-file.h. */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -146,45 +148,55 @@ stats_print (struct block_store *store, FILE *fp)
            ratio (s.orig_data_size, s.mem_used_total));
 }
 
-/* The temporary file a write goes through, beside the real one so that
- * rename() is atomic.  NULL on failure.
+/* Create the temporary file a write goes through, beside the real one so
+ * that rename() is atomic: a random name (mkostemp), created exclusively
+ * (O_EXCL: a symbolic link planted at the name is never followed), mode
+ * 0644.  The rename replaces whatever is at path, a planted link
+ * included, without following it.  A stream, with *temporary the name to
+ * free; NULL with errno on failure.
  */
-static char *
-temporary_name (const char *path)
+static FILE *
+temporary_create (const char *path, char **temporary)
 {
-  char *temporary;
-  if (asprintf (&temporary, "%s.tmp.%ld", path, (long) getpid ()) == -1)
+  if (asprintf (temporary, "%s.tmp.XXXXXX", path) == -1)
     return NULL;
-  return temporary;
+  int fd = mkostemp (*temporary, O_CLOEXEC);
+  FILE *fp = NULL;
+  if (fd != -1 && fchmod (fd, 0644) == 0)
+    fp = fdopen (fd, "w");
+  if (!fp) {
+    int saved = errno;
+    if (fd != -1) {
+      close (fd);
+      unlink (*temporary);
+    }
+    free (*temporary);
+    *temporary = NULL;
+    errno = saved;
+  }
+  return fp;
 }
 
 int
 stats_file_check (const char *path)
 {
-  char *temporary = temporary_name (path);
-  if (!temporary)
+  char *temporary;
+  FILE *fp = temporary_create (path, &temporary);
+  if (!fp)
     return -1;
-  FILE *fp = fopen (temporary, "w");
-  int r = fp ? 0 : -1;
-  if (fp) {
-    fclose (fp);
-    unlink (temporary);
-  }
+  fclose (fp);
+  unlink (temporary);
   free (temporary);
-  return r;
+  return 0;
 }
 
 static int
 stats_file_write_once (struct block_store *store, const char *path)
 {
-  char *temporary = temporary_name (path);
-  if (!temporary)
+  char *temporary;
+  FILE *fp = temporary_create (path, &temporary);
+  if (!fp)
     return -1;
-  FILE *fp = fopen (temporary, "w");
-  if (!fp) {
-    free (temporary);
-    return -1;
-  }
   stats_print (store, fp);
   int r = fclose (fp) == 0 ? rename (temporary, path) : -1;
   if (r == -1) {

@@ -31,7 +31,8 @@ static const char *const names[FAULT_POINTS] = {
   [FAULT_LZ4_DECOMPRESS_PARTIAL] = "LZ4_decompress_safe_partial",
   [FAULT_ZSTD_DECOMPRESS] = "ZSTD_decompressDCtx",
   [FAULT_PTHREAD_CREATE] = "pthread_create",
-  [FAULT_FOPEN] = "fopen", [FAULT_RENAME] = "rename",
+  [FAULT_FOPEN] = "fopen", [FAULT_MKOSTEMP] = "mkostemp",
+  [FAULT_RENAME] = "rename",
   [FAULT_PREAD] = "pread", [FAULT_PWRITE] = "pwrite",
   [FAULT_FALLOCATE] = "fallocate",
   [FAULT_SOCKET] = "socket", [FAULT_BIND] = "bind", [FAULT_LISTEN] = "listen",
@@ -378,6 +379,15 @@ __wrap_fopen (const char *path, const char *mode)
 {
   FAIL_WITH (FAULT_FOPEN, ENOSPC, NULL);
   return __real_fopen (path, mode);
+}
+
+int __real_mkostemp (char *template, int flags);
+int __wrap_mkostemp (char *template, int flags);
+int
+__wrap_mkostemp (char *template, int flags)
+{
+  FAIL_WITH (FAULT_MKOSTEMP, ENOSPC, -1);
+  return __real_mkostemp (template, flags);
 }
 
 int __real_rename (const char *from, const char *to);

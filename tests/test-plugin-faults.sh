@@ -83,7 +83,7 @@ serve ""
 grep -qx 'failed: nothing' "$tmp/result" || fail "the clean run: $(cat "$tmp/result")"
 cp "$tmp/report" "$tmp/reference"
 
-server_only="strdup pthread_create fopen rename socket bind listen accept4 recv send open_memstream"
+server_only="strdup pthread_create fopen mkostemp rename socket bind listen accept4 recv send open_memstream"
 runs=0 served=0 refused=0 missed=0 stats_failures_logged=0
 while read -r point calls; do
     case $point in injected|corrupt) continue ;; esac
@@ -104,7 +104,7 @@ while read -r point calls; do
     [ -z "${FAULT_PLUGIN_ALL:-}" ] || calls_to_try=$(seq 1 "$calls")
     point_injected=0
     case $point in
-        fopen|rename) export STATS_WAIT=1 ;;
+        fopen|mkostemp|rename) export STATS_WAIT=1 ;;
         *) unset STATS_WAIT ;;
     esac
     for nth in $calls_to_try; do

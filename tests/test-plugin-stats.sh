@@ -149,3 +149,28 @@ assert lines[-1].startswith("memory_ratio: "), "last line %r: file not complete"
 print("stats at exit ok: compression_ratio %s memory_ratio %s" % (cr, mr))
 EOF
 done
+
+# ---- planted symbolic links are never followed ---------------------------
+# A file the server must not touch (it runs as root in swap mode), a link
+# to it planted at the stats path, and links planted at every name a
+# predictable temporary could have had: after a run the file is intact,
+# the stats path is a regular file of mode 0644, and no temporary is left.
+printf 'precious\n' > "$tmp/victim"
+chmod 600 "$tmp/victim"
+mkdir "$tmp/links"
+ln -s "$tmp/victim" "$tmp/links/stats"
+for pid in $(seq 2 200) $(seq $$ $(($$ + 2000))); do
+    ln -s "$tmp/victim" "$tmp/links/stats.tmp.$pid"
+done
+zram_nbdkit -U - "$PLUGIN" 1M stats="$tmp/links/stats" --run '
+    nbdsh -u "$uri" -c "h.pwrite(b\"x\" * 4096, 0)"; sleep 1.5'
+[ "$(cat "$tmp/victim")" = precious ] || fail "the stats file followed a planted link"
+[ "$(stat -c %a "$tmp/victim")" = 600 ] || fail "the victim's mode changed"
+[ -f "$tmp/links/stats" ] && [ ! -L "$tmp/links/stats" ] ||
+    fail "the stats path is not a regular file"
+[ "$(stat -c %a "$tmp/links/stats")" = 644 ] ||
+    fail "the stats file has mode $(stat -c %a "$tmp/links/stats"), not 644"
+grep -q '^orig_data_size: 4096$' "$tmp/links/stats" || fail "stats file: $(cat "$tmp/links/stats")"
+left=$(find "$tmp/links" -name 'stats.tmp.*' ! -type l)
+[ -z "$left" ] || fail "temporaries left: $left"
+echo "ok: planted links not followed"
