@@ -10,6 +10,7 @@
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
+requires_disconnect_fix
 requires /usr/bin/python3
 
 case "$SANITIZERS" in

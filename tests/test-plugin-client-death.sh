@@ -7,6 +7,7 @@
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
+requires_disconnect_fix
 requires python3
 
 rc=0
