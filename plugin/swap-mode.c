@@ -267,11 +267,23 @@ swap_mode_lock (void)
  */
 #define HEAP_MMAP_THRESHOLD (2 << 20)
 
+/* Outside swap mode: glibc's thresholds fixed at their starting values.
+ * Left dynamic, each freed mapped chunk raises them, after which the
+ * plugin's large buffers (units, writeback batches) and nbdkit's come
+ * from per-thread arenas, whose free tops malloc_trim does not give
+ * back: tens of MiB stayed after the data was trimmed.
+ */
+#define PLAIN_MMAP_THRESHOLD (128 << 10)
+#define PLAIN_TRIM_THRESHOLD (128 << 10)
+
 size_t
 swap_mode_prepare_heap (void)
 {
-  if (swap_mode == SWAP_OFF)
+  if (swap_mode == SWAP_OFF) {
+    mallopt (M_MMAP_THRESHOLD, PLAIN_MMAP_THRESHOLD);
+    mallopt (M_TRIM_THRESHOLD, PLAIN_TRIM_THRESHOLD);
     return 0;
+  }
   /* One arena: the pages touched here serve every thread, including the
    * workers nbdkit starts later.  The heap's free top is never given back
    * (a request would fault it in again, maybe with memory gone).

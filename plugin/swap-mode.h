@@ -67,10 +67,12 @@ extern int swap_mode_prepare (void);
  */
 extern int swap_mode_lock (void);
 
-/* After swap_mode_lock (swap=on|try): make the C library's heap ready
- * for the requests of every thread and keep it (one arena, requests up
- * to 2 MiB from the heap, never trimmed, 8 MiB touched now, so locked).
- * Returns the bytes touched.
+/* After swap_mode_lock, before any connection: the C library's heap for
+ * the mode.  swap=on|try: ready for the requests of every thread and kept
+ * (one arena, requests up to 2 MiB from the heap, never trimmed, 8 MiB
+ * touched now, so locked).  Otherwise: glibc's mmap and trim thresholds
+ * fixed at 128 KiB, so that freed memory goes back.  Returns the bytes
+ * touched.
  */
 extern size_t swap_mode_prepare_heap (void);
 
