@@ -18,10 +18,17 @@
 #include "backing.h"
 
 struct connection {
-  pthread_mutex_t lock;         /* guards handle and last_connect */
+  pthread_mutex_t lock;         /* guards handle, retry_at_ms, backoff_ms */
   struct nbd_handle *handle;    /* NULL: to be made again */
-  time_t last_connect;          /* monotonic seconds of the last attempt */
+  uint64_t retry_at_ms;         /* no new connection before (monotonic) */
+  uint64_t backoff_ms;          /* the wait after the next failure */
 };
+
+/* Waits between attempts to connect again: doubled after each failure
+ * (a connection that fails or times out), from the first to the last.
+ */
+#define BACKOFF_FIRST_MS 1000
+#define BACKOFF_LAST_MS 30000
 
 struct backing {
   char *uri;                    /* NULL for a file */
@@ -50,8 +57,21 @@ struct backing {
   uint64_t free_sectors;
   uint64_t map_bytes;           /* leaves, tree and pointers */
 
+  /* Reads without the stripe lock (see backing.h, READS AND RELEASES):
+   * the readers of each of two epochs, and the runs released while
+   * readers were about, waiting for them.
+   */
+  _Atomic unsigned epoch;
+  _Atomic uint64_t readers[2];  /* by epoch & 1 */
+  pthread_mutex_t release_lock; /* guards releases, the epoch's flips and
+                                   draining */
+  struct run { uint64_t offset; size_t bytes; } *releases[2];
+  size_t release_count[2], release_capacity[2];
+  bool draining;                /* epoch - 1's runs wait for its readers */
+  unsigned timeout_ms;           /* each NBD request or connection */
   _Atomic uint64_t failed;
   _Atomic uint64_t reconnects;
+  _Atomic uint64_t timeouts;
 };
 
 static int map_init (struct backing *backing, uint64_t sectors);
@@ -77,25 +97,69 @@ message (const char *format, ...)
   return text;
 }
 
-static time_t
-monotonic_seconds (void)
+static uint64_t
+monotonic_ms (void)
 {
   struct timespec now;
   clock_gettime (CLOCK_MONOTONIC, &now);
-  return now.tv_sec;
+  return (uint64_t) now.tv_sec * 1000 + now.tv_nsec / 1000000;
 }
 
-/* A connected handle, or NULL with a message in *error. */
+/* Drive handle until done (handle) says so, or until deadline_ms: 1 done,
+ * 0 the deadline passed, -1 the connection failed.  A server that accepts
+ * and never answers costs the deadline, never more.
+ */
+static int
+nbd_wait (struct nbd_handle *handle, uint64_t deadline_ms,
+          int (*done) (struct nbd_handle *handle, int64_t cookie),
+          int64_t cookie)
+{
+  for (;;) {
+    int r = done (handle, cookie);
+    if (r != 0)
+      return r;
+    uint64_t now = monotonic_ms ();
+    if (now >= deadline_ms)
+      return 0;
+    uint64_t left = deadline_ms - now;
+    if (nbd_poll (handle, left > 1000 ? 1000 : (int) left) == -1)
+      return -1;
+  }
+}
+
+static int
+connected (struct nbd_handle *handle, int64_t cookie)
+{
+  (void) cookie;
+  if (nbd_aio_is_connecting (handle) == 1)
+    return 0;
+  return nbd_aio_is_ready (handle) == 1 ? 1 : -1;
+}
+
+static int
+completed (struct nbd_handle *handle, int64_t cookie)
+{
+  return nbd_aio_command_completed (handle, cookie);
+}
+
+/* A connected handle, or NULL with a message in *error: connecting takes
+ * timeout_ms at most.
+ */
 static struct nbd_handle *
-nbd_connect (const char *uri, char **error)
+nbd_connect (const char *uri, unsigned timeout_ms, char **error)
 {
   struct nbd_handle *handle = nbd_create ();
   if (!handle) {
     *error = message ("backing: %s", nbd_get_error ());
     return NULL;
   }
-  if (nbd_connect_uri (handle, uri) == -1) {
-    *error = message ("backing: %s: %s", uri, nbd_get_error ());
+  int r = nbd_aio_connect_uri (handle, uri);
+  if (r == 0)
+    r = nbd_wait (handle, monotonic_ms () + timeout_ms, connected, 0);
+  if (r != 1) {
+    *error = r == 0
+      ? message ("backing: %s: no answer within %u s", uri, timeout_ms / 1000)
+      : message ("backing: %s: %s", uri, nbd_get_error ());
     nbd_close (handle);
     return NULL;
   }
@@ -105,7 +169,8 @@ nbd_connect (const char *uri, char **error)
 static int
 open_nbd (struct backing *backing, uint64_t *capacity, char **error)
 {
-  struct nbd_handle *first = nbd_connect (backing->uri, error);
+  struct nbd_handle *first = nbd_connect (backing->uri, backing->timeout_ms,
+                                          error);
   if (!first)
     return -1;
   int64_t size = nbd_get_size (first);
@@ -125,7 +190,8 @@ open_nbd (struct backing *backing, uint64_t *capacity, char **error)
   if (nbd_can_multi_conn (first) == 1) {
     for (unsigned i = 1; i < BACKING_CONNECTIONS; i++) {
       char *ignored = NULL;
-      struct nbd_handle *more = nbd_connect (backing->uri, &ignored);
+      struct nbd_handle *more = nbd_connect (backing->uri, backing->timeout_ms,
+                                             &ignored);
       free (ignored);
       if (!more)
         break;
@@ -160,7 +226,7 @@ open_file (struct backing *backing, const char *path, uint64_t capacity,
 
 struct backing *
 backing_open (const char *target, uint64_t capacity, bool odirect,
-              char **error)
+              unsigned timeout_s, char **error)
 {
   *error = NULL;
   struct backing *backing = calloc (1, sizeof *backing);
@@ -170,9 +236,13 @@ backing_open (const char *target, uint64_t capacity, bool odirect,
   }
   backing->fd = -1;
   backing->odirect = odirect;
+  backing->timeout_ms = timeout_s * 1000;
   pthread_mutex_init (&backing->map_lock, NULL);
-  for (unsigned i = 0; i < BACKING_CONNECTIONS; i++)
+  pthread_mutex_init (&backing->release_lock, NULL);
+  for (unsigned i = 0; i < BACKING_CONNECTIONS; i++) {
     pthread_mutex_init (&backing->connections[i].lock, NULL);
+    backing->connections[i].backoff_ms = BACKOFF_FIRST_MS;
+  }
   int r;
   if (backing_is_uri (target)) {
     if (odirect) {
@@ -211,6 +281,9 @@ backing_close (struct backing *backing)
   if (backing->fd >= 0)
     close (backing->fd);
   pthread_mutex_destroy (&backing->map_lock);
+  pthread_mutex_destroy (&backing->release_lock);
+  free (backing->releases[0]);
+  free (backing->releases[1]);
   for (uint64_t i = 0; backing->leaves && i < backing->leaf_count; i++)
     free (backing->leaves[i]);
   free (backing->leaves);
@@ -462,8 +535,26 @@ backing_allocate (struct backing *backing, size_t bytes)
 
 /* ---- requests -------------------------------------------------------- */
 
-/* Run one request on a connection, reconnecting a dead one (at most once
- * a second) and retrying once.  op: 'r', 'w', 't'.
+/* A connection failed or timed out: drop it, and wait longer each time
+ * before making it again.  With connection->lock held.
+ */
+static void
+connection_drop (struct connection *connection)
+{
+  if (connection->handle) {
+    nbd_close (connection->handle);
+    connection->handle = NULL;
+  }
+  connection->retry_at_ms = monotonic_ms () + connection->backoff_ms;
+  connection->backoff_ms = connection->backoff_ms * 2 > BACKOFF_LAST_MS
+    ? BACKOFF_LAST_MS : connection->backoff_ms * 2;
+}
+
+/* Run one request on a connection, reconnecting a dead one (with
+ * backoff) and retrying once.  Each attempt, connecting included, takes
+ * the timeout at most: a request not answered by then fails and its
+ * connection is dropped (nbd_close: libnbd lets go of buf).  op: 'r',
+ * 'w', 't'.
  */
 static int
 nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
@@ -477,29 +568,52 @@ nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
   for (int attempt = 0; attempt < 2 && r == -1; attempt++) {
     if (connection->handle
         && (nbd_aio_is_dead (connection->handle) == 1
-            || nbd_aio_is_closed (connection->handle) == 1)) {
-      nbd_close (connection->handle);
-      connection->handle = NULL;
-    }
+            || nbd_aio_is_closed (connection->handle) == 1))
+      connection_drop (connection);
     if (!connection->handle) {
-      time_t now = monotonic_seconds ();
-      if (now == connection->last_connect)
-        break;                  /* tried this second already */
-      connection->last_connect = now;
+      if (monotonic_ms () < connection->retry_at_ms)
+        break;                  /* backing off */
       char *error = NULL;
-      connection->handle = nbd_connect (backing->uri, &error);
+      connection->handle = nbd_connect (backing->uri, backing->timeout_ms,
+                                        &error);
       free (error);
-      if (!connection->handle)
+      if (!connection->handle) {
+        connection_drop (connection);
         break;
+      }
       atomic_fetch_add (&backing->reconnects, 1);
     }
+    int64_t cookie;
     switch (op) {
-    case 'r': r = nbd_pread (connection->handle, buf, bytes, offset, 0); break;
-    case 'w': r = nbd_pwrite (connection->handle, buf, bytes, offset, 0); break;
-    default: r = nbd_trim (connection->handle, bytes, offset, 0); break;
+    case 'r':
+      cookie = nbd_aio_pread (connection->handle, buf, bytes, offset,
+                              NBD_NULL_COMPLETION, 0);
+      break;
+    case 'w':
+      cookie = nbd_aio_pwrite (connection->handle, buf, bytes, offset,
+                               NBD_NULL_COMPLETION, 0);
+      break;
+    default:
+      cookie = nbd_aio_trim (connection->handle, bytes, offset,
+                             NBD_NULL_COMPLETION, 0);
+      break;
+    }
+    int done = cookie == -1 ? -1
+      : nbd_wait (connection->handle, monotonic_ms () + backing->timeout_ms,
+                  completed, cookie);
+    if (done == 1) {
+      r = 0;
+      connection->backoff_ms = BACKOFF_FIRST_MS;
+      break;
+    }
+    if (done == 0) {
+      /* No answer in time: this connection is wedged; no second try. */
+      atomic_fetch_add (&backing->timeouts, 1);
+      connection_drop (connection);
+      break;
     }
     /* Only a dead connection is worth a second try. */
-    if (r == -1 && nbd_aio_is_dead (connection->handle) != 1
+    if (nbd_aio_is_dead (connection->handle) != 1
         && nbd_aio_is_closed (connection->handle) != 1)
       break;
   }
@@ -573,8 +687,90 @@ backing_read (struct backing *backing, void *buf, size_t bytes, uint64_t offset)
   return request (backing, 'r', buf, bytes, offset);
 }
 
+unsigned
+backing_read_begin (struct backing *backing)
+{
+  for (;;) {
+    unsigned epoch = atomic_load (&backing->epoch);
+    atomic_fetch_add (&backing->readers[epoch & 1], 1);
+    if (atomic_load (&backing->epoch) == epoch)
+      return epoch;
+    atomic_fetch_sub (&backing->readers[epoch & 1], 1);   /* it flipped */
+  }
+}
+
+void
+backing_read_end (struct backing *backing, unsigned epoch)
+{
+  atomic_fetch_sub (&backing->readers[epoch & 1], 1);
+}
+
+static void run_free (struct backing *backing, uint64_t offset, size_t bytes);
+
 void
 backing_release (struct backing *backing, uint64_t offset, size_t bytes)
+{
+  /* A reader that could be on the run began before the entry stopped
+   * naming it (it looked the entry up under the stripe lock that the
+   * change took after it): with no reader about now, none is on it.
+   */
+  if (atomic_load (&backing->readers[0]) + atomic_load (&backing->readers[1])
+      == 0) {
+    run_free (backing, offset, bytes);
+    return;
+  }
+  pthread_mutex_lock (&backing->release_lock);
+  unsigned slot = atomic_load (&backing->epoch) & 1;
+  if (backing->release_count[slot] == backing->release_capacity[slot]) {
+    size_t capacity = backing->release_capacity[slot] * 2 + 16;
+    struct run *runs = realloc (backing->releases[slot],
+                                capacity * sizeof *runs);
+    if (!runs) {
+      /* The run stays allocated: space lost, never data. */
+      pthread_mutex_unlock (&backing->release_lock);
+      return;
+    }
+    backing->releases[slot] = runs;
+    backing->release_capacity[slot] = capacity;
+  }
+  backing->releases[slot][backing->release_count[slot]++]
+    = (struct run) { offset, bytes };
+  pthread_mutex_unlock (&backing->release_lock);
+}
+
+void
+backing_settle_releases (struct backing *backing)
+{
+  pthread_mutex_lock (&backing->release_lock);
+  unsigned epoch = atomic_load (&backing->epoch);
+  if (!backing->draining) {
+    if (backing->release_count[epoch & 1] == 0) {
+      pthread_mutex_unlock (&backing->release_lock);
+      return;
+    }
+    /* New readers and releases go to the other slot from now on. */
+    atomic_store (&backing->epoch, ++epoch);
+    backing->draining = true;
+  }
+  unsigned old = (epoch - 1) & 1;
+  if (atomic_load (&backing->readers[old]) != 0) {
+    pthread_mutex_unlock (&backing->release_lock);
+    return;                     /* a read of that epoch is still on */
+  }
+  struct run *runs = backing->releases[old];
+  size_t count = backing->release_count[old];
+  backing->releases[old] = NULL;
+  backing->release_count[old] = backing->release_capacity[old] = 0;
+  backing->draining = false;
+  pthread_mutex_unlock (&backing->release_lock);
+  for (size_t i = 0; i < count; i++)
+    run_free (backing, runs[i].offset, runs[i].bytes);
+  free (runs);
+}
+
+/* Trim a run, then free it in the space map. */
+static void
+run_free (struct backing *backing, uint64_t offset, size_t bytes)
 {
   uint64_t first = offset / BACKING_SECTOR;
   uint64_t count = (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR;
@@ -639,4 +835,5 @@ backing_stats (struct backing *backing, struct backing_stats *stats)
   pthread_mutex_unlock (&backing->map_lock);
   stats->failed = atomic_load (&backing->failed);
   stats->reconnects = atomic_load (&backing->reconnects);
+  stats->timeouts = atomic_load (&backing->timeouts);
 }

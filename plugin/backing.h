@@ -54,10 +54,14 @@ struct backing;
 /* Open target (a path or an NBD URI) for capacity bytes at most (a file
  * is extended to it; an NBD export must offer at least the space map's
  * first sector, and the capacity is cut to its size).  odirect: open a
- * file with O_DIRECT.  NULL with a message in *error (to free) on failure.
+ * file with O_DIRECT.  timeout_s: an NBD connection or request not done
+ * in that time fails (EIO), and its connection is dropped and made again
+ * later, after a wait that doubles from 1 s to 30 s while it keeps
+ * failing.  NULL with a message in *error (to free) on failure.
  */
 extern struct backing *backing_open (const char *target, uint64_t capacity,
-                                     bool odirect, char **error);
+                                     bool odirect, unsigned timeout_s,
+                                     char **error);
 extern void backing_close (struct backing *backing);
 
 /* Whether target names an NBD export rather than a file. */
@@ -77,6 +81,21 @@ extern int64_t backing_allocate (struct backing *backing, size_t bytes);
 extern void backing_release (struct backing *backing, uint64_t offset,
                              size_t bytes);
 
+/* READS AND RELEASES.  A written-back block is read with its stripe lock
+ * dropped, so that a slow or wedged backing store holds up that read
+ * alone; its run must then not be freed and given to other data while
+ * the read is on.  The reader takes backing_read_begin under the stripe
+ * lock, after looking the entry up, and backing_read_end when done with
+ * the run; backing_release frees a run at once when no reader is about,
+ * else queues it in the current epoch; backing_settle_releases (the
+ * housekeeper, every round) moves the epoch on and frees the previous
+ * epoch's runs once its last reader is gone.  A run released while
+ * readers run stays allocated a round or two longer.
+ */
+extern unsigned backing_read_begin (struct backing *backing);
+extern void backing_read_end (struct backing *backing, unsigned epoch);
+extern void backing_settle_releases (struct backing *backing);
+
 /* Whole requests: 0, or -1 with errno EIO (ENOMEM, ...). */
 extern int backing_write (struct backing *backing, const void *buf,
                           size_t bytes, uint64_t offset);
@@ -88,6 +107,7 @@ struct backing_stats {
   uint64_t used;                /* bytes in allocated runs */
   uint64_t failed;              /* requests that failed */
   uint64_t reconnects;          /* NBD connections made again */
+  uint64_t timeouts;            /* NBD requests not answered in time */
   uint64_t map_bytes;           /* RAM the space map takes now (its
                                    leaves, tree and pointers): to count
                                    against mem_limit */

@@ -131,7 +131,9 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
   return 1;
 }
 
-/* Decode stored content into a whole block.  Under the stripe lock. */
+/* Decode stored content into a whole block.  Under the stripe lock, but
+ * for written-back content (see there).
+ */
 int
 block_decode (struct block_store *store, const struct block_content *content,
               unsigned char *block)
@@ -150,8 +152,8 @@ block_decode (struct block_store *store, const struct block_content *content,
     r = unit_decode (store, content, block);
     break;
   case BLOCK_BACKED: {
-    /* Under the stripe lock: the run cannot be freed and reused meanwhile
-     * (a read waits for the backing store; so do blocks of its stripe).
+    /* Without the stripe lock (block_read, block_patch): the caller's
+     * backing_read_begin keeps the run from being freed and reused.
      */
     unsigned char compressed[STORE_BLOCK_SIZE];
     size_t length = backed_length (content->value);

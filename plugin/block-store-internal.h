@@ -253,6 +253,11 @@ extern bool entry_commit (struct block_store *store, uint64_t block,
 extern bool entry_commit_flags (struct block_store *store, uint64_t block,
                                 unsigned flags);
 extern void entry_unclaim (struct block_store *store, uint64_t block);
+/* entry_claim's claim on an entry found under its stripe lock (held):
+ * false if another mover holds one.
+ */
+extern bool entry_claim_locked (struct block_leaf *leaf,
+                                struct block_entry *entry);
 
 /* ---- block-encode.c ---------------------------------------------------- */
 
@@ -340,14 +345,20 @@ extern int writeback_for_room (struct block_store *store);
  * end).  A growth the limit refuses is charged at a later settle.
  */
 extern void backing_map_settle (struct block_store *store, bool locked);
-/* A written-back block just read (into block, under its stripe lock):
- * back into RAM while the pool is under readback_below.  True if it was;
- * *old is then to be released after the lock.
+/* Readback of a written-back block that a read finds (under its stripe
+ * lock): whether it should come back into RAM (the pool is under
+ * readback_below), and if so a claim on it (entry_claim_locked), so that
+ * the read, done without the lock, can bring it back with entry_commit
+ * (block_read_back) unless a store came first.
  */
-extern bool block_read_back (struct block_store *store,
-                             struct block_leaf *leaf,
-                             struct block_entry *entry,
-                             const unsigned char *block,
-                             const struct block_content *old);
+extern bool block_read_back_claim (struct block_store *store,
+                                   struct block_leaf *leaf,
+                                   struct block_entry *entry,
+                                   const struct block_content *content);
+/* After the read: the data back in RAM if the claim holds (else nothing:
+ * the store that broke it is newer); the claim goes either way.
+ */
+extern void block_read_back (struct block_store *store, uint64_t block,
+                             const unsigned char *data, bool read_ok);
 
 #endif /* ZRAM_BLOCK_STORE_INTERNAL_H */

@@ -351,6 +351,17 @@ entry_claim (struct block_store *store, uint64_t block,
     pthread_mutex_unlock (stripe_for (store, block));
     return NULL;
   }
+  entry_claim_locked (leaf, entry);
+  *claimed = entry_load (entry);
+  return entry;
+}
+
+bool
+entry_claim_locked (struct block_leaf *leaf, struct block_entry *entry)
+{
+  uint64_t state = atomic_load (&entry->state);
+  if (state & BLOCK_MOVE_HELD)
+    return false;
   /* The claim holds the leaf too: were the entry emptied and its leaf
    * reclaimed meanwhile, a new leaf could hold another mover's claim on
    * the block, and claim_end would take it for this one.  The leaf holds
@@ -364,8 +375,7 @@ entry_claim (struct block_store *store, uint64_t block,
                                         state | BLOCK_MOVE_HELD
                                         | BLOCK_MOVE_INTACT))
     ;
-  *claimed = entry_load (entry);
-  return entry;
+  return true;
 }
 
 /* Under the stripe lock: the claimed entry, and whether the claim holds;
@@ -437,7 +447,10 @@ entry_unclaim (struct block_store *store, uint64_t block)
   pthread_mutex_unlock (stripe_for (store, block));
 }
 
-/* Read a whole block into out. */
+/* Read a whole block into out.  A written-back block is read with the
+ * stripe lock dropped (backing.h, READS AND RELEASES): the blocks of its
+ * stripe do not wait for the backing store.
+ */
 static int
 block_read (struct block_store *store, uint64_t block, unsigned char *out)
 {
@@ -448,14 +461,46 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out)
   struct block_entry *entry = block_table_lookup (&store->table, block, false,
                                                   &leaf);
   struct block_content content = entry_load (entry);
-  r = block_decode (store, &content, out);
-  bool moved = r == 0 && block_read_back (store, leaf, entry, out, &content);
-  if (content.kind != BLOCK_EMPTY && !moved)
+  if (content.kind != BLOCK_EMPTY)
     entry_touch (store, entry);
+  if (content.kind != BLOCK_BACKED) {
+    r = block_decode (store, &content, out);
+    pthread_mutex_unlock (stripe_for (store, block));
+    return r;
+  }
+  bool claimed = block_read_back_claim (store, leaf, entry, &content);
+  unsigned epoch = backing_read_begin (store->backing);
   pthread_mutex_unlock (stripe_for (store, block));
-  if (moved)
-    content_release (store, &content);
+  r = block_decode (store, &content, out);
+  backing_read_end (store->backing, epoch);
+  if (claimed)
+    block_read_back (store, block, out, r == 0);
   return r;
+}
+
+/* The data of a written-back block, read with its stripe lock dropped for
+ * the backing I/O (see block_read).  Entered with the stripe locked and
+ * *old the entry's content; returns with it locked again (or, if the
+ * block became a hole, unlocked and NULL) and *old reloaded.  The run
+ * stays pinned from before the unlock to after the relock, so it cannot
+ * be freed and given to other data meanwhile: if the entry still names it
+ * with the same zeroed range, nothing was stored since and *r says how
+ * the read went.  *changed otherwise: the caller starts again.
+ */
+static struct block_entry *
+backed_decode_unlocked (struct block_store *store, uint64_t block, bool create,
+                        struct block_leaf **leaf, struct block_content *old,
+                        unsigned char *buffer, int *r, bool *changed)
+{
+  struct block_content snapshot = *old;
+  unsigned epoch = backing_read_begin (store->backing);
+  pthread_mutex_unlock (stripe_for (store, block));
+  *r = block_decode (store, &snapshot, buffer);
+  struct block_entry *entry = entry_lock (store, block, create, leaf, old);
+  *changed = !entry || old->kind != BLOCK_BACKED
+    || old->value != snapshot.value || old->zeroed != snapshot.zeroed;
+  backing_read_end (store->backing, epoch);
+  return entry;
 }
 
 /* Rewrite part of a block, [from, from+length), with data (or zeros when
@@ -480,9 +525,11 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
   struct block_leaf *leaf;
   struct block_content old;
 
+  int r;
+  struct block_entry *entry;
+ again:
   /* Zeroing needs no leaf where there is none: that range is a hole. */
-  struct block_entry *entry = entry_lock (store, block, data != NULL,
-                                          &leaf, &old);
+  entry = entry_lock (store, block, data != NULL, &leaf, &old);
   if (!entry)
     return data ? -1 : 0;
   if (!data && old.kind == BLOCK_EMPTY) {
@@ -490,8 +537,22 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
     pthread_mutex_unlock (stripe_for (store, block));
     return 0;
   }
+  if (old.kind == BLOCK_BACKED) {
+    bool changed;
+    entry = backed_decode_unlocked (store, block, data != NULL, &leaf, &old,
+                                    buffer, &r, &changed);
+    if (changed) {
+      if (entry) {
+        if (old.kind == BLOCK_EMPTY && data)
+          block_leaf_release (&store->table, leaf);   /* entry_lock's */
+        pthread_mutex_unlock (stripe_for (store, block));
+      }
+      goto again;
+    }
+  }
+  else
+    r = block_decode (store, &old, buffer);
   size_t old_bytes = content_bytes (store, &old); /* before any rewrite */
-  int r = block_decode (store, &old, buffer);
   if (r == 0) {
     if (data) {
       memcpy (buffer + from, data, length);
@@ -908,6 +969,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
     stats->backing_map_bytes = backing.map_bytes;
     stats->backing_failed = backing.failed;
     stats->backing_reconnects = backing.reconnects;
+    stats->backing_timeouts = backing.timeouts;
   }
   stats->writeback_limit_left = atomic_load (&store->writeback_limit);
 }

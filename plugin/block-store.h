@@ -186,6 +186,7 @@ struct store_stats {
                                      limit_used once settled) */
   uint64_t backing_failed;        /* requests to it that failed */
   uint64_t backing_reconnects;    /* NBD connections made again */
+  uint64_t backing_timeouts;      /* NBD requests not answered in time */
   uint64_t writeback_limit_left;  /* bytes writeback may still write
                                      (UINT64_MAX: no limit) */
 };

@@ -13,26 +13,32 @@
  */
 #define WRITEBACK_ROOM ((uint64_t) 1 << 20)
 
-/* A written-back block just read (into block, under its stripe lock):
- * back into RAM while the pool is under readback_below, so that the
- * blocks being read live in RAM and the watermark writes back colder
- * ones.  True if it was; *old is then to be released after the lock.
- */
 bool
-block_read_back (struct block_store *store, struct block_leaf *leaf,
-                 struct block_entry *entry, const unsigned char *block,
-                 const struct block_content *old)
+block_read_back_claim (struct block_store *store, struct block_leaf *leaf,
+                       struct block_entry *entry,
+                       const struct block_content *content)
 {
-  if (old->kind != BLOCK_BACKED || !store->readback_below
+  if (content->kind != BLOCK_BACKED || !store->readback_below
       || zs_pool_bytes (store->pool) >= store->readback_below)
     return false;
-  struct block_content back;
-  if (block_encode (store, block, &back) == -1)
-    return false;               /* no memory: it stays where it is */
-  content_account (store, &back, 1, content_bytes (store, &back));
-  entry_store (store, leaf, entry, old, &back);   /* an access */
+  return entry_claim_locked (leaf, entry);
+}
+
+void
+block_read_back (struct block_store *store, uint64_t block,
+                 const unsigned char *data, bool read_ok)
+{
+  struct block_content back, old;
+  if (!read_ok || block_encode (store, data, &back) == -1) {
+    entry_unclaim (store, block);   /* no memory: it stays where it is */
+    return;
+  }
+  if (!entry_commit (store, block, &back, &old)) {
+    content_discard (store, &back); /* a store came first */
+    return;
+  }
+  content_discard (store, &old);   /* entry_commit accounted for it */
   counter_add (&store->bd_readbacks, 1);
-  return true;
 }
 
 
@@ -271,8 +277,11 @@ writeback_some (void *opaque, const uint64_t *blocks, unsigned n)
 void
 backing_map_settle (struct block_store *store, bool locked)
 {
-  if (!store->backing
-      || (!locked && pthread_mutex_trylock (&store->writeback_lock) != 0))
+  if (!store->backing)
+    return;
+  /* Runs released while reads were on, freed once those reads are done. */
+  backing_settle_releases (store->backing);
+  if (!locked && pthread_mutex_trylock (&store->writeback_lock) != 0)
     return;
   struct backing_stats backing;
   backing_stats (store->backing, &backing);

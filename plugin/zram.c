@@ -50,6 +50,8 @@ static char *ctl_path;
 /* Writeback: backing= as given (a path made absolute, or an NBD URI). */
 static char *backing_target;
 static bool backing_direct;
+/* backing_timeout=: seconds an NBD backing request may take. */
+static unsigned backing_timeout = 30;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
@@ -298,6 +300,15 @@ zram_config (const char *key, const char *value)
       return -1;
     backing_direct = direct;
   }
+  else if (strcmp (key, "backing_timeout") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &backing_timeout) == -1)
+      return -1;
+    if (backing_timeout < 1 || backing_timeout > 3600) {
+      nbdkit_error ("backing_timeout: %u is not from 1 to 3600 seconds",
+                    backing_timeout);
+      return -1;
+    }
+  }
   else if (strcmp (key, "writeback_limit") == 0) {
     int64_t bytes;
     if (parse_size_parameter (key, value, &bytes) == -1)
@@ -458,6 +469,7 @@ zram_config_complete (void)
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
   "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
   "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
+  "backing_timeout=SECONDS   Writeback: an NBD backing request's deadline (30).\n" \
   "writeback_limit=SIZE      Writeback: write at most this much (0 = nothing;\n" \
   "                          default no limit).\n" \
   "writeback_batch_size=N    Writeback: blocks per backing write (default 32).\n" \
@@ -491,7 +503,7 @@ zram_get_ready (void)
       config.readback_below = config.pool.mem_limit / 100
         * policy.writeback_watermark;
     config.backing = backing_open (backing_target, config.size, backing_direct,
-                                   &error);
+                                   backing_timeout, &error);
     if (!config.backing) {
       nbdkit_error ("%s", error ? error : "backing: out of memory");
       free (error);

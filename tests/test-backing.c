@@ -126,7 +126,7 @@ open_map (uint64_t capacity)
   assert_true (fd >= 0);
   close (fd);
   char *error = NULL;
-  struct backing *backing = backing_open (path, capacity, false, &error);
+  struct backing *backing = backing_open (path, capacity, false, 30, &error);
   if (!backing) {
     print_message ("backing_open (%" PRIu64 " bytes): %s\n", capacity, error);
     __real_free (error);        /* vasprintf's, not counted */

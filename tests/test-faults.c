@@ -260,7 +260,7 @@ open_store (struct run *run)
       snprintf (path, sizeof path, "/proc/self/fd/%d", run->memfd);
     }
     check (run->memfd >= 0);
-    config.backing = backing_open (path, 2 * DEVICE_SIZE, setup->direct,
+    config.backing = backing_open (path, 2 * DEVICE_SIZE, setup->direct, 30,
                                    &error);
     if (setup->direct)
       unlink (path);

@@ -356,7 +356,7 @@ open_ram_backing (uint64_t capacity)
   int fd = memfd_create ("test-move-stress", 0);
   if (fd >= 0) {
     snprintf (path, sizeof path, "/proc/self/fd/%d", fd);
-    backing = backing_open (path, capacity, false, &error);
+    backing = backing_open (path, capacity, false, 30, &error);
     close (fd);
     free (error);
     error = NULL;
@@ -366,7 +366,7 @@ open_ram_backing (uint64_t capacity)
     fd = mkstemp (file);
     assert_true (fd >= 0);
     close (fd);
-    backing = backing_open (file, capacity, false, &error);
+    backing = backing_open (file, capacity, false, 30, &error);
     unlink (file);
     if (!backing)
       fail_msg ("backing_open: %s", error);

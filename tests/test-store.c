@@ -1293,7 +1293,7 @@ make_backed_store (uint64_t blocks, uint64_t mem_limit, const char *path,
     close (fd);
     path = backing_path;
   }
-  struct backing *backing = backing_open (path, blocks * BS, false, &error);
+  struct backing *backing = backing_open (path, blocks * BS, false, 30, &error);
   if (!backing)
     fail_msg ("backing_open: %s", error);
   struct store_config config = {
@@ -1455,7 +1455,7 @@ test_backing_space_map (void **state)
   assert_true (fd >= 0);
   close (fd);
   struct backing *backing = backing_open (backing_path, SECTORS * 512, false,
-                                          &error);
+                                          30, &error);
   assert_non_null (backing);
   int64_t owner[SECTORS];
   for (unsigned i = 0; i < SECTORS; i++)

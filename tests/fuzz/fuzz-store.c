@@ -144,7 +144,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     check (memfd >= 0);
     char path[64], *error = NULL;
     snprintf (path, sizeof path, "/proc/self/fd/%d", memfd);
-    config.backing = backing_open (path, 2 * WINDOW * BS * 2, false, &error);
+    config.backing = backing_open (path, 2 * WINDOW * BS * 2, false, 30, &error);
     check (config.backing != NULL);
     config.readback_below = mode & 0x80 ? UINT64_MAX : 0;
   }
