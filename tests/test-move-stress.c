@@ -31,6 +31,11 @@
  *    test would test nothing, and says so).  On the code before the
  *    protocol (a packer that compared handles and state words, c7b2761)
  *    both packing cases fail: the block reads as the packer saw it.
+ *    The read window (-Wl,--wrap=pread): a read of a written-back block,
+ *    done without its stripe lock, is held in its backing read while the
+ *    block is rewritten and a new block written back; the read must
+ *    return its block's data (old or new), never the new block's (its
+ *    run must not be reused under it), with readback on and off.
  *
  * B. A stress against exact shadows: writer threads own disjoint blocks
  *    (block % WRITERS), so each keeps an exact copy of its blocks without
@@ -170,6 +175,7 @@ enum window {
   WINDOW_PACK,                  /* zstd of a unit (more than one block) */
   WINDOW_RECOMPRESS,            /* zstd of the one block window_block */
   WINDOW_WRITEBACK,             /* a write to the backing file */
+  WINDOW_READ,                  /* a read of the backing file */
 };
 
 static _Atomic int window_armed;
@@ -243,6 +249,15 @@ __wrap_pwrite (int fd, const void *buf, size_t count, off_t offset)
   window_open (WINDOW_WRITEBACK, buf, count);
   window_sleep ();
   return __real_pwrite (fd, buf, count, offset);
+}
+
+ssize_t __real_pread (int fd, void *buf, size_t count, off_t offset);
+ssize_t __wrap_pread (int fd, void *buf, size_t count, off_t offset);
+ssize_t
+__wrap_pread (int fd, void *buf, size_t count, off_t offset)
+{
+  window_open (WINDOW_READ, buf, count);
+  return __real_pread (fd, buf, count, offset);
 }
 
 /* ---- contents ------------------------------------------------------------ */
@@ -626,6 +641,104 @@ static const struct window_case window_cases[] = {
   { MOVER_RECOMPRESS, ACTION_RECYCLE, "recycled handle" },
   { MOVER_RECOMPRESS, ACTION_ZERO, "partial zero in place" },
 };
+
+/* A read of a written-back block runs without the block's stripe lock
+ * (backing.h, READS AND RELEASES).  Inside its backing read, the action
+ * rewrites the block (its run is released) and writes back a new block
+ * (which takes the first free run): the read must still return the
+ * block's own data, old or new, never the new block's, and the action
+ * must get through while the read waits.  With readback, the read's claim
+ * is broken by the rewrite and its commit refused.
+ */
+enum { READ_NEW = 40 };
+
+static void
+action_rewrite_and_write_back (void)
+{
+  unsigned char buf[BS];
+  shared_fill (buf, WIN_X, 2);
+  if (store_write (action_store, buf, BS, WIN_X * BS) == -1)
+    action_failure = "the rewrite failed";
+  shared_fill (buf, READ_NEW, 1);
+  if (store_write (action_store, buf, BS, READ_NEW * BS) == -1)
+    action_failure = "the new block's write failed";
+  struct store_writeback_request request = {
+    .type = WRITEBACK_ANY, .first = READ_NEW, .last = READ_NEW,
+  };
+  struct store_writeback_result result;
+  if (store_writeback (action_store, &request, NULL, NULL, &result) == -1
+      || result.blocks != 1)
+    action_failure = "the new block was not written back";
+}
+
+static void
+test_read_window (void **state)
+{
+  uint64_t readback_below = (uintptr_t) *state;
+  unsigned char buf[BS], old_data[BS], new_data[BS];
+
+  window_wait_ms = env_unsigned ("MOVE_WINDOW_WAIT_MS", 5000);
+  struct block_store *store = make_moving_store (64, readback_below, 0);
+  for (uint64_t b = 0; b < WIN_BLOCKS; b++) {
+    shared_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  struct store_writeback_request all = {
+    .type = WRITEBACK_ANY, .first = 0, .last = UINT64_MAX,
+  };
+  struct store_writeback_result result;
+  assert_int_equal (store_writeback (store, &all, NULL, NULL, &result), 0);
+  assert_int_equal (result.blocks, WIN_BLOCKS);
+
+  action_store = store;
+  action_failure = NULL;
+  action_started = action_inside = false;
+  window_action = action_rewrite_and_write_back;
+  atomic_store (&window_armed, WINDOW_READ);
+  int r = store_read (store, buf, BS, WIN_X * BS);
+  atomic_store (&window_armed, WINDOW_NONE);
+  if (action_started)
+    pthread_join (action_thread, NULL);
+  assert_int_equal (r, 0);
+  print_message ("read window (readback %s): the action %s\n",
+                 readback_below ? "on" : "off",
+                 !action_started ? "never ran"
+                 : action_inside ? "ran inside the read"
+                 : "waited for the read (it holds the block's lock)");
+  if (!action_started)
+    fail_msg ("the read window never opened (backing reads no longer use "
+              "pread: update the wrap)");
+  if (action_failure)
+    fail_msg ("%s", action_failure);
+  if (!action_inside)
+    fail_msg ("the rewrite waited for the backing read: the read holds the "
+              "block's stripe lock through its backing I/O");
+  shared_fill (old_data, WIN_X, 1);
+  shared_fill (new_data, WIN_X, 2);
+  if (memcmp (buf, old_data, BS) != 0 && memcmp (buf, new_data, BS) != 0) {
+    char text[256];
+    describe_difference (text, sizeof text, old_data, buf);
+    fail_msg ("the read returned neither version of its block: %s", text);
+  }
+  /* Afterwards: the rewrite and the new block as written. */
+  assert_int_equal (store_read (store, buf, BS, WIN_X * BS), 0);
+  assert_memory_equal (buf, new_data, BS);
+  shared_fill (new_data, READ_NEW, 1);
+  assert_int_equal (store_read (store, buf, BS, READ_NEW * BS), 0);
+  assert_memory_equal (buf, new_data, BS);
+  for (uint64_t b = 0; b < WIN_BLOCKS; b++) {
+    shared_fill (old_data, b, b == WIN_X ? 2 : 1);
+    assert_int_equal (store_read (store, buf, BS, b * BS), 0);
+    assert_memory_equal (buf, old_data, BS);
+  }
+  char text[256];
+  struct full_walk walk = { 0 };
+  const char *wrong = check_counters (store, &walk, text, sizeof text);
+  if (wrong)
+    fail_msg ("%s", wrong);
+  check_empty_after_trim (store, 64);
+  store_destroy (store);
+}
 
 /* ---- B: the stress ------------------------------------------------------ */
 
@@ -1294,6 +1407,9 @@ main (void)
   const struct CMUnitTest tests[] = {
     WINDOW_TEST (0), WINDOW_TEST (1), WINDOW_TEST (2),
     WINDOW_TEST (3), WINDOW_TEST (4), WINDOW_TEST (5),
+    cmocka_unit_test_prestate (test_read_window, (void *) (uintptr_t) 0),
+    cmocka_unit_test_prestate (test_read_window,
+                               (void *) (uintptr_t) (64 << 20)),
     cmocka_unit_test_prestate (test_ages, (void *) (uintptr_t) (365 * 86400)),
     cmocka_unit_test_prestate (test_ages,
                                (void *) (uintptr_t) (3 * 365 * 86400)),
