@@ -206,8 +206,27 @@ static int
 open_file (struct backing *backing, const char *path, uint64_t capacity,
            char **error)
 {
-  int flags = O_RDWR | O_CREAT | O_CLOEXEC | (backing->odirect ? O_DIRECT : 0);
-  backing->fd = open (path, flags, 0600);
+  /* A file the server makes or names itself, never one a planted
+   * symbolic link points to (the server may run as root): an existing
+   * file opened without following a link, a new one created exclusively;
+   * a link is followed only to a block device (/dev/disk/by-id/...) or
+   * through /proc/self/fd (the process's own descriptors).
+   */
+  int flags = O_RDWR | O_CLOEXEC | (backing->odirect ? O_DIRECT : 0);
+  backing->fd = open (path, flags | O_NOFOLLOW);
+  if (backing->fd == -1 && errno == ENOENT)
+    backing->fd = open (path, flags | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+  else if (backing->fd == -1 && errno == ELOOP) {
+    struct stat target;
+    if (strncmp (path, "/proc/self/fd/", 14) == 0
+        || (stat (path, &target) == 0 && S_ISBLK (target.st_mode)))
+      backing->fd = open (path, flags);
+    else {
+      *error = message ("backing: %s is a symbolic link, and not to a block "
+                        "device: name the file itself", path);
+      return -1;
+    }
+  }
   if (backing->fd == -1) {
     *error = message ("backing: %s: %s", path, strerror (errno));
     return -1;

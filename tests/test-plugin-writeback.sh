@@ -311,7 +311,8 @@ for bad in "writeback_watermark=50" "writeback_limit=1M" "writeback_limit=0" \
            "backing=$tmp/b writeback_limit=junk" "writeback_batch_size=8" \
            "backing=$tmp/nonexistent/dir/file" "backing=nbd+unix:///?socket=$tmp/none" \
            "backing=$tmp/b writeback_watermark=50" "backing=$tmp/b writeback_batch_size=0" \
-           "backing=$tmp/b writeback_watermark=5"; do
+           "backing=$tmp/b writeback_watermark=5" "backing=$tmp/b backing_timeout=0" \
+           "backing=$tmp/b backing_timeout=soon"; do
     # shellcheck disable=SC2086
     if zram_nbdkit -U - "$PLUGIN" 1M $bad --run true 2>/dev/null; then
         fail "started with $bad"
@@ -319,4 +320,18 @@ for bad in "writeback_watermark=50" "writeback_limit=1M" "writeback_limit=0" \
     key="${bad##* }"; key="${key%%=*}"
     grep -q "$key" "$NBDKIT_STDERR" || fail "$bad: the error does not name $key"
 done
+# A symbolic link planted at the backing path is not followed (the server
+# may run as root): the start fails, naming it, and the file it points to
+# is left alone.  A new file is created with mode 0600.
+printf 'precious\n' > "$tmp/victim"
+ln -s "$tmp/victim" "$tmp/planted"
+if zram_nbdkit -U - "$PLUGIN" 1M backing="$tmp/planted" --run true 2>/dev/null; then
+    fail "started with a backing path that is a link to a regular file"
+fi
+grep -q "backing: $tmp/planted is a symbolic link" "$NBDKIT_STDERR" ||
+    fail "no clear message for a planted link"
+[ "$(cat "$tmp/victim")" = precious ] || fail "the planted link's target was changed"
+zram_nbdkit -U - "$PLUGIN" 1M backing="$tmp/fresh" --run true ||
+    fail "a new backing file"
+[ "$(stat -c %a "$tmp/fresh")" = 600 ] || fail "a new backing file has mode $(stat -c %a "$tmp/fresh")"
 echo "writeback: ok"
