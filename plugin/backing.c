@@ -72,6 +72,7 @@ struct backing {
   _Atomic uint64_t failed;
   _Atomic uint64_t reconnects;
   _Atomic uint64_t timeouts;
+  _Atomic uint64_t corrupt;
 };
 
 static int map_init (struct backing *backing, uint64_t sectors);
@@ -508,13 +509,14 @@ map_take (struct backing *backing, uint32_t count, uint32_t *start)
     uint64_t *bits = backing->leaves[leaf];
     *start = 0;
     if (!bits) {
-      bits = calloc (LEAF_WORDS, sizeof *bits);
+      /* The bitmap, then the checksums (leaf_sums). */
+      bits = calloc (1, BACKING_MAP_LEAF_BYTES);
       if (!bits) {
         errno = ENOMEM;
         return backing->leaf_count;
       }
       backing->leaves[leaf] = bits;
-      backing->map_bytes += LEAF_WORDS * sizeof *bits;
+      backing->map_bytes += BACKING_MAP_LEAF_BYTES;
     }
     else if ((*start = leaf_first_fit (bits, n, count, &length)) == n) {
       leaf_measure (backing, leaf);
@@ -552,6 +554,91 @@ backing_allocate (struct backing *backing, size_t bytes)
 #pragma GCC diagnostic pop
 #endif
 
+/* ---- checksums -------------------------------------------------------- */
+
+/* A leaf's checksums, one per sector, after its bitmap. */
+static uint32_t *
+leaf_sums (uint64_t *bits)
+{
+  return (uint32_t *) (bits + LEAF_WORDS);
+}
+
+/* CRC-32C (Castagnoli), bitwise with a table made once. */
+static uint32_t crc_table[256];
+static pthread_once_t crc_table_once = PTHREAD_ONCE_INIT;
+
+static void
+crc_table_make (void)
+{
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++)
+      c = c & 1 ? (c >> 1) ^ 0x82f63b78 : c >> 1;
+    crc_table[i] = c;
+  }
+}
+
+static uint32_t
+crc32c (const void *data, size_t length)
+{
+  pthread_once (&crc_table_once, crc_table_make);
+  const unsigned char *p = data;
+  uint32_t c = 0xffffffff;
+  while (length--)
+    c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+  /* Never 0, so that a sector whose checksum was never set is told
+   * apart (it reads as a mismatch).
+   */
+  c = ~c;
+  return c ? c : 1;
+}
+
+/* The checksum slot of the sector at offset; map_lock held.  NULL if its
+ * leaf is not there (nothing was allocated in it).
+ */
+static uint32_t *
+sum_slot (struct backing *backing, uint64_t offset)
+{
+  uint64_t sector = offset / BACKING_SECTOR;
+  if (sector >= backing->sectors)
+    return NULL;
+  uint64_t *bits = backing->leaves[sector / LEAF_SECTORS];
+  return bits ? &leaf_sums (bits)[sector % LEAF_SECTORS] : NULL;
+}
+
+void
+backing_checksum_set (struct backing *backing, uint64_t offset,
+                      const void *bytes, size_t length)
+{
+  uint32_t sum = crc32c (bytes, length);
+  pthread_mutex_lock (&backing->map_lock);
+  uint32_t *slot = sum_slot (backing, offset);
+  if (slot)
+    *slot = sum;
+  pthread_mutex_unlock (&backing->map_lock);
+}
+
+static int request (struct backing *backing, char op, void *buf, size_t bytes,
+                    uint64_t offset);
+
+int
+backing_read_block (struct backing *backing, void *buf, size_t length,
+                    uint64_t offset)
+{
+  if (request (backing, 'r', buf, length, offset) == -1)
+    return -1;
+  pthread_mutex_lock (&backing->map_lock);
+  uint32_t *slot = sum_slot (backing, offset);
+  uint32_t sum = slot ? *slot : 0;
+  pthread_mutex_unlock (&backing->map_lock);
+  if (sum != crc32c (buf, length)) {
+    atomic_fetch_add (&backing->corrupt, 1);
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- requests -------------------------------------------------------- */
 
 /* A connection failed or timed out: drop it, and wait longer each time
@@ -573,7 +660,7 @@ connection_drop (struct connection *connection)
  * backoff) and retrying once.  Each attempt, connecting included, takes
  * the timeout at most: a request not answered by then fails and its
  * connection is dropped (nbd_close: libnbd lets go of buf).  op: 'r',
- * 'w', 't'.
+ * 'w', 't' (trim), 'f' (flush).
  */
 static int
 nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
@@ -611,6 +698,9 @@ nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
     case 'w':
       cookie = nbd_aio_pwrite (connection->handle, buf, bytes, offset,
                                NBD_NULL_COMPLETION, 0);
+      break;
+    case 'f':
+      cookie = nbd_aio_flush (connection->handle, NBD_NULL_COMPLETION, 0);
       break;
     default:
       cookie = nbd_aio_trim (connection->handle, bytes, offset,
@@ -686,6 +776,24 @@ request (struct backing *backing, char op, void *buf, size_t bytes,
 {
   int r = backing->uri ? nbd_request (backing, op, buf, bytes, offset)
     : file_request (backing, op, buf, bytes, offset);
+  if (r == -1) {
+    atomic_fetch_add (&backing->failed, 1);
+    errno = EIO;
+  }
+  return r;
+}
+
+int
+backing_sync (struct backing *backing)
+{
+  int r;
+  if (backing->uri)
+    /* One flush: more than one connection is used only where the export
+     * offers multi-conn, whose flush covers the writes of them all.
+     */
+    r = nbd_request (backing, 'f', NULL, 0, 0);
+  else
+    r = fdatasync (backing->fd);
   if (r == -1) {
     atomic_fetch_add (&backing->failed, 1);
     errno = EIO;
@@ -833,7 +941,7 @@ run_free (struct backing *backing, uint64_t offset, size_t bytes)
         /* Its last run went: the leaf goes too. */
         free (bits);
         backing->leaves[leaf] = NULL;
-        backing->map_bytes -= LEAF_WORDS * sizeof *bits;
+        backing->map_bytes -= BACKING_MAP_LEAF_BYTES;
         backing->longest_runs[leaf] = 1;
       }
       tree_set (backing, leaf, longest);
@@ -855,4 +963,5 @@ backing_stats (struct backing *backing, struct backing_stats *stats)
   stats->failed = atomic_load (&backing->failed);
   stats->reconnects = atomic_load (&backing->reconnects);
   stats->timeouts = atomic_load (&backing->timeouts);
+  stats->corrupt = atomic_load (&backing->corrupt);
 }

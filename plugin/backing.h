@@ -47,7 +47,11 @@
 #define BACKING_CONNECTIONS 4
 #define BACKING_MAP_LEAF_SECTORS 32768  /* sectors a leaf of the space map
                                            covers: 16 MiB of the store */
-#define BACKING_MAP_LEAF_BYTES (BACKING_MAP_LEAF_SECTORS / 8)  /* its bitmap */
+/* A leaf's RAM: its bitmap, and a checksum (CRC-32C) for each sector
+ * where a written-back block starts (see backing_write_block).
+ */
+#define BACKING_MAP_LEAF_BYTES (BACKING_MAP_LEAF_SECTORS / 8 \
+                                + BACKING_MAP_LEAF_SECTORS * 4)
 
 struct backing;
 
@@ -96,6 +100,25 @@ extern unsigned backing_read_begin (struct backing *backing);
 extern void backing_read_end (struct backing *backing, unsigned epoch);
 extern void backing_settle_releases (struct backing *backing);
 
+/* A written-back block's checksum: taken of its bytes (after
+ * backing_write has written them, before the block's entry names the
+ * run) and kept in the space map at its first sector;
+ * backing_read_block reads the block and checks the bytes against it: a
+ * store that lost or changed them (an export that came back empty, a file
+ * truncated or overwritten) gives EIO and counts in corrupt, never wrong
+ * bytes.
+ */
+extern void backing_checksum_set (struct backing *backing, uint64_t offset,
+                                  const void *bytes, size_t length);
+extern int backing_read_block (struct backing *backing, void *buf,
+                               size_t length, uint64_t offset);
+
+/* Make what backing_write wrote durable (an NBD flush, fdatasync for a
+ * file): 0, or -1 with errno EIO.  Writeback calls it before a block's
+ * RAM copy goes, unless sync is off (backing_sync=false).
+ */
+extern int backing_sync (struct backing *backing);
+
 /* Whole requests: 0, or -1 with errno EIO (ENOMEM, ...). */
 extern int backing_write (struct backing *backing, const void *buf,
                           size_t bytes, uint64_t offset);
@@ -108,6 +131,8 @@ struct backing_stats {
   uint64_t failed;              /* requests that failed */
   uint64_t reconnects;          /* NBD connections made again */
   uint64_t timeouts;            /* NBD requests not answered in time */
+  uint64_t corrupt;             /* blocks read back that failed their
+                                   checksum */
   uint64_t map_bytes;           /* RAM the space map takes now (its
                                    leaves, tree and pointers): to count
                                    against mem_limit */

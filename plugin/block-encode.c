@@ -158,8 +158,8 @@ block_decode (struct block_store *store, const struct block_content *content,
     unsigned char compressed[STORE_BLOCK_SIZE];
     size_t length = backed_length (content->value);
     bool raw = length == STORE_BLOCK_SIZE;
-    r = backing_read (store->backing, raw ? block : compressed, length,
-                      backed_offset (content->value));
+    r = backing_read_block (store->backing, raw ? block : compressed, length,
+                            backed_offset (content->value));
     if (r == 0 && !raw)
       r = codec_decompress (content_codec (store, content), compressed, length,
                             false, block);

@@ -115,6 +115,8 @@ struct block_store {
   _Atomic uint64_t bd_readbacks;  /* blocks read back into RAM, ever */
   uint64_t readback_below;        /* pool bytes under which reads bring
                                      written-back blocks back (0: never) */
+  bool backing_sync;              /* a batch made durable before its RAM
+                                     copies go */
 };
 
 /* What an entry holds, detached from the table. */

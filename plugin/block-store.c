@@ -98,6 +98,7 @@ store_create (const struct store_config *config)
     : UINT64_MAX;
   store->backing = config->backing;   /* the store's from here */
   store->readback_below = config->readback_below;
+  store->backing_sync = !config->backing_nosync;
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -970,6 +971,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
     stats->backing_failed = backing.failed;
     stats->backing_reconnects = backing.reconnects;
     stats->backing_timeouts = backing.timeouts;
+    stats->backing_corrupt = backing.corrupt;
   }
   stats->writeback_limit_left = atomic_load (&store->writeback_limit);
 }

@@ -142,6 +142,8 @@ struct store_config {
   uint64_t readback_below;        /* a read of a written-back block brings
                                      it back into RAM while the pool holds
                                      less than this (0: never) */
+  bool backing_nosync;            /* do not make a batch durable before
+                                     its RAM copies go (backing_sync) */
 };
 
 /* zram's mm_stat and io_stat, plus what a user of this store wants. */
@@ -187,6 +189,8 @@ struct store_stats {
   uint64_t backing_failed;        /* requests to it that failed */
   uint64_t backing_reconnects;    /* NBD connections made again */
   uint64_t backing_timeouts;      /* NBD requests not answered in time */
+  uint64_t backing_corrupt;       /* blocks read back that failed their
+                                     checksum */
   uint64_t writeback_limit_left;  /* bytes writeback may still write
                                      (UINT64_MAX: no limit) */
 };

@@ -135,6 +135,7 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (backing_failed);
   FIELD (backing_reconnects);
   FIELD (backing_timeouts);
+  FIELD (backing_corrupt);
 #undef FIELD
   if (s.writeback_limit_left != UINT64_MAX)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);

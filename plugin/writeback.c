@@ -116,8 +116,11 @@ writeback_write (struct block_store *store, struct writeback_member *members,
       result->failed = true;
       return 0;
     }
-    for (unsigned i = 0; i < count; i++)
+    for (unsigned i = 0; i < count; i++) {
       members[i].where = offset + members[i].at;
+      backing_checksum_set (store->backing, members[i].where,
+                            buffer + members[i].at, members[i].length);
+    }
     return count;
   }
   for (unsigned i = 0; i < count; i++) {
@@ -133,6 +136,8 @@ writeback_write (struct block_store *store, struct writeback_member *members,
       return i;
     }
     members[i].where = offset;
+    backing_checksum_set (store->backing, offset, buffer + members[i].at,
+                          members[i].length);
   }
   return count;
 }
@@ -228,6 +233,16 @@ writeback_group (struct writeback_run *run, const uint64_t *blocks, unsigned n)
 
   unsigned written = writeback_write (store, members, count, buffer, at, result);
   writeback_unclaim (store, members + written, count - written);
+  /* Durable before any RAM copy goes (unless backing_sync=false). */
+  if (written > 0 && store->backing_sync
+      && backing_sync (store->backing) == -1) {
+    for (unsigned i = 0; i < written; i++)
+      backing_release (store->backing, members[i].where,
+                       members[i].length);
+    writeback_unclaim (store, members, written);
+    result->failed = true;
+    written = 0;
+  }
   if (written == 0) {
     errno = result->failed ? EIO : ENOSPC;
     return -1;

@@ -300,6 +300,12 @@ zram_config (const char *key, const char *value)
       return -1;
     backing_direct = direct;
   }
+  else if (strcmp (key, "backing_sync") == 0) {
+    int sync = nbdkit_parse_bool (value);
+    if (sync == -1)
+      return -1;
+    config.backing_nosync = !sync;
+  }
   else if (strcmp (key, "backing_timeout") == 0) {
     if (nbdkit_parse_unsigned (key, value, &backing_timeout) == -1)
       return -1;
@@ -408,12 +414,13 @@ zram_config_complete (void)
   }
   if (!backing_target
       && (config.writeback_limited || config.writeback_batch
-          || policy.writeback_watermark || backing_direct)) {
+          || policy.writeback_watermark || backing_direct
+          || config.backing_nosync)) {
     nbdkit_error ("%s: needs backing= (where to write blocks back)",
                   config.writeback_limited ? "writeback_limit"
                   : config.writeback_batch ? "writeback_batch_size"
                   : policy.writeback_watermark ? "writeback_watermark"
-                  : "backing_direct");
+                  : backing_direct ? "backing_direct" : "backing_sync");
     return -1;
   }
   if (policy.writeback_watermark && !config.pool.mem_limit) {
@@ -470,6 +477,7 @@ zram_config_complete (void)
   "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
   "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
   "backing_timeout=SECONDS   Writeback: an NBD backing request's deadline (30).\n" \
+  "backing_sync=false        Writeback: drop RAM copies without a flush.\n" \
   "writeback_limit=SIZE      Writeback: write at most this much (0 = nothing;\n" \
   "                          default no limit).\n" \
   "writeback_batch_size=N    Writeback: blocks per backing write (default 32).\n" \
