@@ -839,10 +839,13 @@ backing_release (struct backing *backing, uint64_t offset, size_t bytes)
 {
   /* A reader that could be on the run began before the entry stopped
    * naming it (it looked the entry up under the stripe lock that the
-   * change took after it): with no reader about now, none is on it.
+   * change took after it): with no reader about now, none is on it.  An
+   * NBD store's runs always wait for the housekeeper: their trim is a
+   * request, which the writer that released the run must not wait for.
    */
-  if (atomic_load (&backing->readers[0]) + atomic_load (&backing->readers[1])
-      == 0) {
+  if (!backing->uri
+      && atomic_load (&backing->readers[0])
+         + atomic_load (&backing->readers[1]) == 0) {
     run_free (backing, offset, bytes);
     return;
   }

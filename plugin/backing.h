@@ -90,8 +90,9 @@ extern void backing_release (struct backing *backing, uint64_t offset,
  * alone; its run must then not be freed and given to other data while
  * the read is on.  The reader takes backing_read_begin under the stripe
  * lock, after looking the entry up, and backing_read_end when done with
- * the run; backing_release frees a run at once when no reader is about,
- * else queues it in the current epoch; backing_settle_releases (the
+ * the run; backing_release frees a file's run at once when no reader is
+ * about, else (and always for an NBD store, whose trim is a request)
+ * queues it in the current epoch; backing_settle_releases (the
  * housekeeper, every round) moves the epoch on and frees the previous
  * epoch's runs once its last reader is gone.  A run released while
  * readers run stays allocated a round or two longer.

@@ -20,7 +20,11 @@
  *                under it so the object cannot be freed beneath it; a
  *                partial write reads, patches and re-stores the block
  *                under it, so two partial writes of one block never lose
- *                each other's bytes.
+ *                each other's bytes.  Written-back blocks are the
+ *                exception: their backing reads run with the stripe
+ *                unlocked, the run pinned by a read epoch (backing.h,
+ *                READS AND RELEASES), and a partial write checks the
+ *                entry again after it (block_patch).
  *   units_lock   the list of packed units, their links and dissolve_retry,
  *                and the pinning of a unit to dissolve (never one whose
  *                live count reached 0: its last block's thread frees it)
@@ -29,9 +33,11 @@
  *                stripe lock; the unit's parts are read under it).
  *   writeback_lock  one writeback run at a time, and the writeback
  *                limit's changes; held for a whole run.
- *   backing locks  the backing store's space map and each NBD
- *                connection (backing.h): leaves, taken under a stripe
- *                lock by reads of written-back blocks.
+ *   backing locks  the backing store's space map (map_lock), its queue
+ *                of released runs (release_lock) and each NBD connection
+ *                (backing.h): leaves, never held two at a time; a
+ *                connection's lock is held for one request, its deadline
+ *                (backing_timeout) at most, and never under a stripe lock.
  *   allocator locks (alloc/zsalloc-internal.h).
  *
  *   Order: writeback_lock -> stripe lock -> unit cache slot lock ->
