@@ -45,13 +45,18 @@ answered("beside a silent client", 2.0)
 
 # A client that asks for long replies and never reads them is dropped
 # within the send timeout; meanwhile and after, others are answered.
-greedy = socket.socket(socket.AF_UNIX); greedy.connect(ctl_path)
-greedy.setblocking(False)
-try:
-    for _ in range(200):
-        greedy.send(b"block_state 0 4096\n")
-except BlockingIOError:
-    pass
+def non_reader():
+    """A client that asks for long replies until its socket is full."""
+    s = socket.socket(socket.AF_UNIX); s.connect(ctl_path)
+    s.setblocking(False)
+    try:
+        for _ in range(200):
+            s.send(b"block_state 0 4096\n")
+    except BlockingIOError:
+        pass
+    return s
+
+greedy = non_reader()
 answered("beside a client that does not read", 4.0)
 time.sleep(3)
 greedy.setblocking(True); greedy.settimeout(10)
@@ -118,13 +123,7 @@ assert not_queued == 0, not_queued
 assert told + closed + held == 1000 and held <= 8, (told, closed, held)
 
 # SIGTERM while a client never reads: the server exits within 2 s.
-stuck = socket.socket(socket.AF_UNIX); stuck.connect(ctl_path)
-stuck.setblocking(False)
-try:
-    for _ in range(200):
-        stuck.send(b"block_state 0 4096\n")
-except BlockingIOError:
-    pass
+stuck = non_reader()
 time.sleep(0.5)
 h.shutdown()
 pid = int(open(pid_path).read())
