@@ -68,7 +68,7 @@ run_fio ()
     fio --name=io --ioengine=nbd --uri="nbd+unix:///?socket=$tmp/sock" \
         --rw=randrw --bs=4k --size=256M --numjobs=2 --iodepth=16 \
         --time_based --runtime="$RUNTIME" --group_reporting \
-        --output-format=json > "$tmp/fio.json" 2>/dev/null
+        --output-format=json --output="$tmp/fio.json" >/dev/null 2>&1
     [ -z "$hostile" ] || kill "$hostile"
     kill "$(cat "$tmp/pid")"
     /usr/bin/python3 -c '
