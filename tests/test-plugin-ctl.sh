@@ -280,7 +280,11 @@ while time.monotonic() < start + 60 and recompressed < 590:
     for _ in range(10):
         for i in range(0, 10):
             version += 1
-            blocks[i] = (b"hot %d %d " % (i, version) * 400)[:B]
+            # A whole block (the shortest line, "hot 0 1 ", times 600):
+            # a shorter one was a partial write, and its old tail read
+            # back as a mismatch whenever the versions stayed under 1000.
+            blocks[i] = (b"hot %d %d " % (i, version) * 600)[:B]
+            assert len(blocks[i]) == B
             h.pwrite(blocks[i], i * B)
         time.sleep(0.05)
     # The file as it is (rewritten every second): no wait, so the hot
