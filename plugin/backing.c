@@ -16,6 +16,7 @@
 #include <libnbd.h>
 
 #include "backing.h"
+#include "monotonic.h"
 
 struct connection {
   pthread_mutex_t lock;         /* guards handle, retry_at_ms, backoff_ms */
@@ -96,14 +97,6 @@ message (const char *format, ...)
     text = NULL;
   va_end (args);
   return text;
-}
-
-static uint64_t
-monotonic_ms (void)
-{
-  struct timespec now;
-  clock_gettime (CLOCK_MONOTONIC, &now);
-  return (uint64_t) now.tv_sec * 1000 + now.tv_nsec / 1000000;
 }
 
 /* Drive handle until done (handle) says so, or until deadline_ms: 1 done,
@@ -806,12 +799,6 @@ backing_write (struct backing *backing, const void *buf, size_t bytes,
                uint64_t offset)
 {
   return request (backing, 'w', (void *) buf, bytes, offset);
-}
-
-int
-backing_read (struct backing *backing, void *buf, size_t bytes, uint64_t offset)
-{
-  return request (backing, 'r', buf, bytes, offset);
 }
 
 unsigned

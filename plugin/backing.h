@@ -120,11 +120,11 @@ extern int backing_read_block (struct backing *backing, void *buf,
  */
 extern int backing_sync (struct backing *backing);
 
-/* Whole requests: 0, or -1 with errno EIO (ENOMEM, ...). */
+/* A whole request: 0, or -1 with errno EIO (ENOMEM, ...).  (Reads go
+ * through backing_read_block, which checks what comes back.)
+ */
 extern int backing_write (struct backing *backing, const void *buf,
                           size_t bytes, uint64_t offset);
-extern int backing_read (struct backing *backing, void *buf, size_t bytes,
-                         uint64_t offset);
 
 struct backing_stats {
   uint64_t capacity;            /* bytes the space map covers */

@@ -15,6 +15,7 @@
 
 #include "block-store.h"
 #include "backing.h"
+#include "monotonic.h"
 
 /* A packed unit (cold packing, block-store.h): the compressed bytes of
  * count blocks, in parts of at most STORE_PACK_PART bytes.  live counts
@@ -199,7 +200,6 @@ state_is_older (uint64_t state, uint32_t now, uint32_t min_age)
 
 /* ---- block-store.c: time, entries, accounting, the move protocol ---- */
 
-extern uint64_t monotonic_ns (void);
 /* Seconds since the store was created, as block entries keep them. */
 extern uint32_t store_clock (const struct block_store *store);
 

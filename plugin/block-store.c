@@ -17,14 +17,6 @@
  */
 #define WRITEBACK_ATTEMPTS 64
 
-uint64_t
-monotonic_ns (void)
-{
-  struct timespec now;
-  clock_gettime (CLOCK_MONOTONIC, &now);
-  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
-}
-
 /* Seconds since the store was created, as block entries keep them. */
 uint32_t
 store_clock (const struct block_store *store)

@@ -21,6 +21,7 @@
 
 #include "control.h"
 #include "error-text.h"
+#include "monotonic.h"
 #include "stats-file.h"
 #include "swap-mode.h"
 
@@ -121,14 +122,6 @@ control_listen (const char *path)
 }
 
 /* ---- replies ------------------------------------------------------- */
-
-static uint64_t
-now_ms (void)
-{
-  struct timespec t;
-  clock_gettime (CLOCK_MONOTONIC, &t);
-  return (uint64_t) t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 /* Send on the non-blocking socket, waiting for room at most
  * CONTROL_SEND_TIMEOUT_MS without progress: a client that does not read
@@ -661,7 +654,7 @@ client_read (struct client *client)
   if (n <= 0)
     return false;
   client->used += n;
-  client->last_heard_ms = now_ms ();
+  client->last_heard_ms = monotonic_ms ();
   char *end;
   while (!client->gone && (end = memchr (client->line, '\n', client->used))) {
     size_t length = end - client->line;
@@ -707,7 +700,7 @@ client_accept (int fd)
     if (clients[i].fd == -1)
       slot = &clients[i];
   if (!slot) {
-    uint64_t now = now_ms ();
+    uint64_t now = monotonic_ms ();
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
       if (now - clients[i].last_heard_ms >= 1000
           && (!slot || clients[i].last_heard_ms < slot->last_heard_ms))
@@ -725,7 +718,7 @@ client_accept (int fd)
     close (fd);
     return;
   }
-  *slot = (struct client) { .fd = fd, .last_heard_ms = now_ms () };
+  *slot = (struct client) { .fd = fd, .last_heard_ms = monotonic_ms () };
   /* gcc 12's -fanalyzer takes the stream for a leak: it is kept in the
    * static clients array, and client_close (also at the stop) closes it.
    */
@@ -774,7 +767,7 @@ control_main (void *arg)
     for (nfds_t k = 2; ready > 0 && k < count; k++)
       if (fds[k].revents && !client_read (polled[k - 2]))
         client_close (polled[k - 2]);
-    uint64_t now = now_ms ();
+    uint64_t now = monotonic_ms ();
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
       if (clients[i].fd != -1 && now - clients[i].last_heard_ms > CONTROL_IDLE_MS)
         client_close (&clients[i]);

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "housekeeper.h"
+#include "monotonic.h"
 #include "stats-file.h"
 
 #define HOUSEKEEPING_INTERVAL_SECONDS 1
@@ -50,14 +51,6 @@ static struct housekeeper_policy policy; /* 0s: off */
  */
 #define POLICY_BLOCKS_PER_ROUND 2048
 #define POLICY_NS_PER_ROUND (50 * 1000000ull)
-
-static uint64_t
-monotonic_ns (void)
-{
-  struct timespec now;
-  clock_gettime (CLOCK_MONOTONIC, &now);
-  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
-}
 
 static bool
 within_round_budget (void *opaque)
