@@ -855,15 +855,18 @@ backing_release (struct backing *backing, uint64_t offset, size_t bytes)
   pthread_mutex_unlock (&backing->release_lock);
 }
 
-void
-backing_settle_releases (struct backing *backing)
+/* One step: move the epoch on if runs wait in the current one, and free
+ * the previous epoch's runs if its readers are gone; whether it freed.
+ */
+static bool
+settle_step (struct backing *backing)
 {
   pthread_mutex_lock (&backing->release_lock);
   unsigned epoch = atomic_load (&backing->epoch);
   if (!backing->draining) {
     if (backing->release_count[epoch & 1] == 0) {
       pthread_mutex_unlock (&backing->release_lock);
-      return;
+      return false;
     }
     /* New readers and releases go to the other slot from now on. */
     atomic_store (&backing->epoch, ++epoch);
@@ -872,7 +875,7 @@ backing_settle_releases (struct backing *backing)
   unsigned old = (epoch - 1) & 1;
   if (atomic_load (&backing->readers[old]) != 0) {
     pthread_mutex_unlock (&backing->release_lock);
-    return;                     /* a read of that epoch is still on */
+    return false;               /* a read of that epoch is still on */
   }
   struct run *runs = backing->releases[old];
   size_t count = backing->release_count[old];
@@ -883,6 +886,20 @@ backing_settle_releases (struct backing *backing)
   for (size_t i = 0; i < count; i++)
     run_free (backing, runs[i].offset, runs[i].bytes);
   free (runs);
+  return true;
+}
+
+void
+backing_settle_releases (struct backing *backing)
+{
+  /* Runs can wait in both slots: the previous epoch's, and the current
+   * one's, released while the previous epoch's readers held its slot.
+   * With no reader about, two steps free them all (what store_flush
+   * promises); no more than two, so that writers releasing without end
+   * cannot keep the caller here.
+   */
+  if (settle_step (backing))
+    settle_step (backing);
 }
 
 /* Trim a run, then free it in the space map. */

@@ -93,8 +93,9 @@ extern void backing_release (struct backing *backing, uint64_t offset,
  * the run; backing_release frees a file's run at once when no reader is
  * about, else (and always for an NBD store, whose trim is a request)
  * queues it in the current epoch; backing_settle_releases (the
- * housekeeper, every round) moves the epoch on and frees the previous
- * epoch's runs once its last reader is gone.  A run released while
+ * housekeeper, every round, and store_flush) moves the epoch on and
+ * frees the previous epoch's runs once its last reader is gone, and with
+ * no reader about, every run queued.  A run released while
  * readers run stays allocated a round or two longer.
  */
 extern unsigned backing_read_begin (struct backing *backing);
