@@ -118,12 +118,14 @@ batch_lock (struct zs_pool *pool)
 }
 
 void
-free_batch_add (struct zs_pool *pool, zs_handle_t handle)
+free_batch_add (struct zs_pool *pool, const zs_handle_t *handles, unsigned n)
 {
   struct free_batch *batch = batch_lock (pool);
-  batch->handles[batch->count++] = handle;
-  if (batch->count == ZS_FREE_BATCH_SIZE)
-    batch_drain (pool, batch);
+  for (unsigned i = 0; i < n; i++) {
+    batch->handles[batch->count++] = handles[i];
+    if (batch->count == ZS_FREE_BATCH_SIZE)
+      batch_drain (pool, batch);
+  }
   pthread_mutex_unlock (&batch->lock);
 }
 

@@ -265,15 +265,14 @@ zs_pool_discharge (struct zs_pool *pool, size_t bytes)
   limit_discharge (pool, bytes);
 }
 
-zs_handle_t
-zs_malloc (struct zs_pool *pool, size_t size)
+/* Allocate an object of size bytes in class, whose lock the caller holds
+ * (and holds again on return, though it may be dropped meanwhile, to
+ * drain frees, compact or make a zspage).  0 with errno on failure.
+ */
+static zs_handle_t
+object_alloc_locked (struct zs_pool *pool, struct size_class *class,
+                     size_t size)
 {
-  if (size == 0 || size > ZS_MAX_OBJECT_SIZE) {
-    errno = EINVAL;
-    return 0;
-  }
-
-  struct size_class *class = class_for_size (pool, size);
   struct zspage *zspage;
   bool flushed = false, compacted = !pool->config.compact_before_refusal;
   int err;
@@ -281,7 +280,6 @@ zs_malloc (struct zs_pool *pool, size_t size)
   /* The cell first: once a zspage is found or made, nothing can fail,
    * so a failure never leaves a new, empty zspage behind.
    */
-  pthread_mutex_lock (class->lock);
   _Atomic uint64_t *cell;
   while (!(cell = cell_alloc (pool, class))) {
     /* A new block of cells refused by the limit: drain the pending frees
@@ -296,6 +294,7 @@ zs_malloc (struct zs_pool *pool, size_t size)
     if (err != ENOSPC || flushed || pool->config.free_mode != ZS_FREE_BATCHED) {
       if (err == ENOSPC)
         atomic_fetch_add (&pool->limit_hits, 1);
+      pthread_mutex_lock (class->lock);
       errno = err;
       return 0;
     }
@@ -362,14 +361,70 @@ zs_malloc (struct zs_pool *pool, size_t size)
   class->bytes_stored += size;
   atomic_store_explicit (cell, cell_encode (zspage, index, size),
                          memory_order_release);
-  pthread_mutex_unlock (class->lock);
   return (zs_handle_t) cell;
 
  fail:
   cell_release (pool, class, cell);
-  pthread_mutex_unlock (class->lock);
   errno = err;
   return 0;
+}
+
+zs_handle_t
+zs_malloc (struct zs_pool *pool, size_t size)
+{
+  if (size == 0 || size > ZS_MAX_OBJECT_SIZE) {
+    errno = EINVAL;
+    return 0;
+  }
+  struct size_class *class = class_for_size (pool, size);
+  pthread_mutex_lock (class->lock);
+  zs_handle_t handle = object_alloc_locked (pool, class, size);
+  int err = errno;
+  pthread_mutex_unlock (class->lock);
+  errno = err;
+  return handle;
+}
+
+unsigned
+zs_malloc_batch (struct zs_pool *pool, const size_t *sizes, unsigned n,
+                 zs_handle_t *handles)
+{
+  /* The objects in class order (an insertion sort: n is a request's
+   * blocks), so that each run of one class takes its lock once.
+   */
+  if (n > ZS_MALLOC_BATCH_MAX) {
+    errno = EINVAL;
+    return 0;
+  }
+  unsigned order[ZS_MALLOC_BATCH_MAX];
+  for (unsigned i = 0; i < n; i++) {
+    handles[i] = 0;
+    if (sizes[i] == 0 || sizes[i] > ZS_MAX_OBJECT_SIZE) {
+      errno = EINVAL;
+      return 0;
+    }
+    unsigned j = i;
+    for (; j > 0 && sizes[order[j - 1]] > sizes[i]; j--)
+      order[j] = order[j - 1];
+    order[j] = i;
+  }
+  unsigned done = 0;
+  while (done < n) {
+    struct size_class *class = class_for_size (pool, sizes[order[done]]);
+    pthread_mutex_lock (class->lock);
+    do {
+      unsigned i = order[done];
+      if (!(handles[i] = object_alloc_locked (pool, class, sizes[i]))) {
+        int err = errno;
+        pthread_mutex_unlock (class->lock);
+        errno = err;
+        return done;
+      }
+      done++;
+    } while (done < n && class_for_size (pool, sizes[order[done]]) == class);
+    pthread_mutex_unlock (class->lock);
+  }
+  return done;
 }
 
 struct zspage *
@@ -392,12 +447,24 @@ object_free_locked (struct zs_pool *pool, struct size_class *class,
 void
 zs_free (struct zs_pool *pool, zs_handle_t handle)
 {
-  if (!handle)
+  zs_free_many (pool, &handle, 1);
+}
+
+void
+zs_free_many (struct zs_pool *pool, zs_handle_t *handles, unsigned n)
+{
+  unsigned kept = 0;
+  for (unsigned i = 0; i < n; i++)
+    if (handles[i])
+      handles[kept++] = handles[i];
+  if (kept == 0)
     return;
   if (pool->config.free_mode == ZS_FREE_BATCHED)
-    free_batch_add (pool, handle);
+    free_batch_add (pool, handles, kept);
   else
-    free_handles (pool, &handle, 1);
+    for (unsigned at = 0; at < kept; at += ZS_FREE_BATCH_SIZE)
+      free_handles (pool, handles + at, kept - at < ZS_FREE_BATCH_SIZE
+                    ? kept - at : ZS_FREE_BATCH_SIZE);
 }
 
 static inline unsigned char *

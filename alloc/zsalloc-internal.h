@@ -445,7 +445,8 @@ extern struct zspage *object_free_locked (struct zs_pool *pool,
 /* free-batch.c */
 extern int free_batches_init (struct zs_pool *pool);
 extern void free_batches_destroy (struct zs_pool *pool);
-extern void free_batch_add (struct zs_pool *pool, zs_handle_t handle);
+extern void free_batch_add (struct zs_pool *pool, const zs_handle_t *handles,
+                            unsigned n);
 extern void free_handles (struct zs_pool *pool, zs_handle_t *handles, unsigned n);
 extern uint64_t free_batches_pending (struct zs_pool *pool);
 

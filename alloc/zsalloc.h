@@ -104,12 +104,27 @@ extern void zs_pool_destroy (struct zs_pool *pool);
  */
 extern zs_handle_t zs_malloc (struct zs_pool *pool, size_t size);
 
+/* Allocate n objects (n <= ZS_MALLOC_BATCH_MAX) of sizes[i] bytes into
+ * handles[i], in class order: each run of one class takes the class lock
+ * once (a write of many blocks).  Returns how many it allocated; fewer
+ * than n (errno set) when one failed, and then the handles of the ones
+ * not allocated are 0 (which ones: any).
+ */
+#define ZS_MALLOC_BATCH_MAX 64
+extern unsigned zs_malloc_batch (struct zs_pool *pool, const size_t *sizes,
+                                 unsigned n, zs_handle_t *handles);
+
 /* Free an object.  In batched mode the object joins one of the pool's
  * batches of deferred frees and its memory is reclaimed when the batch
  * drains (batch full, zs_pool_flush, statistics, or memory limit).
  * The handle must not be used again either way.  zs_free of 0 is a no-op.
  */
 extern void zs_free (struct zs_pool *pool, zs_handle_t handle);
+/* Free n objects at once (0 handles skipped): one batch lock hold for
+ * them all.  handles[] is reordered.
+ */
+extern void zs_free_many (struct zs_pool *pool, zs_handle_t *handles,
+                          unsigned n);
 
 /* Drain every batch of deferred frees, returning empty zspages'
  * pages to the operating system.

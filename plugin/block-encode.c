@@ -10,7 +10,7 @@
 #include "block-store-internal.h"
 
 /* A block that is one 8-byte word repeated. */
-static bool
+bool
 block_is_same_filled (const unsigned char *block, uint64_t *word)
 {
   uint64_t first, next;

@@ -50,6 +50,12 @@ struct unit_cache {
   unsigned char *data;            /* pack_blocks blocks */
 };
 
+/* A batched write compresses up to STORE_WRITE_BATCH whole blocks at a
+ * time; STORE_WRITE_SLOTS batches run at once at most.
+ */
+#define STORE_WRITE_BATCH 16
+#define STORE_WRITE_SLOTS 16
+
 struct block_store {
   uint64_t size;
   uint64_t blocks;
@@ -65,6 +71,18 @@ struct block_store {
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
   atomic_bool keep_resident;      /* store_keep_resident ran */
+  /* Where a batched write (block-batch.c) compresses its blocks: slots
+   * borrowed like codec contexts, never waited for (a write that finds
+   * every slot busy goes block by block), each made on first use and
+   * freed by store_release_idle_memory (store_keep_resident makes and
+   * touches them all, and keeps them).  No lock: a slot's busy flag is
+   * its owner's.
+   */
+  struct write_scratch {
+    atomic_bool busy;
+    _Atomic (unsigned char *) bytes; /* STORE_WRITE_BATCH blocks */
+  } write_scratch[STORE_WRITE_SLOTS];
+  _Atomic uint64_t write_scratch_bytes;
 
   /* Counters, atomics: no lock. */
   _Atomic uint64_t stored_blocks; /* entries not empty */
@@ -266,6 +284,35 @@ extern bool entry_claim_locked (struct block_leaf *leaf,
 /* Encode a whole block into new content: a fill word, or an object
  * allocated and written (not yet in the table).  -1 with errno.
  */
+extern int block_install_swap (struct block_store *store, uint64_t block,
+                               struct block_content *content,
+                               struct block_content *old);
+/* Write one piece of a block (a whole block, or part of one), making
+ * room by writeback and trying again when memory is short: 0, or -1
+ * with errno.
+ */
+extern int block_write_piece (struct block_store *store, uint64_t block,
+                              const unsigned char *in, uint64_t from,
+                              uint64_t length);
+/* BATCHED WRITES (block-batch.c).  n (2..STORE_WRITE_BATCH) whole blocks
+ * from first: compressed with one borrowed context into a scratch slot,
+ * their objects allocated in class runs (zs_malloc_batch), installed
+ * block by block (each under its own stripe lock only: a reader waits
+ * for one block's install, never for the batch), the old objects freed
+ * as one batch (zs_free_many).  A block that the batch could not store
+ * (memory short, no scratch slot free) goes through block_write_piece.
+ * 0, or -1 with errno: then each block holds its old content or its new
+ * one, never a mix.
+ */
+extern int blocks_write_batch (struct block_store *store, uint64_t first,
+                               const unsigned char *in, unsigned n);
+extern int write_scratch_prepare (struct block_store *store);
+extern void write_scratch_free (struct block_store *store);
+/* Free the scratch of every slot no batch is using (made again on next
+ * use): the bytes freed.  Not while the store is to stay resident.
+ */
+extern size_t write_scratch_trim (struct block_store *store);
+extern bool block_is_same_filled (const unsigned char *block, uint64_t *word);
 extern int block_encode (struct block_store *store,
                          const unsigned char *block,
                          struct block_content *content);

@@ -136,6 +136,7 @@ store_destroy (struct block_store *store)
     pthread_mutex_destroy (&store->stripes[i]);
   backing_close (store->backing);
   pthread_mutex_destroy (&store->writeback_lock);
+  write_scratch_free (store);
   free (store);
 }
 
@@ -294,20 +295,23 @@ content_release (struct block_store *store, const struct block_content *content)
 }
 
 /* Install content for a block: the entry's lookup (and leaf, if need
- * be) and the swap under the stripe lock; the old object is freed after.
+ * be) and the swap under the stripe lock.  *old is what the entry held
+ * (BLOCK_EMPTY: nothing), already out of the counters, for the caller to
+ * discard (content_discard) once the stripe lock is gone: 0.  -1 with
+ * errno when no leaf could be had (content discarded).
  */
-static int
-block_install (struct block_store *store, uint64_t block,
-               struct block_content *content)
+int
+block_install_swap (struct block_store *store, uint64_t block,
+                    struct block_content *content, struct block_content *old)
 {
   struct block_leaf *leaf;
-  struct block_content old;
 
   /* Emptying a block needs no leaf where there is none. */
   struct block_entry *entry = entry_lock (store, block,
                                           content->kind != BLOCK_EMPTY,
-                                          &leaf, &old);
+                                          &leaf, old);
   if (!entry) {
+    old->kind = BLOCK_EMPTY;
     /* No leaf: the block is a hole.  A zero block that the limit refuses
      * a leaf may stay one: it reads as zeros all the same.
      */
@@ -321,9 +325,20 @@ block_install (struct block_store *store, uint64_t block,
     return -1;
   }
   content_account (store, content, 1, content_bytes (store, content));
-  entry_store (store, leaf, entry, &old, content);
+  entry_store (store, leaf, entry, old, content);
   pthread_mutex_unlock (stripe_for (store, block));
-  content_release (store, &old);
+  content_account (store, old, -1, content_bytes (store, old));
+  return 0;
+}
+
+static int
+block_install (struct block_store *store, uint64_t block,
+               struct block_content *content)
+{
+  struct block_content old;
+  if (block_install_swap (store, block, content, &old) == -1)
+    return -1;
+  content_discard (store, &old);
   return 0;
 }
 
@@ -627,32 +642,56 @@ store_read (struct block_store *store, void *buf, uint64_t count,
 }
 
 int
+block_write_piece (struct block_store *store, uint64_t block,
+                   const unsigned char *in, uint64_t from, uint64_t length)
+{
+  int r;
+  for (unsigned attempt = 0; ; attempt++) {
+    if (length == STORE_BLOCK_SIZE) {
+      struct block_content content;
+      r = block_encode (store, in, &content);
+      if (r == 0)
+        r = block_install (store, block, &content);
+    }
+    else
+      r = block_patch (store, block, in, from, length);
+    if (r == 0 || attempt == WRITEBACK_ATTEMPTS
+        || writeback_for_room (store) == -1)
+      return r;
+  }
+}
+
+int
 store_write (struct block_store *store, const void *buf, uint64_t count,
              uint64_t offset)
 {
   const unsigned char *in = buf;
+  uint64_t end = offset + count;
 
-  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+  while (offset < end) {
+    uint64_t block = offset / STORE_BLOCK_SIZE;
+    uint64_t from = offset % STORE_BLOCK_SIZE;
+    uint64_t length = STORE_BLOCK_SIZE - from < end - offset
+      ? STORE_BLOCK_SIZE - from : end - offset;
+    /* Whole blocks, two or more: a batch (block-batch.c). */
+    uint64_t whole = from == 0 ? (end - offset) / STORE_BLOCK_SIZE : 0;
+    unsigned n = whole < STORE_WRITE_BATCH ? whole : STORE_WRITE_BATCH;
     int r;
-    for (unsigned attempt = 0; ; attempt++) {
-      if (length == STORE_BLOCK_SIZE) {
-        struct block_content content;
-        r = block_encode (store, in, &content);
-        if (r == 0)
-          r = block_install (store, block, &content);
-      }
-      else
-        r = block_patch (store, block, in, from, length);
-      if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-          || writeback_for_room (store) == -1)
-        break;
+    if (n >= 2) {
+      r = blocks_write_batch (store, block, in, n);
+      length = (uint64_t) n * STORE_BLOCK_SIZE;
+    }
+    else {
+      n = 1;
+      r = block_write_piece (store, block, in, from, length);
     }
     if (r == -1) {
       counter_add (&store->failed_writes, 1);
       return -1;
     }
-    counter_add (&store->writes, 1);
+    counter_add (&store->writes, n);
     in += length;
+    offset += length;
   }
   return 0;
 }
@@ -847,6 +886,8 @@ store_release_idle_memory (struct block_store *store)
   size_t freed = codec_trim (store->pack_codec);
   for (unsigned p = 0; p <= store->recomp_count; p++)
     freed += codec_trim (store->codecs[p]);
+  if (!atomic_load (&store->keep_resident))
+    freed += write_scratch_trim (store);
   /* What the data let go of, the process should too: the C library
    * keeps freed request buffers and metadata in its arenas otherwise.
    * Not when the serving path is to stay resident: the next request
@@ -875,6 +916,8 @@ store_keep_resident (struct block_store *store, unsigned threads)
   atomic_store (&store->keep_resident, true);
   if (block_table_populate (&store->table, store->blocks, stripe_lock_block,
                             stripe_unlock_block, store) == -1)
+    return -1;
+  if (write_scratch_prepare (store) == -1)
     return -1;
   return codec_prepare (store->codecs[0], threads);
 }
@@ -948,6 +991,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->reserve_refills = pool.reserve_refills;
   stats->reserve_misses = pool.reserve_misses;
   stats->codec_bytes += codec_memory (store->pack_codec);
+  stats->codec_bytes += atomic_load (&store->write_scratch_bytes);
   stats->bd_count = atomic_load (&store->bd_count);
   stats->bd_reads = atomic_load (&store->bd_reads);
   stats->bd_writes = atomic_load (&store->bd_writes);

@@ -173,7 +173,8 @@ struct store_stats {
   uint64_t reads, writes;         /* block reads and writes done */
   uint64_t table_bytes;           /* block table */
   uint64_t metadata_bytes;        /* allocator metadata */
-  uint64_t codec_bytes;           /* compression contexts */
+  uint64_t codec_bytes;           /* compression contexts, and batched
+                                     writes' scratch */
   uint64_t reserve_bytes;         /* swap reserve: populated pages ready */
   uint64_t reserve_refills;       /* bytes it was topped up with, ever */
   uint64_t reserve_misses;        /* chunks mapped with it empty, ever */

@@ -18,7 +18,8 @@ struct codec_context {
   struct codec *codec;
   atomic_bool busy;           /* borrowed by a call right now */
   bool temporary;             /* made for one call: every slot was busy */
-  void *lz4_state;            /* LZ4_sizeofState() bytes */
+  LZ4_stream_t *lz4_state;    /* initialized, and coherent between calls
+                                 (lz4_compress) */
   ZSTD_CCtx *zstd_compress;
   ZSTD_DCtx *zstd_decompress;
   size_t accounted;           /* bytes counted in codec->memory */
@@ -80,7 +81,7 @@ static size_t
 context_memory (const struct codec_context *context)
 {
   return sizeof *context
-    + (context->lz4_state ? (size_t) LZ4_sizeofState () : 0)
+    + (context->lz4_state ? sizeof *context->lz4_state : 0)
     + ZSTD_sizeof_CCtx (context->zstd_compress)
     + ZSTD_sizeof_DCtx (context->zstd_decompress);
 }
@@ -118,11 +119,13 @@ context_new (struct codec *codec)
     return NULL;
   context->codec = codec;
   atomic_init (&context->busy, true);
-  if (codec->algorithm == CODEC_LZ4
-      && !(context->lz4_state = malloc (LZ4_sizeofState ()))) {
-    context_free (context);
-    errno = ENOMEM;
-    return NULL;
+  if (codec->algorithm == CODEC_LZ4) {
+    if (!(context->lz4_state = malloc (sizeof *context->lz4_state))) {
+      context_free (context);
+      errno = ENOMEM;
+      return NULL;
+    }
+    LZ4_initStream (context->lz4_state, sizeof *context->lz4_state);
   }
   context_account (context);
   return context;
@@ -225,6 +228,27 @@ codec_destroy (struct codec *codec)
   free (codec);
 }
 
+/* One independent lz4 block.  LZ4_compress_fast_extState clears the
+ * 16 KiB hash table before each block, which cost more than a third of
+ * a 4 KiB block's instructions; a stream started with
+ * LZ4_resetStream_fast keeps the table and only moves its offsets on, so
+ * that the old entries are out of reach (lz4.h: a coherent stream can
+ * start a new chain of blocks with almost no work).  With no block
+ * before it in the chain, the block depends on nothing else.  A failed
+ * call leaves the stream undefined: it is initialized again.
+ */
+static int
+lz4_compress (LZ4_stream_t *stream, const void *src, size_t length,
+              void *dst, size_t capacity, int acceleration)
+{
+  LZ4_resetStream_fast (stream);
+  int n = LZ4_compress_fast_continue (stream, src, dst, length, capacity,
+                                      acceleration);
+  if (n <= 0)
+    LZ4_initStream (stream, sizeof *stream);
+  return n;
+}
+
 /* gcc 12's -fanalyzer (--enable-analyzer) takes every context borrowed
  * below for a leak: it lets the zstd calls, given the caller's buffers,
  * clobber the fresh context's "temporary", and it does not see the slot
@@ -236,6 +260,28 @@ codec_destroy (struct codec *codec)
 #pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
 #endif
 
+/* One compression with a borrowed context: as codec_compress_bytes. */
+static int
+compress_with (struct codec_context *context, const void *src, size_t length,
+               void *dst, size_t capacity)
+{
+  struct codec *codec = context->codec;
+  if (codec->algorithm == CODEC_LZ4)
+    return lz4_compress (context->lz4_state, src, length, dst, capacity,
+                         codec->level);
+  if (!zstd_ready (context, true))
+    return -1;
+  size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
+                                src, length, codec->level);
+  context_account (context);
+  if (!ZSTD_isError (n))
+    return n;
+  if (ZSTD_getErrorCode (n) == ZSTD_error_dstSize_tooSmall)
+    return 0;
+  errno = EIO;
+  return -1;
+}
+
 int
 codec_compress_bytes (struct codec *codec, const void *src, size_t length,
                       void *dst, size_t capacity)
@@ -243,26 +289,24 @@ codec_compress_bytes (struct codec *codec, const void *src, size_t length,
   struct codec_context *context = context_borrow (codec);
   if (!context)
     return -1;
+  int result = compress_with (context, src, length, dst, capacity);
+  context_return (context);
+  return result;
+}
 
-  int result;
-  if (codec->algorithm == CODEC_ZSTD && !zstd_ready (context, true))
-    result = -1;
-  else if (codec->algorithm == CODEC_LZ4)
-    result = LZ4_compress_fast_extState (context->lz4_state, src, dst,
-                                         length, capacity, codec->level);
-  else {
-    size_t n = ZSTD_compressCCtx (context->zstd_compress, dst, capacity,
-                                  src, length, codec->level);
-    context_account (context);
-    if (!ZSTD_isError (n))
-      result = n;
-    else if (ZSTD_getErrorCode (n) == ZSTD_error_dstSize_tooSmall)
-      result = 0;
-    else {
-      errno = EIO;
+int
+codec_compress_blocks (struct codec *codec, const unsigned char *const *blocks,
+                       unsigned n, unsigned char *const *dst, size_t capacity,
+                       int *lengths)
+{
+  struct codec_context *context = context_borrow (codec);
+  if (!context)
+    return -1;
+  int result = 0;
+  for (unsigned i = 0; i < n && result == 0; i++)
+    if ((lengths[i] = compress_with (context, blocks[i], CODEC_BLOCK_SIZE,
+                                     dst[i], capacity)) == -1)
       result = -1;
-    }
-  }
   context_return (context);
   return result;
 }
@@ -352,9 +396,8 @@ codec_prepare (struct codec *codec, unsigned count)
   for (unsigned i = 0; i < n && result == 0; i++) {
     struct codec_context *context = held[i];
     if (codec->algorithm == CODEC_LZ4) {
-      if (LZ4_compress_fast_extState (context->lz4_state, (char *) block,
-                                      (char *) compressed, sizeof block,
-                                      sizeof compressed, codec->level) <= 0)
+      if (lz4_compress (context->lz4_state, block, sizeof block, compressed,
+                        sizeof compressed, codec->level) <= 0)
         result = -1;
       continue;
     }

@@ -42,6 +42,17 @@ extern int codec_level_is_valid (enum codec_algorithm algorithm, int level,
 extern int codec_compress (struct codec *codec, const void *block,
                            void *dst, size_t capacity);
 
+/* Compress n blocks, blocks[i] into dst[i] (capacity bytes each), with
+ * one borrowed context: lengths[i] is what codec_compress would return.
+ * 0, or -1 with errno (lengths then partly set).  The context is a
+ * compression context only for the batch's length: a read never waits
+ * for it (borrowing never waits: a busy slot is passed over).
+ */
+extern int codec_compress_blocks (struct codec *codec,
+                                  const unsigned char *const *blocks,
+                                  unsigned n, unsigned char *const *dst,
+                                  size_t capacity, int *lengths);
+
 /* Decompress src (length bytes) into one block.  0 or -1 (errno EIO).
  * padded: the compressed bytes are only the start of src, whose tail is
  * left over from older content; the codec finds where they end.

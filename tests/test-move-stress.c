@@ -41,7 +41,9 @@
  *    (block % WRITERS), so each keeps an exact copy of its blocks without
  *    a lock, and write (compressible, incompressible, same-filled, zero
  *    blocks), patch, trim, zero and zero in part, checking every read
- *    against the copy; meanwhile mover threads pack, dissolve, recompress,
+ *    against the copy; batch writers own runs of blocks after theirs and
+ *    write runs of 2 to 40 blocks (batched writes, some with partial
+ *    ends), trim and zero runs and read them back against their copies; meanwhile mover threads pack, dissolve, recompress,
  *    write back (reads bring blocks back: readback_below), compact, mark
  *    idle, drain the free batches, and move mem_limit close to what is
  *    held and back (writes then meet ENOSPC, and a refused write must
@@ -743,6 +745,9 @@ test_read_window (void **state)
 /* ---- B: the stress ------------------------------------------------------ */
 
 enum { WRITERS = 3, OWNED = 128, STRESS_BLOCKS = WRITERS * OWNED };
+/* Batch writers own runs of blocks after the single-block writers'. */
+enum { BATCH_WRITERS = 2, BATCH_OWNED = 96,
+       ALL_BLOCKS = STRESS_BLOCKS + BATCH_WRITERS * BATCH_OWNED };
 enum stored { STORED_NO, STORED_YES, STORED_MAYBE };
 
 static atomic_bool stress_stop;
@@ -1075,7 +1080,7 @@ writebacker_main (void *arg)
   };
   while (!atomic_load (&stress_stop)) {
     uint64_t r = xorshift64 (&rng);
-    uint64_t first = (r >> 8) % STRESS_BLOCKS;
+    uint64_t first = (r >> 8) % ALL_BLOCKS;
     struct store_writeback_request request = {
       .type = types[r % 6], .first = (r >> 24) % 2 ? 0 : first,
       .last = (r >> 25) % 2 ? UINT64_MAX : first + (r >> 32) % 64,
@@ -1151,16 +1156,159 @@ housekeeper_main (void *arg)
   return NULL;
 }
 
+/* A batch writer owns BATCH_OWNED blocks in a row and writes, trims,
+ * zeros and reads runs of them (2 to 40 blocks: batched writes, whole or
+ * with partial ends), keeping an exact copy of the run.
+ */
+struct batch_writer {
+  struct block_store *store;
+  unsigned id;
+  uint64_t first;               /* its first block */
+  unsigned char *data;          /* BATCH_OWNED blocks: what they must read */
+  uint64_t seed, operations, checks, failed;
+  pthread_t thread;
+};
+
+/* After a request that failed (ENOSPC), each of its blocks holds its old
+ * content or its new one, never a mix: the copy takes whichever it is.
+ */
+static void
+batch_settle_failed (struct batch_writer *w, uint64_t offset, uint64_t count,
+                     const unsigned char *wanted)
+{
+  unsigned char got[BS];
+  uint64_t base = w->first * BS;
+  for (uint64_t at = offset - offset % BS; at < offset + count; at += BS) {
+    if (store_read (w->store, got, BS, at) == -1) {
+      record_error ("batch writer %u: read failed: %s", w->id, strerror (errno));
+      return;
+    }
+    unsigned char *copy = w->data + (at - base);
+    unsigned char expect[BS];
+    memcpy (expect, copy, BS);
+    uint64_t from = at < offset ? offset : at;
+    uint64_t end = at + BS < offset + count ? at + BS : offset + count;
+    memcpy (expect + (from - at), wanted + (from - offset), end - from);
+    if (memcmp (got, copy, BS) == 0 || memcmp (got, expect, BS) == 0)
+      memcpy (copy, got, BS);
+    else {
+      atomic_fetch_add (&mismatches, 1);
+      if (atomic_fetch_add (&mismatches_printed, 1) < 8)
+        fprintf (stderr, "MISMATCH batch writer %u: block %" PRIu64 " is "
+                 "neither its old nor its new content after a failed "
+                 "request\n", w->id, at / BS);
+      memcpy (copy, got, BS);
+    }
+  }
+}
+
+/* Read [offset, offset + count) and hold it against the copy. */
+static void
+batch_check (struct batch_writer *w, uint64_t offset, uint64_t count,
+             const char *when)
+{
+  unsigned char *got = malloc (count);
+  assert_non_null (got);
+  if (store_read (w->store, got, count, offset) == -1)
+    record_error ("batch writer %u: read failed: %s", w->id, strerror (errno));
+  else {
+    w->checks++;
+    const unsigned char *copy = w->data + (offset - w->first * BS);
+    if (memcmp (got, copy, count) != 0) {
+      atomic_fetch_add (&mismatches, 1);
+      uint64_t at = 0;
+      while (got[at] == copy[at])
+        at++;
+      if (atomic_fetch_add (&mismatches_printed, 1) < 8)
+        fprintf (stderr, "MISMATCH (%s) batch writer %u: block %" PRIu64
+                 " byte %" PRIu64 " reads %u, written %u\n", when, w->id,
+                 (offset + at) / BS, (offset + at) % BS, got[at], copy[at]);
+      memcpy ((unsigned char *) copy, got, count);
+    }
+  }
+  free (got);
+}
+
+static void *
+batch_writer_main (void *arg)
+{
+  struct batch_writer *w = arg;
+  uint64_t rng = w->seed, version = 1;
+  enum { RUN_MAX = 40 };
+  unsigned char *buf = malloc (RUN_MAX * BS);
+  assert_non_null (buf);
+  lock_jitter = 10;             /* yields only */
+  jitter_sleeps = false;
+  jitter_rng = w->seed * 31 + 17;
+
+  while (!atomic_load (&stress_stop)) {
+    uint64_t r = xorshift64 (&rng);
+    unsigned blocks = 2 + r % (RUN_MAX - 1);
+    unsigned start = (r >> 8) % (BATCH_OWNED - blocks + 1);
+    uint64_t offset = (w->first + start) * BS, count = (uint64_t) blocks * BS;
+    unsigned op = (r >> 16) % 100;
+    if (op >= 45 && op < 60) {
+      /* Partial ends: a piece of the first block, whole ones, a piece of
+       * the last.
+       */
+      uint64_t head = 1 + (r >> 24) % (BS - 1), tail = 1 + (r >> 36) % (BS - 1);
+      offset += head;
+      count -= head + (BS - tail);
+    }
+    int result;
+    w->operations++;
+    if (op < 60) {
+      for (uint64_t at = 0; at < count; at += BS) {
+        uint64_t block = (offset + at) / BS;
+        content_fill (buf + at, block, ++version, xorshift64 (&rng), &rng);
+      }
+      result = store_write (w->store, buf, count, offset);
+      if (result == 0)
+        memcpy (w->data + (offset - w->first * BS), buf, count);
+    }
+    else if (op < 75) {
+      offset -= offset % BS;
+      count = (uint64_t) blocks * BS;
+      memset (buf, 0, count);
+      result = store_trim (w->store, count, offset);
+      if (result == 0)
+        memset (w->data + (offset - w->first * BS), 0, count);
+    }
+    else if (op < 85) {
+      memset (buf, 0, count);
+      result = store_zero (w->store, count, offset, (r >> 48) & 1);
+      if (result == 0)
+        memset (w->data + (offset - w->first * BS), 0, count);
+    }
+    else {
+      batch_check (w, offset, count, "during the run");
+      continue;
+    }
+    if (result == -1) {
+      if (errno != ENOSPC)
+        record_error ("batch writer %u: request failed: %s", w->id,
+                      strerror (errno));
+      w->failed++;
+      batch_settle_failed (w, offset, count, buf);
+    }
+    else if ((r >> 56) % 4 == 0)
+      batch_check (w, offset, count, "just written");
+  }
+  free (buf);
+  return NULL;
+}
+
 static void
 test_stress (void **state)
 {
   /* state: blocks per packed unit; the three runs share the time. */
   unsigned pack_blocks = (uintptr_t) *state;
   unsigned seconds = (env_unsigned ("MOVE_STRESS_SECONDS", 6) + 2) / 3;
-  struct block_store *store = make_moving_store (STRESS_BLOCKS, 1 << 30,
+  struct block_store *store = make_moving_store (ALL_BLOCKS, 1 << 30,
                                                  pack_blocks);
   print_message ("units of up to %u blocks\n", pack_blocks);
   struct writer writers[WRITERS];
+  struct batch_writer batchers[BATCH_WRITERS];
   struct mover movers[4];
   void *(*mover_mains[4]) (void *) = {
     packer_main, recompressor_main, writebacker_main, housekeeper_main,
@@ -1195,9 +1343,27 @@ test_stress (void **state)
       remember (o, "first write", 0, BS, 0);
     }
   }
+  /* The batch writers' runs start written too, in batches. */
+  for (unsigned t = 0; t < BATCH_WRITERS; t++) {
+    batchers[t] = (struct batch_writer) {
+      .store = store, .id = t, .seed = 0xba7c + t * 0x9e37,
+      .first = STRESS_BLOCKS + (uint64_t) t * BATCH_OWNED,
+      .data = malloc (BATCH_OWNED * BS),
+    };
+    assert_non_null (batchers[t].data);
+    uint64_t rng = batchers[t].seed;
+    for (unsigned i = 0; i < BATCH_OWNED; i++)
+      content_fill (batchers[t].data + (size_t) i * BS, batchers[t].first + i,
+                    1, i * 37 % 92, &rng);
+    assert_int_equal (store_write (store, batchers[t].data, BATCH_OWNED * BS,
+                                   batchers[t].first * BS), 0);
+  }
   for (unsigned t = 0; t < WRITERS; t++)
     assert_int_equal (pthread_create (&writers[t].thread, NULL, writer_main,
                                       &writers[t]), 0);
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    assert_int_equal (pthread_create (&batchers[t].thread, NULL,
+                                      batch_writer_main, &batchers[t]), 0);
   /* MOVE_STRESS_SKIP: movers left out (names, e.g. "pack,writeback"). */
   const char *skip = getenv ("MOVE_STRESS_SKIP");
   bool running[4];
@@ -1216,6 +1382,8 @@ test_stress (void **state)
   atomic_store (&stress_stop, true);
   for (unsigned t = 0; t < WRITERS; t++)
     pthread_join (writers[t].thread, NULL);
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    pthread_join (batchers[t].thread, NULL);
   for (unsigned i = 0; i < 4; i++)
     if (running[i])
       pthread_join (movers[i].thread, NULL);
@@ -1228,6 +1396,9 @@ test_stress (void **state)
   for (unsigned t = 0; t < WRITERS; t++)
     for (unsigned i = 0; i < OWNED; i++)
       check_block (&writers[t], i, "at the end");
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    batch_check (&batchers[t], batchers[t].first * BS, BATCH_OWNED * BS,
+                 "at the end");
   uint64_t at_end = atomic_load (&mismatches) - during;
 
   uint64_t operations = 0, checks = 0;
@@ -1245,6 +1416,11 @@ test_stress (void **state)
                    PRIu64 " %s\n", mover_names[i], movers[i].rounds,
                    movers[i].moved, movers[i].extra,
                    i == 0 ? "units dissolved" : i == 3 ? "limit changes" : "");
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    print_message ("  batch writer %u: %" PRIu64 " requests of 2 to 40 blocks, "
+                   "%" PRIu64 " refused for memory, %" PRIu64 " reads checked\n",
+                   t, batchers[t].operations, batchers[t].failed,
+                   batchers[t].checks);
   print_message ("  readbacks %" PRIu64 ", blocks written back now %" PRIu64
                  ", packed now %" PRIu64 " in %" PRIu64 " units\n",
                  stats.bd_readbacks, stats.bd_count, stats.packed_blocks,
@@ -1260,10 +1436,13 @@ test_stress (void **state)
   if (during + at_end)
     fail_msg ("%" PRIu64 " reads differed from what was written (lost writes)",
               during + at_end);
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    if (batchers[t].operations == 0 || batchers[t].checks == 0)
+      fail_msg ("batch writer %u did nothing", t);
 
   /* Which blocks are stored, and the counters, against a walk. */
-  uint8_t stored_map[STRESS_BLOCKS] = { 0 };
-  struct full_walk walk = { .stored_map = stored_map, .blocks = STRESS_BLOCKS };
+  uint8_t stored_map[ALL_BLOCKS] = { 0 };
+  struct full_walk walk = { .stored_map = stored_map, .blocks = ALL_BLOCKS };
   char text[256];
   const char *wrong = check_counters (store, &walk, text, sizeof text);
   if (wrong)
@@ -1294,9 +1473,17 @@ test_stress (void **state)
       assert_int_equal (store_read (store, buf, BS, block * BS), 0);
       assert_memory_equal (buf, writers[t].blocks[i].data, BS);
     }
-  check_empty_after_trim (store, STRESS_BLOCKS);
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    for (unsigned i = 0; i < BATCH_OWNED; i++) {
+      assert_int_equal (store_read (store, buf, BS,
+                                    (batchers[t].first + i) * BS), 0);
+      assert_memory_equal (buf, batchers[t].data + (size_t) i * BS, BS);
+    }
+  check_empty_after_trim (store, ALL_BLOCKS);
   for (unsigned t = 0; t < WRITERS; t++)
     free (writers[t].blocks);
+  for (unsigned t = 0; t < BATCH_WRITERS; t++)
+    free (batchers[t].data);
   store_destroy (store);
 }
 
