@@ -50,10 +50,10 @@ struct unit_cache {
   unsigned char *data;            /* pack_blocks blocks */
 };
 
-/* A batched write compresses up to STORE_WRITE_BATCH whole blocks at a
- * time; STORE_WRITE_SLOTS batches run at once at most.
+/* A batched write compresses up to write_batch whole blocks at a time;
+ * STORE_WRITE_SLOTS batches run at once at most.
  */
-#define STORE_WRITE_BATCH 16
+#define STORE_WRITE_BATCH STORE_WRITE_BATCH_MAX
 #define STORE_WRITE_SLOTS 16
 
 struct block_store {
@@ -71,6 +71,7 @@ struct block_store {
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
   atomic_bool keep_resident;      /* store_keep_resident ran */
+  unsigned write_batch;           /* 1..STORE_WRITE_BATCH (1: no batches) */
   /* Where a batched write (block-batch.c) compresses its blocks: slots
    * borrowed like codec contexts, never waited for (a write that finds
    * every slot busy goes block by block), each made on first use and

@@ -67,6 +67,12 @@ store_create (const struct store_config *config)
     errno = EINVAL;
     goto fail;
   }
+  store->write_batch = config->write_batch ? config->write_batch
+    : STORE_WRITE_BATCH;
+  if (store->write_batch > STORE_WRITE_BATCH) {
+    errno = EINVAL;
+    goto fail;
+  }
   store->unit_cache = calloc (UNIT_CACHE_SLOTS, sizeof *store->unit_cache);
   /* Pages the kernel maps only when a slot is first used. */
   store->unit_cache_data = calloc (UNIT_CACHE_SLOTS,
@@ -675,7 +681,7 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
       ? STORE_BLOCK_SIZE - from : end - offset;
     /* Whole blocks, two or more: a batch (block-batch.c). */
     uint64_t whole = from == 0 ? (end - offset) / STORE_BLOCK_SIZE : 0;
-    unsigned n = whole < STORE_WRITE_BATCH ? whole : STORE_WRITE_BATCH;
+    unsigned n = whole < store->write_batch ? whole : store->write_batch;
     int r;
     if (n >= 2) {
       r = blocks_write_batch (store, block, in, n);

@@ -134,6 +134,9 @@ struct store_config {
   int pack_level;                 /* zstd level of packed units (0: 3) */
   unsigned pack_blocks;           /* blocks per unit, 2..STORE_PACK_MAX
                                      (0: STORE_PACK_DEFAULT) */
+  unsigned write_batch;           /* whole blocks of a write compressed as
+                                     one batch, 1..STORE_WRITE_BATCH_MAX
+                                     (0: the most; 1: block by block) */
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
   /* Writeback: the backing store (backing.h), or NULL.  store_create
    * owns it from the call on, whether it succeeds or not.
@@ -384,6 +387,7 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
  */
 #define STORE_PACK_DEFAULT 16     /* pack_blocks */
 #define STORE_PACK_MAX 64         /* pack_blocks at most */
+#define STORE_WRITE_BATCH_MAX 16  /* write_batch at most */
 #define STORE_PACK_PART 3072
 struct store_pack_result {
   uint64_t units, blocks, bytes_before, bytes_after;

@@ -276,6 +276,15 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "write_batch") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &config.write_batch) == -1)
+      return -1;
+    if (config.write_batch < 1 || config.write_batch > STORE_WRITE_BATCH_MAX) {
+      nbdkit_error ("write_batch: %u is not a number of blocks 1..%d",
+                    config.write_batch, STORE_WRITE_BATCH_MAX);
+      return -1;
+    }
+  }
   else if (strcmp (key, "pack_blocks") == 0) {
     if (nbdkit_parse_unsigned ("pack_blocks", value, &config.pack_blocks) == -1)
       return -1;
@@ -474,6 +483,8 @@ zram_config_complete (void)
   "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
   "pack_level=N              zstd level of packed units (default 3).\n" \
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
+  "write_batch=N             Whole blocks of a write compressed as one batch,\n" \
+  "                          1..16 (default 16; 1: block by block).\n" \
   "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
   "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
   "backing_timeout=SECONDS   Writeback: an NBD backing request's deadline (30).\n" \

@@ -8,7 +8,8 @@
 # until the connection closes: up to 16 times the request size is allowed
 # for them beyond the 8 MiB.  A second round must come back as well
 # (nothing piles up), and once the client is gone RSS is within 8 MiB of
-# idle with no allowance.  RSS is read in
+# idle with no allowance, but under swap=try, whose heap is never trimmed
+# (its freed buffers below 2 MiB may stay).  RSS is read in
 # builds without sanitizers only (their shadow memory counts as RSS).
 set -euo pipefail
 # shellcheck source=tests/functions.sh
@@ -73,18 +74,25 @@ assert full > idle + TOTAL // 2, "the data never took memory: %d -> %d" % (idle,
 assert after <= bound, "%.1f MiB more than idle after trimming it all" % ((after - idle) / 2**20)
 assert after2 <= bound, "%.1f MiB more than idle after a second round" % ((after2 - idle) / 2**20)
 # The client goes: nbdkit's threads and their buffers go, and what they
-# took must go back too (not stay in the C library's arenas).
+# took must go back too (not stay in the C library's arenas).  Under
+# swap=try the plugin keeps the heap it touched, on purpose (no trim: a
+# swap server must not fault pages back in when memory is short), so
+# nbdkit's freed buffers below the 2 MiB mmap threshold may stay there,
+# 16 of them at most.
+kept_heap = THREADS * min(request, 2 << 20) if mode == "try" else 0
 h.shutdown()
 del h
 deadline = time.monotonic() + 5
 while True:
     time.sleep(0.25)
     gone = rss()
-    if gone <= idle + SLACK or time.monotonic() > deadline:
+    if gone <= idle + SLACK + kept_heap or time.monotonic() > deadline:
         break
-print("%-5s %7d-byte requests: %.1f MiB once the client is gone (+%.1f MiB)"
-      % (mode, request, gone / 2**20, (gone - idle) / 2**20))
-assert gone <= idle + SLACK, "%.1f MiB more than idle with the client gone" % ((gone - idle) / 2**20)
+print("%-5s %7d-byte requests: %.1f MiB once the client is gone (+%.1f MiB, "
+      "heap kept by swap mode at most %.0f MiB)"
+      % (mode, request, gone / 2**20, (gone - idle) / 2**20, kept_heap / 2**20))
+assert gone <= idle + SLACK + kept_heap, \
+    "%.1f MiB more than idle with the client gone" % ((gone - idle) / 2**20)
 EOF2
 
 for mode in plain try swap; do

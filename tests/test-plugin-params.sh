@@ -76,6 +76,9 @@ bad pack_blocks 1M pack_blocks=1
 bad pack_blocks 1M pack_blocks=65
 bad pack_blocks 1M pack_blocks=-2
 bad pack_blocks 1M pack_blocks=
+bad write_batch 1M write_batch=0
+bad write_batch 1M write_batch=17
+bad write_batch 1M write_batch=many
 bad foo 1M foo=bar
 bad Size 1M Size=1M
 
@@ -102,6 +105,8 @@ good 1048576 1M compact=auto compact_threshold=0
 good 1048576 1M compact_threshold=100
 good 1048576 1M pack_level=19 pack_blocks=64
 good 1048576 1M pack_level=-1 pack_blocks=2
+good 1048576 1M write_batch=1
+good 1048576 1M write_batch=16
 good 1048576 1M backing="$tmp/backing" writeback_limit=0
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
@@ -111,7 +116,8 @@ for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class po
              free= batched immediate compact= auto off compact_threshold= \
              ctl= recomp_algorithm= idle_after= recompress_after= pack_after= \
              pack_level= pack_blocks= swap= swap_reserve= backing= backing_direct= \
-             writeback_limit= writeback_batch_size= writeback_watermark=; do
+             writeback_limit= writeback_batch_size= writeback_watermark= \
+             write_batch=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
 grep -qE -- '^writeback_limit=SIZE .*\(0 = nothing' <<<"$help" ||
