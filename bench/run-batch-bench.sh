@@ -20,7 +20,7 @@
 # image's half of a zram lz4 device, RUNTIME seconds, alone and while a
 # second fio job writes the other half sequentially in 256 KiB requests,
 # with write_batch=16 and write_batch=1; medians of the mean and p99
-# completion latency.
+# completion latency, and of the writer's MB/s (RAW=1: every run's).
 #
 # Environment: BUILD_DIR, NBDKIT, PLUGIN (functions.sh); IMAGE (default
 # ${TMPDIR:-/tmp}/nbdkit-zram-memimage-256M.img, made if missing), REPEATS
@@ -110,7 +110,7 @@ fi
 
 if [[ " $PARTS " == *" reads "* ]]; then
     half=$(( (image_bytes / 2) >> 20 ))M
-    declare -A mean p99
+    declare -A mean p99 written
     for round in $(seq "$REPEATS"); do
         for batch in 16 1; do
             for writer in alone writer; do
@@ -125,20 +125,25 @@ if [[ " $PARTS " == *" reads "* ]]; then
                 fio --ioengine=nbd --uri="$uri" --runtime="$RUNTIME" --time_based \
                     --output-format=json --output="$tmp/fio.json" "${jobs[@]}" > /dev/null
                 stop
-                read -r m p < <(/usr/bin/python3 -c '
+                read -r m p w < <(/usr/bin/python3 -c '
 import json, sys
-job = json.load(open(sys.argv[1]))["jobs"][0]["read"]["clat_ns"]
-print(round(job["mean"] / 1000, 1), round(job["percentile"]["99.000000"] / 1000, 1))' "$tmp/fio.json")
+jobs = json.load(open(sys.argv[1]))["jobs"]
+clat = jobs[0]["read"]["clat_ns"]
+written = jobs[1]["write"]["bw_bytes"] / 1e6 if len(jobs) > 1 else 0
+print(round(clat["mean"] / 1000, 1), round(clat["percentile"]["99.000000"] / 1000, 1),
+      round(written))' "$tmp/fio.json")
                 mean[$batch-$writer]+=" $m"; p99[$batch-$writer]+=" $p"
+                written[$batch-$writer]+=" $w"
+                [ -z "${RAW:-}" ] || echo "raw: write_batch=$batch $writer: mean $m p99 $p writer $w MB/s" >&2
             done
         done
     done
     echo
     echo "## 4 KiB random reads at qd1 (us, median of $REPEATS), zram lz4"
     echo
-    echo "| write_batch | reads alone: mean | p99 | beside a 256 KiB sequential writer: mean | p99 |"
-    echo "|---|---|---|---|---|"
+    echo "| write_batch | reads alone: mean | p99 | beside a 256 KiB sequential writer: mean | p99 | the writer's MB/s |"
+    echo "|---|---|---|---|---|---|"
     for batch in 16 1; do
-        echo "| $batch | $(median ${mean[$batch-alone]}) | $(median ${p99[$batch-alone]}) | $(median ${mean[$batch-writer]}) | $(median ${p99[$batch-writer]}) |"
+        echo "| $batch | $(median ${mean[$batch-alone]}) | $(median ${p99[$batch-alone]}) | $(median ${mean[$batch-writer]}) | $(median ${p99[$batch-writer]}) | $(median ${written[$batch-writer]}) |"
     done
 fi
