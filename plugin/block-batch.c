@@ -19,7 +19,29 @@
 
 #include "block-store-internal.h"
 
-#define SCRATCH_BYTES ((size_t) STORE_WRITE_BATCH * STORE_BLOCK_SIZE)
+#define SCRATCH_BYTES ((size_t) STORE_WRITE_BATCH_MAX * STORE_BLOCK_SIZE)
+
+/* Give a slot its buffer if it has none (counted in
+ * write_scratch_bytes): the buffer, or NULL.  The slot is the caller's
+ * (borrowed, or no write runs yet).
+ */
+static unsigned char *
+scratch_make (struct block_store *store, struct write_scratch *slot)
+{
+  unsigned char *bytes = atomic_load_explicit (&slot->bytes,
+                                               memory_order_relaxed);
+  if (!bytes && (bytes = malloc (SCRATCH_BYTES))) {
+    atomic_store_explicit (&slot->bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add (&store->write_scratch_bytes, SCRATCH_BYTES);
+  }
+  return bytes;
+}
+
+static void
+scratch_return (struct write_scratch *slot)
+{
+  atomic_store_explicit (&slot->busy, false, memory_order_release);
+}
 
 /* A free scratch slot, made if it has no buffer yet; NULL if every slot
  * is busy or the buffer cannot be had (the caller goes block by block).
@@ -32,39 +54,23 @@ scratch_borrow (struct block_store *store)
     if (atomic_load_explicit (&slot->busy, memory_order_relaxed)
         || atomic_exchange_explicit (&slot->busy, true, memory_order_acquire))
       continue;
-    if (!atomic_load_explicit (&slot->bytes, memory_order_relaxed)) {
-      unsigned char *bytes = malloc (SCRATCH_BYTES);
-      if (!bytes) {
-        atomic_store_explicit (&slot->busy, false, memory_order_release);
-        return NULL;
-      }
-      atomic_store_explicit (&slot->bytes, bytes, memory_order_relaxed);
-      atomic_fetch_add (&store->write_scratch_bytes, SCRATCH_BYTES);
+    if (!scratch_make (store, slot)) {
+      scratch_return (slot);
+      return NULL;
     }
     return slot;
   }
   return NULL;
 }
 
-static void
-scratch_return (struct write_scratch *slot)
-{
-  atomic_store_explicit (&slot->busy, false, memory_order_release);
-}
-
 int
 write_scratch_prepare (struct block_store *store)
 {
   for (unsigned i = 0; i < STORE_WRITE_SLOTS; i++) {
-    struct write_scratch *slot = &store->write_scratch[i];
-    if (atomic_load (&slot->bytes))
-      continue;
-    unsigned char *bytes = malloc (SCRATCH_BYTES);
+    unsigned char *bytes = scratch_make (store, &store->write_scratch[i]);
     if (!bytes)
       return -1;
     memset (bytes, 0, SCRATCH_BYTES);   /* resident now, not mid-write */
-    atomic_store (&slot->bytes, bytes);
-    atomic_fetch_add (&store->write_scratch_bytes, SCRATCH_BYTES);
   }
   return 0;
 }
@@ -106,12 +112,12 @@ batch_encode (struct block_store *store, const unsigned char *in, unsigned n,
               unsigned char *scratch, struct block_content *contents,
               bool *stored)
 {
-  const unsigned char *sources[STORE_WRITE_BATCH];
-  unsigned char *targets[STORE_WRITE_BATCH];
-  unsigned which[STORE_WRITE_BATCH];
-  int lengths[STORE_WRITE_BATCH];
-  size_t sizes[STORE_WRITE_BATCH];
-  zs_handle_t handles[STORE_WRITE_BATCH];
+  const unsigned char *sources[STORE_WRITE_BATCH_MAX];
+  unsigned char *targets[STORE_WRITE_BATCH_MAX];
+  unsigned which[STORE_WRITE_BATCH_MAX];
+  int lengths[STORE_WRITE_BATCH_MAX];
+  size_t sizes[STORE_WRITE_BATCH_MAX];
+  zs_handle_t handles[STORE_WRITE_BATCH_MAX];
   unsigned count = 0;
 
   for (unsigned i = 0; i < n; i++) {
@@ -157,9 +163,9 @@ int
 blocks_write_batch (struct block_store *store, uint64_t first,
                     const unsigned char *in, unsigned n)
 {
-  struct block_content contents[STORE_WRITE_BATCH];
-  bool stored[STORE_WRITE_BATCH];
-  zs_handle_t freed[STORE_WRITE_BATCH];
+  struct block_content contents[STORE_WRITE_BATCH_MAX];
+  bool stored[STORE_WRITE_BATCH_MAX];
+  zs_handle_t freed[STORE_WRITE_BATCH_MAX];
   unsigned freed_count = 0;
 
   struct write_scratch *slot = scratch_borrow (store);

@@ -50,10 +50,7 @@ struct unit_cache {
   unsigned char *data;            /* pack_blocks blocks */
 };
 
-/* A batched write compresses up to write_batch whole blocks at a time;
- * STORE_WRITE_SLOTS batches run at once at most.
- */
-#define STORE_WRITE_BATCH STORE_WRITE_BATCH_MAX
+/* Batched writes (block-batch.c) run STORE_WRITE_SLOTS at once at most. */
 #define STORE_WRITE_SLOTS 16
 
 struct block_store {
@@ -71,7 +68,7 @@ struct block_store {
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
   atomic_bool keep_resident;      /* store_keep_resident ran */
-  unsigned write_batch;           /* 1..STORE_WRITE_BATCH (1: no batches) */
+  unsigned write_batch;           /* 1..STORE_WRITE_BATCH_MAX (1: no batches) */
   /* Where a batched write (block-batch.c) compresses its blocks: slots
    * borrowed like codec contexts, never waited for (a write that finds
    * every slot busy goes block by block), each made on first use and
@@ -81,7 +78,7 @@ struct block_store {
    */
   struct write_scratch {
     atomic_bool busy;
-    _Atomic (unsigned char *) bytes; /* STORE_WRITE_BATCH blocks */
+    _Atomic (unsigned char *) bytes; /* STORE_WRITE_BATCH_MAX blocks */
   } write_scratch[STORE_WRITE_SLOTS];
   _Atomic uint64_t write_scratch_bytes;
 
@@ -280,10 +277,10 @@ extern void entry_unclaim (struct block_store *store, uint64_t block);
 extern bool entry_claim_locked (struct block_leaf *leaf,
                                 struct block_entry *entry);
 
-/* ---- block-encode.c ---------------------------------------------------- */
-
-/* Encode a whole block into new content: a fill word, or an object
- * allocated and written (not yet in the table).  -1 with errno.
+/* Install content for a block under its stripe lock: *old is what the
+ * entry held (BLOCK_EMPTY: nothing), already out of the counters, for
+ * the caller to discard (content_discard) with the lock gone.  0, or -1
+ * with errno when no leaf could be had (content discarded).
  */
 extern int block_install_swap (struct block_store *store, uint64_t block,
                                struct block_content *content,
@@ -295,7 +292,10 @@ extern int block_install_swap (struct block_store *store, uint64_t block,
 extern int block_write_piece (struct block_store *store, uint64_t block,
                               const unsigned char *in, uint64_t from,
                               uint64_t length);
-/* BATCHED WRITES (block-batch.c).  n (2..STORE_WRITE_BATCH) whole blocks
+
+/* ---- block-batch.c ----------------------------------------------------- */
+
+/* BATCHED WRITES (block-batch.c).  n (2..write_batch) whole blocks
  * from first: compressed with one borrowed context into a scratch slot,
  * their objects allocated in class runs (zs_malloc_batch), installed
  * block by block (each under its own stripe lock only: a reader waits
@@ -313,7 +313,15 @@ extern void write_scratch_free (struct block_store *store);
  * use): the bytes freed.  Not while the store is to stay resident.
  */
 extern size_t write_scratch_trim (struct block_store *store);
+
+/* ---- block-encode.c ---------------------------------------------------- */
+
+/* Whether a block is one 8-byte word repeated (*word: that word). */
 extern bool block_is_same_filled (const unsigned char *block, uint64_t *word);
+
+/* Encode a whole block into new content: a fill word, or an object
+ * allocated and written (not yet in the table).  -1 with errno.
+ */
 extern int block_encode (struct block_store *store,
                          const unsigned char *block,
                          struct block_content *content);

@@ -68,8 +68,8 @@ store_create (const struct store_config *config)
     goto fail;
   }
   store->write_batch = config->write_batch ? config->write_batch
-    : STORE_WRITE_BATCH;
-  if (store->write_batch > STORE_WRITE_BATCH) {
+    : STORE_WRITE_BATCH_MAX;
+  if (store->write_batch > STORE_WRITE_BATCH_MAX) {
     errno = EINVAL;
     goto fail;
   }
