@@ -397,8 +397,8 @@ zs_malloc_batch (struct zs_pool *pool, const size_t *sizes, unsigned n,
     return 0;
   }
   unsigned order[ZS_MALLOC_BATCH_MAX];
+  memset (handles, 0, n * sizeof *handles);
   for (unsigned i = 0; i < n; i++) {
-    handles[i] = 0;
     if (sizes[i] == 0 || sizes[i] > ZS_MAX_OBJECT_SIZE) {
       errno = EINVAL;
       return 0;

@@ -2253,11 +2253,59 @@ test_reserve_edges (void **state)
 
 /* ---------------------------------------------------------------------- */
 
+/* zs_malloc_batch: objects of mixed classes, each readable and
+ * writable as zs_malloc's, freed by zs_free_many in both free modes; a
+ * bad size anywhere in the batch allocates nothing and leaves every
+ * handle 0.
+ */
+static void
+test_malloc_batch (void **state)
+{
+  (void) state;
+  static const size_t pattern[] = { 700, 32, 4096, 700, 1500, 32, 3000, 90 };
+  enum { N = 40 };
+  for (int mode = 0; mode < 2; mode++) {
+    struct zs_pool *pool = make_pool (8, 0, ZS_LOCK_CLASS,
+                                      mode ? ZS_FREE_IMMEDIATE : ZS_FREE_BATCHED);
+    size_t sizes[N];
+    zs_handle_t h[N];
+    for (unsigned i = 0; i < N; i++)
+      sizes[i] = pattern[i % (sizeof pattern / sizeof pattern[0])];
+    assert_int_equal (zs_malloc_batch (pool, sizes, N, h), N);
+    for (unsigned i = 0; i < N; i++) {
+      assert_true (h[i] != 0);
+      assert_int_equal (zs_object_size (pool, h[i]), sizes[i]);
+      write_pattern (pool, h[i], sizes[i], handle_key (h[i]));
+    }
+    for (unsigned i = 0; i < N; i++)
+      assert_true (object_ok (pool, h[i], sizes[i], handle_key (h[i])));
+    check_stats_consistent (pool);
+    zs_free_many (pool, h, N);
+    zs_pool_flush (pool);
+    struct zs_pool_stats st;
+    get_stats (pool, &st);
+    assert_int_equal (st.objects, 0);
+    assert_int_equal (st.pages_used, 0);
+
+    sizes[N / 2] = ZS_MAX_OBJECT_SIZE + 1;
+    memset (h, 0xa5, sizeof h);
+    errno = 0;
+    assert_int_equal (zs_malloc_batch (pool, sizes, N, h), 0);
+    assert_int_equal (errno, EINVAL);
+    for (unsigned i = 0; i < N; i++)
+      assert_true (h[i] == 0);
+    get_stats (pool, &st);
+    assert_int_equal (st.objects, 0);
+    zs_pool_destroy (pool);
+  }
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_roundtrip_all_sizes),
+    cmocka_unit_test (test_malloc_batch),
     cmocka_unit_test (test_page_crossing),
     cmocka_unit_test (test_classes),
     cmocka_unit_test (test_huge_class),
