@@ -612,7 +612,9 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
 
 /* Loop over [offset, offset+count) one block at a time: block is the
  * block number, from the first byte of it in the range, length how many
- * bytes of it (STORE_BLOCK_SIZE for a whole block).
+ * bytes of it (STORE_BLOCK_SIZE for a whole block).  A body that handles
+ * several whole blocks at once sets length to their bytes: the loop goes
+ * on after them.
  */
 #define FOR_EACH_BLOCK_PIECE(offset, count, block, from, length)        \
   for (uint64_t _pos = (offset), _end = (offset) + (count),             \
@@ -672,15 +674,13 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
              uint64_t offset)
 {
   const unsigned char *in = buf;
-  uint64_t end = offset + count;
 
-  while (offset < end) {
-    uint64_t block = offset / STORE_BLOCK_SIZE;
-    uint64_t from = offset % STORE_BLOCK_SIZE;
-    uint64_t length = STORE_BLOCK_SIZE - from < end - offset
-      ? STORE_BLOCK_SIZE - from : end - offset;
-    /* Whole blocks, two or more: a batch (block-batch.c). */
-    uint64_t whole = from == 0 ? (end - offset) / STORE_BLOCK_SIZE : 0;
+  FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    /* Whole blocks, two or more: a batch (block-batch.c), and length
+     * covers them all.
+     */
+    uint64_t whole = from == 0
+      ? (offset + count - block * STORE_BLOCK_SIZE) / STORE_BLOCK_SIZE : 0;
     unsigned n = whole < store->write_batch ? whole : store->write_batch;
     int r;
     if (n >= 2) {
@@ -697,7 +697,6 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
     }
     counter_add (&store->writes, n);
     in += length;
-    offset += length;
   }
   return 0;
 }
