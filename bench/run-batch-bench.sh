@@ -38,8 +38,6 @@ image_bytes=$(stat -c %s "$IMAGE")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-median () { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-
 echo "# Batched writes: $(date -u +%F), $(nproc) cores, image $IMAGE ($((image_bytes >> 20)) MiB)"
 
 if [[ " $PARTS " == *" instructions "* ]]; then

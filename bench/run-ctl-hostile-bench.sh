@@ -83,6 +83,5 @@ for ((i = 1; i <= REPEATS; i++)); do
     hostile+=("$(run_fio hostile)")
     echo "round $i: quiet ${quiet[-1]} IOPS, hostile ${hostile[-1]} IOPS"
 done
-median () { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 q=$(median "${quiet[@]}") h=$(median "${hostile[@]}")
 echo "median: quiet $q IOPS, with hostile control clients $h IOPS: ratio $(awk -v q="$q" -v h="$h" 'BEGIN { printf "%.2f", h / q }')"
