@@ -135,8 +135,9 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
  * for written-back content (see there).
  */
 int
-block_decode (struct block_store *store, const struct block_content *content,
-              unsigned char *block)
+block_decode_ahead (struct block_store *store,
+                    const struct block_content *content, unsigned char *block,
+                    unsigned ahead)
 {
   int r = 0;
 
@@ -149,7 +150,7 @@ block_decode (struct block_store *store, const struct block_content *content,
       memcpy (block + i, &content->value, sizeof content->value);
     break;
   case BLOCK_PACKED:
-    r = unit_decode (store, content, block);
+    r = unit_decode (store, content, block, ahead);
     break;
   case BLOCK_BACKED: {
     /* Without the stripe lock (block_read, block_patch): the caller's

@@ -38,16 +38,28 @@ struct pack_unit {
 } __attribute__ ((aligned (STORE_PACK_MAX)));
 
 #define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
-#define UNIT_CACHE_SLOTS 16
+/* Units are compressed in zstd blocks of this many blocks (pack_group):
+ * a read decodes a unit only up to the step holding its block.  Four
+ * (16 KiB) is where decoding in part paid most for 16-block units on
+ * the memory image, and costs no ratio (bench/README.md, "Cold reads").
+ */
+#define STORE_PACK_STEP 4
 
-/* A decoded unit, kept for the next read of one of its blocks.  Owned by
- * the store (no thread-local buffers: design-hazards.md #11); a reader
- * that finds its slot busy decodes into a buffer of its own.
+/* A decoded unit, or the first blocks of one, kept for the next read of
+ * one of its blocks (the decode cache: decode_cache= bytes of them).
+ * Owned by the store (no thread-local buffers: design-hazards.md #11);
+ * a reader that finds a unit's two slots busy decodes into a buffer of
+ * its own.
  */
 struct unit_cache {
-  pthread_mutex_t lock;           /* guards id and data */
+  pthread_mutex_t lock;           /* guards id, blocks and data */
   uint64_t id;                    /* 0: empty */
-  unsigned char *data;            /* pack_blocks blocks */
+  unsigned blocks;                /* of the unit decoded, from its first */
+  unsigned char *data;            /* pack_blocks blocks, made (and charged
+                                     to the pool) on first use, freed by
+                                     decode_cache_trim */
+  _Atomic uint64_t used;          /* unit_cache_clock at its last read:
+                                     which of two slots to replace */
 };
 
 /* Batched writes (block-batch.c) run STORE_WRITE_SLOTS at once at most. */
@@ -104,7 +116,10 @@ struct block_store {
   struct pack_unit *units;        /* newest first */
   unsigned pack_blocks;           /* blocks per unit at most */
   struct unit_cache *unit_cache;
-  unsigned char *unit_cache_data; /* the slots' data, one allocation */
+  unsigned unit_cache_count;      /* slots: decode_cache / a unit's bytes */
+  _Atomic uint64_t unit_cache_clock;
+  _Atomic uint64_t decode_cache_bytes;
+  _Atomic uint64_t decode_cache_hits, decode_cache_misses;
   _Atomic uint64_t unit_ids;
   _Atomic uint64_t packed_blocks;
   _Atomic uint64_t pack_units;
@@ -341,11 +356,18 @@ extern int block_encode_in_place (struct block_store *store,
 extern bool zeroed_merge (uint32_t zeroed, size_t first, size_t end,
                           uint32_t *merged);
 /* Decode stored content into a whole block, with its zeroed overlay.
- * Under the stripe lock.
+ * Under the stripe lock.  block_decode_ahead: a read that goes on for
+ * ahead more blocks (a packed unit's decode stops past them).
  */
-extern int block_decode (struct block_store *store,
-                         const struct block_content *content,
-                         unsigned char *block);
+extern int block_decode_ahead (struct block_store *store,
+                               const struct block_content *content,
+                               unsigned char *block, unsigned ahead);
+static inline int
+block_decode (struct block_store *store, const struct block_content *content,
+              unsigned char *block)
+{
+  return block_decode_ahead (store, content, block, 0);
+}
 
 /* ---- block-walks.c ------------------------------------------------------ */
 
@@ -379,12 +401,15 @@ extern int candidates_walk (struct block_store *store,
 
 /* ---- pack.c ------------------------------------------------------------ */
 
-/* One block of a unit, through the decode cache.  Under the block's
- * stripe lock, which keeps the unit alive (the entry points to it).
+/* One block of a unit, through the decode cache; ahead: how many blocks
+ * after it the same request reads.  Under the block's stripe lock, which
+ * keeps the unit alive (the entry points to it).
  */
 extern int unit_decode (struct block_store *store,
                         const struct block_content *content,
-                        unsigned char *block);
+                        unsigned char *block, unsigned ahead);
+/* Free the decode cache's slots no read is using; returns the bytes. */
+extern size_t decode_cache_trim (struct block_store *store);
 /* Free a unit: its last block moved out. */
 extern void unit_destroy (struct block_store *store, struct pack_unit *unit);
 /* Free every unit's descriptor (store_destroy; the pool had the parts). */

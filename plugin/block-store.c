@@ -73,17 +73,20 @@ store_create (const struct store_config *config)
     errno = EINVAL;
     goto fail;
   }
-  store->unit_cache = calloc (UNIT_CACHE_SLOTS, sizeof *store->unit_cache);
-  /* Pages the kernel maps only when a slot is first used. */
-  store->unit_cache_data = calloc (UNIT_CACHE_SLOTS,
-                                   (size_t) store->pack_blocks * STORE_BLOCK_SIZE);
-  if (!store->pack_codec || !store->unit_cache || !store->unit_cache_data)
-    goto fail;
-  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++) {
-    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
-    store->unit_cache[i].data = store->unit_cache_data
-      + (size_t) i * store->pack_blocks * STORE_BLOCK_SIZE;
+  {
+    size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+    uint64_t cache = config->decode_cache ? config->decode_cache
+      : STORE_DECODE_CACHE_DEFAULT;
+    store->unit_cache_count = cache / unit_plain > 1 ? cache / unit_plain : 1;
+    if (store->unit_cache_count > STORE_DECODE_CACHE_SLOTS_MAX)
+      store->unit_cache_count = STORE_DECODE_CACHE_SLOTS_MAX;
   }
+  store->unit_cache = calloc (store->unit_cache_count,
+                              sizeof *store->unit_cache);
+  if (!store->pack_codec || !store->unit_cache)
+    goto fail;
+  for (unsigned i = 0; i < store->unit_cache_count; i++)
+    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
   pthread_mutex_init (&store->units_lock, NULL);
   pthread_mutex_init (&store->writeback_lock, NULL);
   store->writeback_batch = config->writeback_batch ? config->writeback_batch
@@ -112,7 +115,6 @@ store_create (const struct store_config *config)
     codec_destroy (store->codecs[p]);
   codec_destroy (store->pack_codec);
   free (store->unit_cache);
-  free (store->unit_cache_data);
   free (store);
   backing_close (config->backing);
   errno = saved;
@@ -132,10 +134,11 @@ store_destroy (struct block_store *store)
   for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
     codec_destroy (store->codecs[p]);
   codec_destroy (store->pack_codec);
-  for (unsigned i = 0; i < UNIT_CACHE_SLOTS; i++)
+  for (unsigned i = 0; i < store->unit_cache_count; i++) {
     pthread_mutex_destroy (&store->unit_cache[i].lock);
+    free (store->unit_cache[i].data);
+  }
   free (store->unit_cache);
-  free (store->unit_cache_data);
   units_free_all (store);      /* their parts went with the pool */
   pthread_mutex_destroy (&store->units_lock);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
@@ -466,7 +469,8 @@ entry_unclaim (struct block_store *store, uint64_t block)
  * stripe do not wait for the backing store.
  */
 static int
-block_read (struct block_store *store, uint64_t block, unsigned char *out)
+block_read (struct block_store *store, uint64_t block, unsigned char *out,
+            unsigned ahead)
 {
   struct block_leaf *leaf;
   int r;
@@ -478,7 +482,7 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out)
   if (content.kind != BLOCK_EMPTY)
     entry_touch (store, entry);
   if (content.kind != BLOCK_BACKED) {
-    r = block_decode (store, &content, out);
+    r = block_decode_ahead (store, &content, out, ahead);
     pthread_mutex_unlock (stripe_for (store, block));
     return r;
   }
@@ -633,11 +637,14 @@ store_read (struct block_store *store, void *buf, uint64_t count,
   unsigned char *out = buf;
   unsigned char buffer[STORE_BLOCK_SIZE];
 
+  uint64_t last = (offset + count - 1) / STORE_BLOCK_SIZE;
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
+    /* The blocks this request reads after this one, capped. */
+    unsigned ahead = last - block < STORE_PACK_MAX ? last - block : STORE_PACK_MAX;
     int r;
     if (length == STORE_BLOCK_SIZE)
-      r = block_read (store, block, out);
-    else if ((r = block_read (store, block, buffer)) == 0)
+      r = block_read (store, block, out, ahead);
+    else if ((r = block_read (store, block, buffer, ahead)) == 0)
       memcpy (out, buffer + from, length);
     if (r == -1) {
       counter_add (&store->failed_reads, 1);
@@ -892,7 +899,7 @@ store_release_idle_memory (struct block_store *store)
   for (unsigned p = 0; p <= store->recomp_count; p++)
     freed += codec_trim (store->codecs[p]);
   if (!atomic_load (&store->keep_resident))
-    freed += write_scratch_trim (store);
+    freed += write_scratch_trim (store) + decode_cache_trim (store);
   /* What the data let go of, the process should too: the C library
    * keeps freed request buffers and metadata in its arenas otherwise.
    * Not when the serving path is to stay resident: the next request
@@ -997,6 +1004,9 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->reserve_misses = pool.reserve_misses;
   stats->codec_bytes += codec_memory (store->pack_codec);
   stats->codec_bytes += atomic_load (&store->write_scratch_bytes);
+  stats->decode_cache_bytes = atomic_load (&store->decode_cache_bytes);
+  stats->decode_cache_hits = atomic_load (&store->decode_cache_hits);
+  stats->decode_cache_misses = atomic_load (&store->decode_cache_misses);
   stats->bd_count = atomic_load (&store->bd_count);
   stats->bd_reads = atomic_load (&store->bd_reads);
   stats->bd_writes = atomic_load (&store->bd_writes);

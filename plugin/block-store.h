@@ -134,6 +134,9 @@ struct store_config {
   int pack_level;                 /* zstd level of packed units (0: 3) */
   unsigned pack_blocks;           /* blocks per unit, 2..STORE_PACK_MAX
                                      (0: STORE_PACK_DEFAULT) */
+  uint64_t decode_cache;          /* bytes of decoded units kept for reads
+                                     (0: STORE_DECODE_CACHE_DEFAULT; one
+                                     unit at least) */
   unsigned write_batch;           /* whole blocks of a write compressed as
                                      one batch, 1..STORE_WRITE_BATCH_MAX
                                      (0: the most; 1: block by block) */
@@ -185,6 +188,10 @@ struct store_stats {
   uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
   uint64_t packed_blocks;         /* blocks in packed units now */
   uint64_t pack_units;            /* packed units now */
+  uint64_t decode_cache_bytes;    /* decoded units kept for reads now
+                                     (charged to mem_limit) */
+  uint64_t decode_cache_hits;     /* packed reads it served, ever */
+  uint64_t decode_cache_misses;   /* packed reads that decoded, ever */
   /* Writeback: zram's bd_stat (4 KiB units), and the backing store. */
   uint64_t bd_count;              /* blocks written back, there now */
   uint64_t bd_reads;              /* blocks read from it, ever */
@@ -379,8 +386,13 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
  * takes less than the blocks did, and kept only if it takes less than
  * the blocks that really moved in did (a block written meanwhile stays
  * out; if not all moved in and the unit is not worth it for the others,
- * they are put back and it goes).  Reading a packed block decodes its
- * unit (a few store-owned cache slots keep the last units decoded);
+ * they are put back and it goes).  Units are compressed in steps of 4
+ * blocks: reading a packed block decodes its unit from the start up to
+ * the step that holds it and the blocks its request reads after it,
+ * into the decode cache (decode_cache bytes of store-owned slots, made
+ * on first use and charged to mem_limit; each unit has two slots it may
+ * use, the least recently read is replaced; a read that goes on past a
+ * cached prefix decodes the rest);
  * writing, trimming or zeroing it moves it out; writeback writes it out
  * alone; a unit goes when its last block does.  Blocks move in and out
  * by the move protocol (MOVING A BLOCK).
@@ -389,6 +401,8 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
 #define STORE_PACK_MAX 64         /* pack_blocks at most */
 #define STORE_WRITE_BATCH_MAX 16  /* write_batch at most */
 #define STORE_PACK_PART 3072
+#define STORE_DECODE_CACHE_DEFAULT (2 << 20)  /* decode_cache */
+#define STORE_DECODE_CACHE_SLOTS_MAX 65536
 struct store_pack_result {
   uint64_t units, blocks, bytes_before, bytes_after;
 };
@@ -433,9 +447,10 @@ extern bool store_reserve_release_if_empty (struct block_store *store);
 /* Compact the allocator's pool (zs_compact): returns pages freed. */
 extern uint64_t store_compact (struct block_store *store);
 /* Give back what idle helpers hold beyond the data: the compression
- * contexts no call is using (made again on next use) and the C library's
- * free arena memory.  After compaction and packing.  Returns the bytes
- * the contexts held.
+ * contexts no call is using (made again on next use); unless kept
+ * resident, the batched writes' scratch, the decode cache's slots and
+ * the C library's free arena memory.  After compaction and packing.
+ * Returns the bytes the contexts, scratch and slots held.
  */
 extern size_t store_release_idle_memory (struct block_store *store);
 

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 
 #include <lz4.h>
+/* ZSTD_d_stableOutBuffer (codec_stream_*): in zstd's experimental API,
+ * exported by the shared library since 1.4.4.
+ */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -292,6 +296,114 @@ codec_compress_bytes (struct codec *codec, const void *src, size_t length,
   int result = compress_with (context, src, length, dst, capacity);
   context_return (context);
   return result;
+}
+
+int
+codec_compress_steps (struct codec *codec, const void *src, size_t length,
+                      size_t step, void *dst, size_t capacity)
+{
+  if (codec->algorithm == CODEC_LZ4 || step >= length)
+    return codec_compress_bytes (codec, src, length, dst, capacity);
+  struct codec_context *context = context_borrow (codec);
+  if (!context)
+    return -1;
+  if (!zstd_ready (context, true)) {
+    context_return (context);
+    return -1;
+  }
+  ZSTD_CCtx *cctx = context->zstd_compress;
+  int result = 0;
+  ZSTD_CCtx_reset (cctx, ZSTD_reset_session_and_parameters);
+  if (ZSTD_isError (ZSTD_CCtx_setParameter (cctx, ZSTD_c_compressionLevel,
+                                            codec->level))
+      || ZSTD_isError (ZSTD_CCtx_setPledgedSrcSize (cctx, length)))
+    result = -1;
+  ZSTD_outBuffer out = { dst, capacity, 0 };
+  for (size_t at = 0; at < length && result == 0; at += step) {
+    size_t n = length - at < step ? length - at : step;
+    ZSTD_inBuffer in = { (const unsigned char *) src + at, n, 0 };
+    ZSTD_EndDirective mode = at + n == length ? ZSTD_e_end : ZSTD_e_flush;
+    size_t left;
+    do {
+      left = ZSTD_compressStream2 (cctx, &out, &in, mode);
+      if (ZSTD_isError (left))
+        result = -1;
+      else if (left > 0 && out.pos == out.size)
+        result = 1;             /* does not fit in capacity */
+    } while (result == 0 && left > 0);
+  }
+  context_account (context);
+  context_return (context);
+  if (result == 1)
+    return 0;
+  if (result == -1) {
+    errno = EIO;
+    return -1;
+  }
+  return out.pos;
+}
+
+int
+codec_stream_begin (struct codec *codec, struct codec_stream *stream,
+                    void *dst, size_t capacity)
+{
+  stream->context = NULL;
+  stream->dst = dst;
+  stream->capacity = capacity;
+  stream->produced = 0;
+  stream->finished = false;
+  if (codec->algorithm != CODEC_ZSTD) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct codec_context *context = context_borrow (codec);
+  if (!context)
+    return -1;
+  if (!zstd_ready (context, false)) {
+    context_return (context);
+    return -1;
+  }
+  /* Decoded straight into dst, which stays the same buffer to the end:
+   * no window buffer, no copy.
+   */
+  ZSTD_DCtx_reset (context->zstd_decompress, ZSTD_reset_session_only);
+  if (ZSTD_isError (ZSTD_DCtx_setParameter (context->zstd_decompress,
+                                            ZSTD_d_stableOutBuffer, 1))) {
+    context_return (context);
+    errno = EIO;
+    return -1;
+  }
+  stream->context = context;
+  return 0;
+}
+
+int
+codec_stream_feed (struct codec_stream *stream, const void *src, size_t length,
+                   size_t wanted)
+{
+  ZSTD_DCtx *dctx = stream->context->zstd_decompress;
+  ZSTD_inBuffer in = { src, length, 0 };
+  ZSTD_outBuffer out = { stream->dst, stream->capacity, stream->produced };
+  while (!stream->finished && in.pos < in.size && out.pos < wanted) {
+    size_t r = ZSTD_decompressStream (dctx, &out, &in);
+    if (ZSTD_isError (r)) {
+      errno = EIO;
+      return -1;
+    }
+    stream->finished = r == 0;
+  }
+  stream->produced = out.pos;
+  return 0;
+}
+
+void
+codec_stream_end (struct codec_stream *stream)
+{
+  if (!stream->context)
+    return;
+  context_account (stream->context);
+  context_return (stream->context);
+  stream->context = NULL;
 }
 
 int

@@ -69,6 +69,36 @@ extern int codec_decompress_bytes (struct codec *codec, const void *src,
                                    size_t length, bool padded, void *dst,
                                    size_t expected);
 
+/* codec_compress_bytes for a zstd frame made of blocks of step bytes
+ * (the last may be shorter): each ends where its input does, so a
+ * stream can stop decoding at any step's end.  A bit bigger than one
+ * block, cheaper to decode in part.  lz4: codec_compress_bytes.
+ */
+extern int codec_compress_steps (struct codec *codec, const void *src,
+                                 size_t length, size_t step, void *dst,
+                                 size_t capacity);
+
+/* Decoding a zstd frame fed in pieces, straight into dst, stopping when
+ * enough is out.  Holds a borrowed context from begin to end.
+ */
+struct codec_stream {
+  struct codec_context *context;
+  void *dst;
+  size_t capacity;
+  size_t produced;              /* bytes decoded into dst so far */
+  bool finished;                /* the frame ended */
+};
+/* 0, or -1 with errno (EINVAL: not zstd). */
+extern int codec_stream_begin (struct codec *codec, struct codec_stream *stream,
+                               void *dst, size_t capacity);
+/* Decodes what it can of src (length bytes), stopping once produced
+ * reaches wanted (whole zstd blocks: it may pass it) or the frame ends;
+ * the rest of src is not needed then.  0, or -1 (errno EIO).
+ */
+extern int codec_stream_feed (struct codec_stream *stream, const void *src,
+                              size_t length, size_t wanted);
+extern void codec_stream_end (struct codec_stream *stream);
+
 /* Make count contexts (at most 128) and run a block through each, so
  * that every workspace a call needs is allocated and touched now, not
  * when memory is short (swap mode); codec_trim keeps them from then on.

@@ -35,61 +35,163 @@ static inline uint64_t *unit_blocks (struct pack_unit *unit)
   return unit->words + unit->parts;
 }
 
-/* Decode a whole unit into data (count blocks). */
+/* Decode a unit's blocks, from its first, into data (room for count
+ * blocks) until at least through of them are out, streamed straight
+ * from its parts: units are compressed in steps of STORE_PACK_STEP
+ * blocks (pack_group), so decoding stops at the end of the step that
+ * holds the last block wanted.  Returns the blocks decoded, or -1 with
+ * errno.
+ */
 static int
-unit_decode_all (struct block_store *store, const struct pack_unit *unit,
-                 unsigned char *data)
+unit_decode_prefix (struct block_store *store, const struct pack_unit *unit,
+                    unsigned through, unsigned char *data)
 {
-  unsigned char *compressed = malloc (unit->length);
-  if (!compressed)
+  struct codec_stream stream;
+  size_t wanted = (size_t) through * STORE_BLOCK_SIZE;
+  if (codec_stream_begin (store->pack_codec, &stream, data,
+                          (size_t) unit->count * STORE_BLOCK_SIZE) == -1)
     return -1;
-  size_t at = 0;
   const zs_handle_t *part = unit_parts_const (unit);
-  for (unsigned i = 0; i < unit->parts; i++) {
-    size_t length = zs_object_size (store->pool, part[i]);
+  int r = 0;
+  for (unsigned i = 0; i < unit->parts && r == 0 && stream.produced < wanted;
+       i++) {
+    size_t at = (size_t) i * STORE_PACK_PART;
+    size_t length = unit->length - at < STORE_PACK_PART
+      ? unit->length - at : STORE_PACK_PART;
     const void *bytes = zs_read_begin (store->pool, part[i], NULL);
-    memcpy (compressed + at, bytes, length);
+    r = codec_stream_feed (&stream, bytes, length, wanted);
     zs_read_end (store->pool, part[i], bytes);
-    at += length;
   }
-  int r = codec_decompress_bytes (store->pack_codec, compressed, unit->length,
-                                  false, data,
-                                  (size_t) unit->count * STORE_BLOCK_SIZE);
-  free (compressed);
-  return r;
+  size_t produced = stream.produced;
+  codec_stream_end (&stream);
+  if (r == 0 && produced < wanted) {
+    errno = EIO;                /* the unit ended early */
+    r = -1;
+  }
+  return r == -1 ? -1 : (int) (produced / STORE_BLOCK_SIZE);
 }
 
-/* One block of a unit, through the decode cache.  Under the block's
- * stripe lock, which keeps the unit alive (the entry points to it).
+/* A cache slot's data, made (and charged to the pool) on first use. */
+static bool
+cache_slot_make (struct block_store *store, struct unit_cache *slot)
+{
+  size_t bytes = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+  if (slot->data)
+    return true;
+  if (zs_pool_charge (store->pool, bytes) == -1)
+    return false;
+  if (!(slot->data = malloc (bytes))) {
+    zs_pool_discharge (store->pool, bytes);
+    return false;
+  }
+  counter_add (&store->decode_cache_bytes, bytes);
+  return true;
+}
+
+/* The cache slot for unit id, locked: the one of its two places that
+ * holds the unit, else the least recently used of them that is free
+ * (its content is then the caller's to replace).  NULL if both are busy:
+ * a reader never waits for another's decode.
+ */
+static struct unit_cache *
+cache_slot_lock (struct block_store *store, uint64_t id)
+{
+  unsigned n = store->unit_cache_count;
+  struct unit_cache *place[2];
+  place[0] = &store->unit_cache[(id * 0x9E3779B97F4A7C15u >> 32) % n];
+  place[1] = &store->unit_cache[(place[0] - store->unit_cache + 1) % n];
+  for (unsigned i = 0; i < 2; i++)
+    if (pthread_mutex_trylock (&place[i]->lock) == 0) {
+      if (place[i]->id == id)
+        return place[i];
+      pthread_mutex_unlock (&place[i]->lock);
+    }
+  if (atomic_load (&place[1]->used) < atomic_load (&place[0]->used)) {
+    struct unit_cache *older = place[1];
+    place[1] = place[0];
+    place[0] = older;
+  }
+  for (unsigned i = 0; i < 2; i++)
+    if (pthread_mutex_trylock (&place[i]->lock) == 0)
+      return place[i];
+  return NULL;
+}
+
+/* One block of a unit (and, ahead, how many of the blocks after it the
+ * same request reads), through the decode cache: a miss decodes the unit
+ * up to the step holding the last block wanted; a second miss in the
+ * same unit (a prefix is cached, a block past it is wanted: reads going
+ * through the unit) decodes the rest too.  Under the block's stripe
+ * lock, which keeps the unit alive (the entry points to it).
  */
 int
 unit_decode (struct block_store *store, const struct block_content *content,
-             unsigned char *block)
+             unsigned char *block, unsigned ahead)
 {
   const struct pack_unit *unit = content_unit (content);
   unsigned index = content->value & UNIT_INDEX_MASK;
-  struct unit_cache *slot = &store->unit_cache[unit->id % UNIT_CACHE_SLOTS];
+  unsigned through = ahead < unit->count - index ? index + 1 + ahead
+    : unit->count;
   int r = 0;
 
-  if (pthread_mutex_trylock (&slot->lock) == 0) {
-    if (slot->id != unit->id) {
+  struct unit_cache *slot = cache_slot_lock (store, unit->id);
+  if (slot && !cache_slot_make (store, slot)) {
+    pthread_mutex_unlock (&slot->lock);
+    slot = NULL;
+  }
+  if (slot) {
+    if (slot->id == unit->id && index < slot->blocks)
+      counter_add (&store->decode_cache_hits, 1);
+    else {
+      if (slot->id == unit->id)
+        through = unit->count;
       slot->id = 0;
-      if ((r = unit_decode_all (store, unit, slot->data)) == 0)
+      counter_add (&store->decode_cache_misses, 1);
+      if ((r = unit_decode_prefix (store, unit, through, slot->data)) >= 0) {
         slot->id = unit->id;
+        slot->blocks = r;
+        r = 0;
+      }
     }
     if (r == 0)
       memcpy (block, slot->data + (size_t) index * STORE_BLOCK_SIZE,
               STORE_BLOCK_SIZE);
+    atomic_store (&slot->used, atomic_fetch_add (&store->unit_cache_clock, 1));
     pthread_mutex_unlock (&slot->lock);
     return r;
   }
+  /* Both places busy, or no memory for a slot: decode for this read. */
+  counter_add (&store->decode_cache_misses, 1);
   unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
   if (!data)
     return -1;
-  if ((r = unit_decode_all (store, unit, data)) == 0)
+  if ((r = unit_decode_prefix (store, unit, index + 1, data)) >= 0) {
     memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
+    r = 0;
+  }
   free (data);
   return r;
+}
+
+size_t
+decode_cache_trim (struct block_store *store)
+{
+  size_t bytes = (size_t) store->pack_blocks * STORE_BLOCK_SIZE, freed = 0;
+  for (unsigned i = 0; i < store->unit_cache_count; i++) {
+    struct unit_cache *slot = &store->unit_cache[i];
+    if (pthread_mutex_trylock (&slot->lock) != 0)
+      continue;                 /* in use: next time */
+    if (slot->data) {
+      free (slot->data);
+      slot->data = NULL;
+      slot->id = 0;
+      zs_pool_discharge (store->pool, bytes);
+      counter_add (&store->decode_cache_bytes, -(int64_t) bytes);
+      freed += bytes;
+    }
+    pthread_mutex_unlock (&slot->lock);
+  }
+  return freed;
 }
 
 /* Free a unit: its last block moved out. */
@@ -318,8 +420,9 @@ pack_group (struct pack_run *run, const uint64_t *blocks, unsigned n)
   /* A unit is worth it only if it takes less than its blocks did.  A
    * compression that fails skips this group: the run goes on.
    */
-  int length = codec_compress_bytes (store->pack_codec, run->plain,
+  int length = codec_compress_steps (store->pack_codec, run->plain,
                                      (size_t) count * STORE_BLOCK_SIZE,
+                                     (size_t) STORE_PACK_STEP * STORE_BLOCK_SIZE,
                                      run->compressed, before);
   unsigned parts = length > 0 ? (length + STORE_PACK_PART - 1) / STORE_PACK_PART
     : 0;

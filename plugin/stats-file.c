@@ -123,6 +123,9 @@ stats_print (struct block_store *store, FILE *fp)
   FIELD (recomp_bytes_saved);
   FIELD (packed_blocks);
   FIELD (pack_units);
+  FIELD (decode_cache_bytes);
+  FIELD (decode_cache_hits);
+  FIELD (decode_cache_misses);
   FIELD (bd_count);
   FIELD (bd_reads);
   FIELD (bd_writes);

@@ -285,6 +285,16 @@ zram_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "decode_cache") == 0) {
+    int64_t bytes;
+    if (parse_size_parameter (key, value, &bytes) == -1)
+      return -1;
+    if (bytes < 1) {
+      nbdkit_error ("decode_cache: '%s' must be more than 0 bytes", value);
+      return -1;
+    }
+    config.decode_cache = bytes;
+  }
   else if (strcmp (key, "pack_blocks") == 0) {
     if (nbdkit_parse_unsigned ("pack_blocks", value, &config.pack_blocks) == -1)
       return -1;
@@ -483,6 +493,7 @@ zram_config_complete (void)
   "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
   "pack_level=N              zstd level of packed units (default 3).\n" \
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
+  "decode_cache=SIZE         Decoded packed units kept for reads (default 2M).\n" \
   "write_batch=N             Whole blocks of a write compressed as one batch,\n" \
   "                          1..16 (default 16; 1: block by block).\n" \
   "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \

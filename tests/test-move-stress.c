@@ -243,6 +243,25 @@ __wrap_ZSTD_compressCCtx (ZSTD_CCtx *cctx, void *dst, size_t capacity,
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
+/* Packing compresses a unit in steps (codec_compress_steps). */
+size_t __real_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
+                                    ZSTD_inBuffer *input,
+                                    ZSTD_EndDirective end);
+size_t __wrap_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
+                                    ZSTD_inBuffer *input,
+                                    ZSTD_EndDirective end);
+size_t
+__wrap_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
+                             ZSTD_inBuffer *input, ZSTD_EndDirective end)
+{
+  if (input->pos == 0) {
+    /* A unit's input, a step at a time: more than a block (2 at least). */
+    window_open (WINDOW_PACK, input->src, input->size + BS);
+    window_sleep ();
+  }
+  return __real_ZSTD_compressStream2 (cctx, output, input, end);
+}
+
 ssize_t __real_pwrite (int fd, const void *buf, size_t count, off_t offset);
 ssize_t __wrap_pwrite (int fd, const void *buf, size_t count, off_t offset);
 ssize_t
@@ -401,6 +420,11 @@ make_moving_store (uint64_t blocks, uint64_t readback_below,
   struct store_config config = {
     .size = blocks * BS, .algorithm = CODEC_LZ4, .level = 1,
     .pack_blocks = pack_blocks,
+    /* Two decoded units: readers of packed blocks contend for the slots,
+     * replace each other's units and decode without a slot.
+     */
+    .decode_cache = 2 * (uint64_t) (pack_blocks ? pack_blocks
+                                    : STORE_PACK_DEFAULT) * BS,
     .recomp_count = 1, .recomp = { { CODEC_ZSTD, 3 } },
     .backing = open_ram_backing (blocks * BS),
     .readback_below = readback_below,

@@ -79,6 +79,8 @@ bad pack_blocks 1M pack_blocks=
 bad write_batch 1M write_batch=0
 bad write_batch 1M write_batch=17
 bad write_batch 1M write_batch=many
+bad decode_cache 1M decode_cache=0
+bad decode_cache 1M decode_cache=lots
 bad foo 1M foo=bar
 bad Size 1M Size=1M
 
@@ -107,6 +109,8 @@ good 1048576 1M pack_level=19 pack_blocks=64
 good 1048576 1M pack_level=-1 pack_blocks=2
 good 1048576 1M write_batch=1
 good 1048576 1M write_batch=16
+good 1048576 1M decode_cache=1
+good 1048576 1M decode_cache=64M pack_blocks=64
 good 1048576 1M backing="$tmp/backing" writeback_limit=0
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
@@ -117,7 +121,7 @@ for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class po
              ctl= recomp_algorithm= idle_after= recompress_after= pack_after= \
              pack_level= pack_blocks= swap= swap_reserve= backing= backing_direct= \
              writeback_limit= writeback_batch_size= writeback_watermark= \
-             write_batch=; do
+             write_batch= decode_cache=; do
     grep -qF -- "$param" <<<"$help" || fail "nbdkit --help does not mention '$param'"
 done
 grep -qE -- '^writeback_limit=SIZE .*\(0 = nothing' <<<"$help" ||

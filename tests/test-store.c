@@ -1797,6 +1797,27 @@ __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
+/* Packing compresses a unit in steps (codec_compress_steps): the same
+ * hook, once per call (a failure ends that unit's compression).
+ */
+size_t __real_ZSTD_compressStream2 (void *cctx, void *output, void *input,
+                                    int end);
+size_t __wrap_ZSTD_compressStream2 (void *cctx, void *output, void *input,
+                                    int end);
+size_t
+__wrap_ZSTD_compressStream2 (void *cctx, void *output, void *input, int end)
+{
+  compression_action_fn action = atomic_exchange (&compression_action, NULL);
+  if (action)
+    action (compression_opaque);
+  unsigned failures = atomic_load (&compression_failures);
+  while (failures > 0)
+    if (atomic_compare_exchange_weak (&compression_failures, &failures,
+                                      failures - 1))
+      return (size_t) -1;       /* ZSTD_isError: ZSTD_error_GENERIC */
+  return __real_ZSTD_compressStream2 (cctx, output, input, end);
+}
+
 /* Text of the same words in every block: units of them save memory. */
 static void
 text_fill (unsigned char *buf, uint64_t block, unsigned version)
@@ -2157,6 +2178,100 @@ test_pack_blocks_bounds (void **state)
  * content or its new one, never a mix, the counters match the blocks,
  * and nothing the batch allocated is left behind.
  */
+/* The decode cache: a packed read decodes its unit only up to the step
+ * holding the blocks its request reads, a read past a cached prefix
+ * decodes the rest, the slots are charged to mem_limit and given back,
+ * and every read returns its block.
+ */
+static void
+check_cache (struct block_store *store, uint64_t first, unsigned count,
+             uint64_t hits, uint64_t misses, const char *what)
+{
+  unsigned char *got = malloc ((size_t) count * BS), want[BS];
+  assert_non_null (got);
+  struct store_stats before, after;
+  store_stats (store, &before);
+  assert_int_equal (store_read (store, got, (uint64_t) count * BS,
+                                first * BS), 0);
+  store_stats (store, &after);
+  for (unsigned i = 0; i < count; i++) {
+    text_fill (want, first + i, 1);
+    if (memcmp (got + (size_t) i * BS, want, BS) != 0)
+      fail_msg ("%s: block %" PRIu64 " differs", what, first + i);
+  }
+  free (got);
+  if (after.decode_cache_hits - before.decode_cache_hits != hits
+      || after.decode_cache_misses - before.decode_cache_misses != misses)
+    fail_msg ("%s: %" PRIu64 " hits, %" PRIu64 " misses; expected %" PRIu64
+              ", %" PRIu64, what,
+              after.decode_cache_hits - before.decode_cache_hits,
+              after.decode_cache_misses - before.decode_cache_misses,
+              hits, misses);
+}
+
+static void
+test_decode_cache (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 64, UNIT = 16 };
+  const uint64_t unit_bytes = UNIT * BS;
+  struct store_config config = {
+    .size = BLOCKS * BS, .algorithm = CODEC_LZ4, .level = 1,
+    .pack_blocks = UNIT, .decode_cache = 2 * unit_bytes,
+  };
+  zs_pool_config_init (&config.pool);
+  config.pool.mem_limit = 64 << 20;
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  /* Units in block order: 0-15, 16-31, 32-47, 48-63. */
+  assert_int_equal (result.blocks, BLOCKS);
+  assert_int_equal (result.units, BLOCKS / UNIT);
+
+  struct store_stats before, after;
+  store_stats (store, &before);
+  assert_int_equal (before.decode_cache_bytes, 0);
+  /* One block: its step (blocks 0-3) decoded into a slot, charged. */
+  check_cache (store, 0, 1, 0, 1, "block 0");
+  store_stats (store, &after);
+  assert_int_equal (after.decode_cache_bytes, unit_bytes);
+  assert_int_equal (after.limit_used - before.limit_used, unit_bytes);
+  check_cache (store, 1, 3, 3, 0, "blocks 1-3 (the step decoded)");
+  /* Past the prefix: the rest of the unit, then all hits. */
+  check_cache (store, 4, 1, 0, 1, "block 4 (past the prefix)");
+  check_cache (store, 5, 11, 11, 0, "blocks 5-15 (the rest decoded)");
+  /* A request of 8 blocks decodes through its last (two steps) once. */
+  check_cache (store, 16, 8, 7, 1, "blocks 16-23 in one request");
+  check_cache (store, 24, 1, 0, 1, "block 24 (past the request's steps)");
+  check_cache (store, 25, 7, 7, 0, "blocks 25-31");
+  /* A request across two units; the cache holds two units at most. */
+  check_cache (store, 44, 8, 6, 2, "blocks 44-51 (two units)");
+  store_stats (store, &after);
+  assert_true (after.decode_cache_bytes <= 2 * unit_bytes);
+  /* Given back when idle memory is; reads still right afterwards. */
+  store_release_idle_memory (store);
+  store_stats (store, &after);
+  assert_int_equal (after.decode_cache_bytes, 0);
+  assert_int_equal (after.limit_used, before.limit_used);
+  check_cache (store, 0, BLOCKS, BLOCKS - 4 * 1, 4, "all, in one request");
+  /* A rewritten packed block reads its new content, its neighbours theirs. */
+  memset (buf, 0x5a, BS);
+  buf[0] = 1;
+  assert_int_equal (store_write (store, buf, BS, 2 * BS), 0);
+  unsigned char got[BS];
+  assert_int_equal (store_read (store, got, BS, 2 * BS), 0);
+  assert_memory_equal (got, buf, BS);
+  check_cache (store, 3, 1, 0, 1, "block 3 beside a rewritten block");
+  store_destroy (store);
+}
+
 static void
 test_batched_write_at_limit (void **state)
 {
@@ -2240,6 +2355,7 @@ main (void)
     cmocka_unit_test (test_dissolve_beside_trims),
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_pack_respects_age),
+    cmocka_unit_test (test_decode_cache),
     cmocka_unit_test (test_pack_unit_kept_only_if_worth_it),
     cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
