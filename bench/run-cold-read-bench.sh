@@ -45,6 +45,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup () {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || :; done
+    # The servers write their stats files as they exit.
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || :; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT

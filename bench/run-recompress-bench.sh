@@ -10,6 +10,9 @@
 #          recomp_algorithm=zstd:level=LEVEL through the control channel,
 #        - zram comp=zstd, then the same recompression;
 #      and the time recompression took.
+#   1a. defaults: memory allocator=zstd against zram comp=zstd and
+#      comp=lz4, each packed at the default pack_level and pack_blocks
+#      (issue 20's memory targets), with the profile;
 #   1b. the same with cold packing (`idle all` + `pack`) instead, with
 #      units of 16 and 64 blocks, and a profile of where each zram server's
 #      RSS goes (compressed bytes, the pool's slack, the block table, the
@@ -26,7 +29,8 @@
 #   bench/run-recompress-bench.sh            # about 8 minutes on 2 cores
 #
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE, IMAGE_MIB (256),
-# LEVEL (19), RUNTIME (10), REPEATS (3), PARTS ("memory pack read io").
+# LEVEL (19), RUNTIME (10), REPEATS (3),
+# PARTS ("memory defaults pack read io").
 set -euo pipefail
 # shellcheck source=bench/functions.sh
 source "$(dirname "$(readlink -f "$0")")/functions.sh"
@@ -129,7 +133,7 @@ EOF
     : > "$tmp/profile"
 }
 
-PARTS=${PARTS:-memory pack read io}
+PARTS=${PARTS:-memory defaults pack read io}
 if [[ " $PARTS " = *" memory "* ]]; then
 echo "Memory, $IMAGE_MIB MiB memory image, logical / (RSS - idle RSS):"
 echo
@@ -141,6 +145,19 @@ memory "zram comp=lz4 + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=lz4 \
     recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl" stats="$tmp/stats"
 memory "zram comp=zstd + recompress zstd:$LEVEL" yes "$PLUGIN" "$SIZE" comp=zstd \
     recomp_algorithm=zstd:level="$LEVEL" ctl="$tmp/ctl" stats="$tmp/stats"
+profile
+fi
+if [[ " $PARTS " = *" defaults "* ]]; then
+echo
+echo "Packing at the defaults (idle all + pack + compact; issue 20's targets):"
+echo
+echo "| server | RSS above idle, loaded (MiB) | ratio | after packing (MiB) | ratio | packing s |"
+echo "|---|---:|---:|---:|---:|---:|"
+memory "memory allocator=zstd" no memory "$SIZE" allocator=zstd
+memory "zram comp=zstd + pack (defaults)" pack "$PLUGIN" "$SIZE" \
+    comp=zstd ctl="$tmp/ctl" stats="$tmp/stats"
+memory "zram comp=lz4 + pack (defaults)" pack "$PLUGIN" "$SIZE" \
+    comp=lz4 ctl="$tmp/ctl" stats="$tmp/stats"
 profile
 fi
 if [[ " $PARTS " = *" pack "* ]]; then

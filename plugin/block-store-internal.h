@@ -52,12 +52,18 @@ struct pack_unit {
  * its own.
  */
 struct unit_cache {
-  pthread_mutex_t lock;           /* guards id, blocks and data */
-  uint64_t id;                    /* 0: empty */
+  pthread_mutex_t lock;           /* guards blocks and data, and changes of
+                                     id; held for a decode into the slot */
+  _Atomic uint64_t id;            /* the unit held or being decoded (0:
+                                     none); read without the lock by
+                                     readers looking for their unit */
   unsigned blocks;                /* of the unit decoded, from its first */
   unsigned char *data;            /* pack_blocks blocks, made (and charged
                                      to the pool) on first use, freed by
                                      decode_cache_trim */
+  _Atomic unsigned wanted;        /* blocks of unit id that readers waiting
+                                     for the lock want decoded: a decode
+                                     in progress goes on through them */
   _Atomic uint64_t used;          /* unit_cache_clock at its last read:
                                      which of two slots to replace */
 };

@@ -30,7 +30,10 @@
  *                live count reached 0: its last block's thread frees it)
  *                (a leaf; held for one pass over the list at most).
  *   unit cache slot lock  a decoded unit kept for reads (taken under a
- *                stripe lock; the unit's parts are read under it).
+ *                stripe lock; the unit's parts are read and decoded under
+ *                it).  A reader waits for it only while the slot holds or
+ *                decodes the reader's own unit; else it tries it and
+ *                decodes alone if it is busy.
  *   writeback_lock  one writeback run at a time, and the writeback
  *                limit's changes; held for a whole run.
  *   backing locks  the backing store's space map (map_lock), its queue
@@ -391,8 +394,9 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
  * the step that holds it and the blocks its request reads after it,
  * into the decode cache (decode_cache bytes of store-owned slots, made
  * on first use and charged to mem_limit; each unit has two slots it may
- * use, the least recently read is replaced; a read that goes on past a
- * cached prefix decodes the rest);
+ * use, the least recently read is replaced; readers of a unit being
+ * decoded wait for that decode, which goes on through the blocks they
+ * want; a read that goes on past a cached prefix decodes the rest);
  * writing, trimming or zeroing it moves it out; writeback writes it out
  * alone; a unit goes when its last block does.  Blocks move in and out
  * by the move protocol (MOVING A BLOCK).

@@ -36,25 +36,30 @@ static inline uint64_t *unit_blocks (struct pack_unit *unit)
 }
 
 /* Decode a unit's blocks, from its first, into data (room for count
- * blocks) until at least through of them are out, streamed straight
- * from its parts: units are compressed in steps of STORE_PACK_STEP
- * blocks (pack_group), so decoding stops at the end of the step that
- * holds the last block wanted.  Returns the blocks decoded, or -1 with
- * errno.
+ * blocks) until at least through of them are out, or more if *more (the
+ * blocks other readers of its cache slot wait for; NULL: none) grows
+ * meanwhile, streamed straight from its parts: units are compressed in
+ * steps of STORE_PACK_STEP blocks (pack_group), so decoding stops at the
+ * end of the step that holds the last block wanted.  Returns the blocks
+ * decoded, or -1 with errno.
  */
 static int
 unit_decode_prefix (struct block_store *store, const struct pack_unit *unit,
-                    unsigned through, unsigned char *data)
+                    unsigned through, _Atomic unsigned *more,
+                    unsigned char *data)
 {
   struct codec_stream stream;
-  size_t wanted = (size_t) through * STORE_BLOCK_SIZE;
   if (codec_stream_begin (store->pack_codec, &stream, data,
                           (size_t) unit->count * STORE_BLOCK_SIZE) == -1)
     return -1;
   const zs_handle_t *part = unit_parts_const (unit);
   int r = 0;
-  for (unsigned i = 0; i < unit->parts && r == 0 && stream.produced < wanted;
-       i++) {
+  for (unsigned i = 0; i < unit->parts && r == 0; i++) {
+    unsigned waited = more ? atomic_load (more) : 0;
+    size_t wanted = (size_t) (waited > through ? waited : through)
+      * STORE_BLOCK_SIZE;
+    if (stream.produced >= wanted)
+      break;
     size_t at = (size_t) i * STORE_PACK_PART;
     size_t length = unit->length - at < STORE_PACK_PART
       ? unit->length - at : STORE_PACK_PART;
@@ -64,7 +69,7 @@ unit_decode_prefix (struct block_store *store, const struct pack_unit *unit,
   }
   size_t produced = stream.produced;
   codec_stream_end (&stream);
-  if (r == 0 && produced < wanted) {
+  if (r == 0 && produced < (size_t) through * STORE_BLOCK_SIZE) {
     errno = EIO;                /* the unit ended early */
     r = -1;
   }
@@ -88,23 +93,35 @@ cache_slot_make (struct block_store *store, struct unit_cache *slot)
   return true;
 }
 
+static void
+atomic_raise (_Atomic unsigned *value, unsigned to)
+{
+  unsigned now = atomic_load (value);
+  while (now < to && !atomic_compare_exchange_weak (value, &now, to))
+    ;
+}
+
 /* The cache slot for unit id, locked: the one of its two places that
- * holds the unit, else the least recently used of them that is free
- * (its content is then the caller's to replace).  NULL if both are busy:
- * a reader never waits for another's decode.
+ * holds the unit or is decoding it (waiting for that decode, after
+ * asking it to go on through block through), else the least recently
+ * used of them that is free (made to hold nothing of the unit yet: the
+ * caller decodes into it).  NULL if both hold other units and are busy:
+ * a reader never waits for another unit's decode.
  */
 static struct unit_cache *
-cache_slot_lock (struct block_store *store, uint64_t id)
+cache_slot_lock (struct block_store *store, uint64_t id, unsigned through)
 {
   unsigned n = store->unit_cache_count;
   struct unit_cache *place[2];
   place[0] = &store->unit_cache[(id * 0x9E3779B97F4A7C15u >> 32) % n];
   place[1] = &store->unit_cache[(place[0] - store->unit_cache + 1) % n];
   for (unsigned i = 0; i < 2; i++)
-    if (pthread_mutex_trylock (&place[i]->lock) == 0) {
-      if (place[i]->id == id)
+    if (atomic_load (&place[i]->id) == id) {
+      atomic_raise (&place[i]->wanted, through);
+      pthread_mutex_lock (&place[i]->lock);
+      if (atomic_load (&place[i]->id) == id)
         return place[i];
-      pthread_mutex_unlock (&place[i]->lock);
+      pthread_mutex_unlock (&place[i]->lock);   /* replaced meanwhile */
     }
   if (atomic_load (&place[1]->used) < atomic_load (&place[0]->used)) {
     struct unit_cache *older = place[1];
@@ -112,17 +129,25 @@ cache_slot_lock (struct block_store *store, uint64_t id)
     place[0] = older;
   }
   for (unsigned i = 0; i < 2; i++)
-    if (pthread_mutex_trylock (&place[i]->lock) == 0)
+    if (pthread_mutex_trylock (&place[i]->lock) == 0) {
+      if (atomic_load (&place[i]->id) != id) {
+        place[i]->blocks = 0;
+        atomic_store (&place[i]->wanted, through);
+        atomic_store (&place[i]->id, id);
+      }
       return place[i];
+    }
   return NULL;
 }
 
 /* One block of a unit (and, ahead, how many of the blocks after it the
- * same request reads), through the decode cache: a miss decodes the unit
- * up to the step holding the last block wanted; a second miss in the
- * same unit (a prefix is cached, a block past it is wanted: reads going
- * through the unit) decodes the rest too.  Under the block's stripe
- * lock, which keeps the unit alive (the entry points to it).
+ * same request reads), through the decode cache.  A miss decodes the
+ * unit up to the step holding the last block wanted, by this read and by
+ * the readers that came for the same unit meanwhile and wait for the
+ * decode (a sequential reader's requests in flight, a run of neighbours:
+ * one decode serves them all); a read past a cached prefix decodes the
+ * rest.  Under the block's stripe lock, which keeps the unit alive (the
+ * entry points to it).
  */
 int
 unit_decode (struct block_store *store, const struct block_content *content,
@@ -134,24 +159,28 @@ unit_decode (struct block_store *store, const struct block_content *content,
     : unit->count;
   int r = 0;
 
-  struct unit_cache *slot = cache_slot_lock (store, unit->id);
+  struct unit_cache *slot = cache_slot_lock (store, unit->id, through);
   if (slot && !cache_slot_make (store, slot)) {
+    atomic_store (&slot->id, 0);
     pthread_mutex_unlock (&slot->lock);
     slot = NULL;
   }
   if (slot) {
-    if (slot->id == unit->id && index < slot->blocks)
+    if (index < slot->blocks)
       counter_add (&store->decode_cache_hits, 1);
     else {
-      if (slot->id == unit->id)
-        through = unit->count;
-      slot->id = 0;
       counter_add (&store->decode_cache_misses, 1);
-      if ((r = unit_decode_prefix (store, unit, through, slot->data)) >= 0) {
-        slot->id = unit->id;
+      /* Past a prefix decoded already: reads go through the unit. */
+      if (slot->blocks > 0)
+        through = unit->count;
+      slot->blocks = 0;
+      if ((r = unit_decode_prefix (store, unit, through, &slot->wanted,
+                                   slot->data)) >= 0) {
         slot->blocks = r;
         r = 0;
       }
+      else
+        atomic_store (&slot->id, 0);
     }
     if (r == 0)
       memcpy (block, slot->data + (size_t) index * STORE_BLOCK_SIZE,
@@ -160,12 +189,14 @@ unit_decode (struct block_store *store, const struct block_content *content,
     pthread_mutex_unlock (&slot->lock);
     return r;
   }
-  /* Both places busy, or no memory for a slot: decode for this read. */
+  /* Both places busy with other units, or no memory for a slot: decode
+   * for this read alone.
+   */
   counter_add (&store->decode_cache_misses, 1);
   unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
   if (!data)
     return -1;
-  if ((r = unit_decode_prefix (store, unit, index + 1, data)) >= 0) {
+  if ((r = unit_decode_prefix (store, unit, index + 1, NULL, data)) >= 0) {
     memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
     r = 0;
   }
@@ -184,7 +215,8 @@ decode_cache_trim (struct block_store *store)
     if (slot->data) {
       free (slot->data);
       slot->data = NULL;
-      slot->id = 0;
+      slot->blocks = 0;
+      atomic_store (&slot->id, 0);
       zs_pool_discharge (store->pool, bytes);
       counter_add (&store->decode_cache_bytes, -(int64_t) bytes);
       freed += bytes;
