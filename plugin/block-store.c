@@ -60,7 +60,8 @@ store_create (const struct store_config *config)
       goto fail;
   }
   store->pack_codec = codec_create (CODEC_ZSTD,
-                                    config->pack_level ? config->pack_level : 3);
+                                    config->pack_level ? config->pack_level
+                                    : STORE_PACK_LEVEL_DEFAULT);
   store->pack_blocks = config->pack_blocks ? config->pack_blocks
     : STORE_PACK_DEFAULT;
   if (store->pack_blocks < 2 || store->pack_blocks > STORE_PACK_MAX) {
@@ -656,6 +657,22 @@ store_read (struct block_store *store, void *buf, uint64_t count,
   return 0;
 }
 
+/* A write refused for memory (errno ENOSPC): give up the decode cache's
+ * slots no read is using (reads make them again: data comes first),
+ * else write back for room (writeback_for_room).  0: try the write
+ * again; -1 with errno as it was when there is nothing to gain.
+ */
+static int
+make_room (struct block_store *store)
+{
+  int err = errno;
+  if (err == ENOSPC && decode_cache_trim (store) > 0) {
+    errno = err;
+    return 0;
+  }
+  return writeback_for_room (store);
+}
+
 int
 block_write_piece (struct block_store *store, uint64_t block,
                    const unsigned char *in, uint64_t from, uint64_t length)
@@ -671,7 +688,7 @@ block_write_piece (struct block_store *store, uint64_t block,
     else
       r = block_patch (store, block, in, from, length);
     if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-        || writeback_for_room (store) == -1)
+        || make_room (store) == -1)
       return r;
   }
 }
@@ -748,7 +765,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
       for (unsigned attempt = 0; ; attempt++) {
         r = block_patch (store, block, NULL, from, length);
         if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-            || writeback_for_room (store) == -1)
+            || make_room (store) == -1)
           break;
       }
     }

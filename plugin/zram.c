@@ -491,7 +491,7 @@ zram_config_complete (void)
   "idle_after=SECONDS        Policy: mark blocks idle after this (default off).\n" \
   "recompress_after=SECONDS  Policy: recompress idle blocks after this (off).\n" \
   "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
-  "pack_level=N              zstd level of packed units (default 3).\n" \
+  "pack_level=N              zstd level of packed units (default 6).\n" \
   "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
   "decode_cache=SIZE         Decoded packed units kept for reads (default 2M).\n" \
   "write_batch=N             Whole blocks of a write compressed as one batch,\n" \

@@ -30,6 +30,8 @@ static const char *const names[FAULT_POINTS] = {
   [FAULT_LZ4_DECOMPRESS] = "LZ4_decompress_safe",
   [FAULT_LZ4_DECOMPRESS_PARTIAL] = "LZ4_decompress_safe_partial",
   [FAULT_ZSTD_DECOMPRESS] = "ZSTD_decompressDCtx",
+  [FAULT_ZSTD_COMPRESS_STREAM] = "ZSTD_compressStream2",
+  [FAULT_ZSTD_DECOMPRESS_STREAM] = "ZSTD_decompressStream",
   [FAULT_PTHREAD_CREATE] = "pthread_create",
   [FAULT_FOPEN] = "fopen", [FAULT_MKOSTEMP] = "mkostemp",
   [FAULT_RENAME] = "rename",
@@ -358,6 +360,47 @@ __wrap_ZSTD_decompressDCtx (ZSTD_DCtx *context, void *dst, size_t capacity,
   FAIL_WITH (FAULT_ZSTD_DECOMPRESS, 0, (size_t) -ZSTD_error_corruption_detected);
   maybe_corrupt (src, length);
   return __real_ZSTD_decompressDCtx (context, dst, capacity, src, length);
+}
+
+/* Packed units: compressed in steps, decoded from their parts.  A
+ * stream is damaged only where a frame starts (its magic number), so the
+ * nth damaged decoding is the nth unit decoded, whichever part a read
+ * of it stops at.
+ */
+size_t __real_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
+                                    ZSTD_inBuffer *input,
+                                    ZSTD_EndDirective end);
+size_t __wrap_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
+                                    ZSTD_inBuffer *input,
+                                    ZSTD_EndDirective end);
+size_t
+__wrap_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
+                             ZSTD_inBuffer *input, ZSTD_EndDirective end)
+{
+  FAIL_WITH (FAULT_ZSTD_COMPRESS_STREAM, 0,
+             (size_t) -ZSTD_error_memory_allocation);
+  return __real_ZSTD_compressStream2 (context, output, input, end);
+}
+
+size_t __real_ZSTD_decompressStream (ZSTD_DCtx *context, ZSTD_outBuffer *output,
+                                     ZSTD_inBuffer *input);
+size_t __wrap_ZSTD_decompressStream (ZSTD_DCtx *context, ZSTD_outBuffer *output,
+                                     ZSTD_inBuffer *input);
+size_t
+__wrap_ZSTD_decompressStream (ZSTD_DCtx *context, ZSTD_outBuffer *output,
+                              ZSTD_inBuffer *input)
+{
+  FAIL_WITH (FAULT_ZSTD_DECOMPRESS_STREAM, 0,
+             (size_t) -ZSTD_error_corruption_detected);
+  const unsigned char *at = (const unsigned char *) input->src + input->pos;
+  size_t left = input->size - input->pos;
+  uint32_t magic;
+  if (left >= sizeof magic) {
+    memcpy (&magic, at, sizeof magic);
+    if (magic == ZSTD_MAGICNUMBER)
+      maybe_corrupt (at, left);
+  }
+  return __real_ZSTD_decompressStream (context, output, input);
 }
 
 int __real_pthread_create (pthread_t *thread, const pthread_attr_t *attributes,

@@ -2272,6 +2272,62 @@ test_decode_cache (void **state)
   store_destroy (store);
 }
 
+/* The decode cache gives its memory up to writes at mem_limit: data
+ * comes first, and reads of packed blocks still work without it.
+ */
+static void
+test_decode_cache_yields_to_writes (void **state)
+{
+  (void) state;
+  enum { PACKED = 64, FRESH = 32, UNIT = 16 };
+  const uint64_t unit_bytes = UNIT * BS;
+  struct store_config config = {
+    .size = (PACKED + FRESH) * BS, .algorithm = CODEC_LZ4, .level = 1,
+    .pack_blocks = UNIT, .decode_cache = 4 * unit_bytes,
+  };
+  zs_pool_config_init (&config.pool);
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < PACKED; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  assert_int_equal (result.units, PACKED / UNIT);
+  check_cache (store, 0, PACKED, PACKED - 4, 4, "all (fills the cache)");
+  struct store_stats stats;
+  store_stats (store, &stats);
+  uint64_t cached = stats.decode_cache_bytes;
+  assert_true (cached >= 2 * unit_bytes);       /* two places a unit */
+  /* Room for a quarter of the fresh blocks beside the cache. */
+  assert_int_equal (store_set_mem_limit (store, stats.limit_used
+                                         + FRESH / 4 * BS, NULL), 0);
+  uint64_t rng = 7;
+  for (uint64_t b = PACKED; b < PACKED + FRESH; b++) {
+    for (size_t i = 0; i < BS; i += 8) {
+      uint64_t x = xorshift64 (&rng);
+      memcpy (buf + i, &x, 8);
+    }
+    if (store_write (store, buf, BS, b * BS) != 0)
+      fail_msg ("fresh block %" PRIu64 ": %s (the cache kept its memory?)",
+                b, strerror (errno));
+  }
+  store_stats (store, &stats);
+  assert_true (stats.decode_cache_bytes < cached);
+  assert_true (stats.limit_used <= stats.mem_limit);
+  /* Packed blocks still read right, slots or not. */
+  unsigned char got[BS];
+  for (uint64_t b = 0; b < PACKED; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    assert_memory_equal (got, buf, BS);
+  }
+  store_destroy (store);
+}
+
 static void
 test_batched_write_at_limit (void **state)
 {
@@ -2356,6 +2412,7 @@ main (void)
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_pack_respects_age),
     cmocka_unit_test (test_decode_cache),
+    cmocka_unit_test (test_decode_cache_yields_to_writes),
     cmocka_unit_test (test_pack_unit_kept_only_if_worth_it),
     cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
