@@ -9,10 +9,13 @@
  * marked idle and packed at the defaults.  random reads 4 KiB at random
  * blocks, runs8 reads 8 neighbours from a random block one at a time,
  * seq reads the device in order; a fixed seed, so every run reads the
- * same blocks.
+ * same blocks.  Before the reads it prints where the memory is: the
+ * process's RSS, the pool's pages and compressed bytes, the block table,
+ * the allocator's metadata, the C library's heap in use and free.
  */
 
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,26 @@ main (int argc, char **argv)
       return 1;
     }
   }
+
+  store_compact (store);
+  store_release_idle_memory (store);
+  struct store_stats held;
+  store_stats (store, &held);
+  struct mallinfo2 heap = mallinfo2 ();
+  long rss_pages = 0;
+  FILE *statm = fopen ("/proc/self/statm", "r");
+  long total_pages;
+  if (!statm || fscanf (statm, "%ld %ld", &total_pages, &rss_pages) != 2)
+    rss_pages = 0;
+  if (statm)
+    fclose (statm);
+  printf ("memory (KiB): RSS %ld (the image itself %" PRIu64 "), pool %" PRIu64
+          " (compressed %" PRIu64 "), table %" PRIu64 ", metadata %" PRIu64
+          ", heap in use %zu, heap free %zu, %" PRIu64 " units\n",
+          rss_pages * 4, size / 1024, held.mem_used_total / 1024,
+          held.compr_data_size / 1024, held.table_bytes / 1024,
+          held.metadata_bytes / 1024, (heap.uordblks + heap.hblkhd) / 1024,
+          heap.fordblks / 1024, held.pack_units);
 
   unsigned char block[STORE_BLOCK_SIZE];
   uint64_t seed = 88172645463325252ull, next = 0, bad = 0;
