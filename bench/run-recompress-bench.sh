@@ -12,7 +12,8 @@
 #      and the time recompression took.
 #   1a. defaults: memory allocator=zstd against zram comp=zstd and
 #      comp=lz4, each packed at the default pack_level and pack_blocks
-#      (issue 20's memory targets), with the profile;
+#      (issue 20's memory targets), and with units of 8, with the
+#      profile;
 #   1b. the same with cold packing (`idle all` + `pack`) instead, with
 #      units of 16 and 64 blocks, and a profile of where each zram server's
 #      RSS goes (compressed bytes, the pool's slack, the block table, the
@@ -158,6 +159,11 @@ memory "zram comp=zstd + pack (defaults)" pack "$PLUGIN" "$SIZE" \
     comp=zstd ctl="$tmp/ctl" stats="$tmp/stats"
 memory "zram comp=lz4 + pack (defaults)" pack "$PLUGIN" "$SIZE" \
     comp=lz4 ctl="$tmp/ctl" stats="$tmp/stats"
+# Units of 8: cold random reads at half the decode, for some memory.
+memory "zram comp=zstd + pack (pack_blocks=8)" pack "$PLUGIN" "$SIZE" \
+    comp=zstd pack_blocks=8 ctl="$tmp/ctl" stats="$tmp/stats"
+memory "zram comp=lz4 + pack (pack_blocks=8)" pack "$PLUGIN" "$SIZE" \
+    comp=lz4 pack_blocks=8 ctl="$tmp/ctl" stats="$tmp/stats"
 profile
 fi
 if [[ " $PARTS " = *" pack "* ]]; then
