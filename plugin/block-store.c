@@ -868,6 +868,19 @@ store_print_classes (struct block_store *store, FILE *fp)
   zs_pool_print_stats (store->pool, fp);
 }
 
+unsigned
+store_class_count (struct block_store *store)
+{
+  return zs_class_count (store->pool);
+}
+
+int
+store_class_stats (struct block_store *store, unsigned class_number,
+                   struct zs_class_stats *stats)
+{
+  return zs_class_stats (store->pool, class_number, stats);
+}
+
 uint32_t
 store_now (const struct block_store *store)
 {
@@ -990,6 +1003,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   zs_pool_stats (store->pool, &pool);
 
   memset (stats, 0, sizeof *stats);
+  stats->disk_size = store->size;
   stats->orig_data_size = atomic_load (&store->stored_blocks) * STORE_BLOCK_SIZE;
   stats->compr_data_size = atomic_load (&store->compr_bytes);
   stats->mem_used_total = pool.pages_used * ZS_PAGE_SIZE;

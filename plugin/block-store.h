@@ -164,6 +164,7 @@ struct store_config {
 
 /* zram's mm_stat and io_stat, plus what a user of this store wants. */
 struct store_stats {
+  uint64_t disk_size;             /* the device's size in bytes */
   uint64_t orig_data_size;        /* bytes of blocks stored (same incl.) */
   uint64_t compr_data_size;       /* bytes of stored objects */
   uint64_t mem_used_total;        /* pool pages x 4096 */
@@ -444,6 +445,10 @@ extern int store_set_mem_limit (struct block_store *store, uint64_t limit,
                                 uint64_t *held);
 extern void store_reset_mem_used_max (struct block_store *store);
 extern void store_print_classes (struct block_store *store, FILE *fp);
+/* The same figures, class by class (zs_class_stats). */
+extern unsigned store_class_count (struct block_store *store);
+extern int store_class_stats (struct block_store *store, unsigned class_number,
+                              struct zs_class_stats *stats);
 
 /* The allocator's reserve of populated pages (zs_pool_reserve_refill):
  * top it up; is it below half?

@@ -23,6 +23,7 @@
 #include "error-text.h"
 #include "monotonic.h"
 #include "stats-file.h"
+#include "metrics.h"
 #include "swap-mode.h"
 
 #define CONTROL_LINE_MAX 1024
@@ -248,6 +249,13 @@ static int
 command_stats (struct client *client, int argc, char **argv)
 {
   stats_print (store, client->out);
+  return 0;
+}
+
+static int
+command_metrics (struct client *client, int argc, char **argv)
+{
+  metrics_print (store, client->out);
   return 0;
 }
 
@@ -580,6 +588,7 @@ static const struct command {
   { "io_stat", 1, 1, "io_stat", command_zram_file },
   { "bd_stat", 1, 1, "bd_stat", command_zram_file },
   { "stats", 1, 1, "stats", command_stats },
+  { "metrics", 1, 1, "metrics", command_metrics },
   { "classes", 1, 1, "classes", command_classes },
   { "compact", 1, 1, "compact", command_compact },
   { "idle", 2, 2, "idle all|SECONDS", command_idle },

@@ -42,7 +42,7 @@ static atomic_bool reserve_active;
 static bool running;
 static pthread_t thread;
 static struct block_store *store;
-static const char *stats_path;
+static const char *stats_path, *metrics_path;
 static int compact_threshold;           /* percent, or -1: never */
 static struct housekeeper_policy policy; /* 0s: off */
 
@@ -144,14 +144,14 @@ housekeeping_round (bool last)
     else
       store_reserve_refill (store);
   }
-  if (stats_path && stats_thread_running && !last) {
+  if ((stats_path || metrics_path) && stats_thread_running && !last) {
     pthread_mutex_lock (&lock);
     stats_due = true;
     pthread_cond_signal (&stats_wake);
     pthread_mutex_unlock (&lock);
   }
-  else if (stats_path)
-    stats_file_write (store, stats_path);
+  else if (stats_path || metrics_path)
+    stats_files_write (store, stats_path, metrics_path);
 }
 
 static void *
@@ -165,7 +165,7 @@ stats_writer_main (void *arg)
       break;                    /* housekeeper_stop writes the last one */
     stats_due = false;
     pthread_mutex_unlock (&lock);
-    stats_file_write (store, stats_path);
+    stats_files_write (store, stats_path, metrics_path);
     pthread_mutex_lock (&lock);
   }
   pthread_mutex_unlock (&lock);
@@ -223,10 +223,11 @@ housekeeper_stop_stats_writer (void)
 
 int
 housekeeper_start (struct block_store *the_store, const char *the_stats_path,
-                   int the_compact_threshold)
+                   const char *the_metrics_path, int the_compact_threshold)
 {
   store = the_store;
   stats_path = the_stats_path;
+  metrics_path = the_metrics_path;
   compact_threshold = the_compact_threshold;
   stopping = false;
   atomic_store (&refill_requested, false);
@@ -236,7 +237,7 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   stats_due = false;
   stats_thread_running = false;
   int err;
-  if (policy.reserve_always && stats_path) {
+  if (policy.reserve_always && (stats_path || metrics_path)) {
     if ((err = pthread_create (&stats_thread, NULL, stats_writer_main, NULL))) {
       errno = err;
       return -1;

@@ -17,13 +17,14 @@
 
 #include "block-store.h"
 
-/* stats_path may be NULL.  compact_threshold: compact the pool when the
+/* stats_path and metrics_path (the stats= and metrics= files, written
+ * from one sample each round: stats-file.h) may be NULL.  compact_threshold: compact the pool when the
  * pages compaction could free reach this percent of its pages (-1:
  * never).  With policy.reserve_always, fills the reserve before it
  * returns.  0, or -1 with errno.
  */
 extern int housekeeper_start (struct block_store *store, const char *stats_path,
-                              int compact_threshold);
+                              const char *metrics_path, int compact_threshold);
 /* The automatic policy (off by default): every round, mark the blocks
  * not accessed for idle_after seconds idle, and recompress (with the
  * store's recompression algorithms) idle blocks not accessed for

@@ -1,6 +1,7 @@
 /* The stats= file: see stats-file.h. */
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -13,6 +14,7 @@
 #include <nbdkit-plugin.h>
 
 #include "error-text.h"
+#include "metrics.h"
 #include "stats-file.h"
 #include "swap-mode.h"
 
@@ -81,11 +83,30 @@ stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
   return 0;
 }
 
+/* Samples taken, ever: the number of the next. */
+static _Atomic uint64_t samples;
+
+void
+stats_sample_take (struct block_store *store, struct stats_sample *sample)
+{
+  sample->number = atomic_fetch_add (&samples, 1) + 1;
+  store_stats (store, &sample->store);
+  sample->process_rss = process_rss_bytes ();
+  swap_mode_status (&sample->swap);
+}
+
 void
 stats_print (struct block_store *store, FILE *fp)
 {
-  struct store_stats s;
-  store_stats (store, &s);
+  struct stats_sample sample;
+  stats_sample_take (store, &sample);
+  stats_print_sample (&sample, fp);
+}
+
+void
+stats_print_sample (const struct stats_sample *sample, FILE *fp)
+{
+  struct store_stats s = sample->store;
 
   fprintf (fp, "mm_stat ");
   print_mm_stat (&s, fp);
@@ -95,6 +116,8 @@ stats_print (struct block_store *store, FILE *fp)
   print_bd_stat (&s, fp);
 
 #define FIELD(name) fprintf (fp, #name ": %" PRIu64 "\n", s.name)
+  fprintf (fp, "sample: %" PRIu64 "\n", sample->number);
+  FIELD (disk_size);
   FIELD (orig_data_size);
   FIELD (compr_data_size);
   FIELD (mem_used_total);
@@ -142,8 +165,8 @@ stats_print (struct block_store *store, FILE *fp)
 #undef FIELD
   if (s.writeback_limit_left != UINT64_MAX)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
-  fprintf (fp, "process_rss: %" PRIu64 "\n", process_rss_bytes ());
-  swap_mode_print (fp);
+  fprintf (fp, "process_rss: %" PRIu64 "\n", sample->process_rss);
+  swap_mode_print (&sample->swap, fp);
   /* Data ratio: what the objects take; memory ratio: what the pool's
    * pages take (zram users quote the latter as "memory saved").
    */
@@ -195,14 +218,17 @@ stats_file_check (const char *path)
   return 0;
 }
 
+/* Write one file at path through a temporary: what print prints. */
 static int
-stats_file_write_once (struct block_store *store, const char *path)
+file_write_once (const char *path,
+                 void (*print) (const struct stats_sample *sample, FILE *fp),
+                 const struct stats_sample *sample)
 {
   char *temporary;
   FILE *fp = temporary_create (path, &temporary);
   if (!fp)
     return -1;
-  stats_print (store, fp);
+  print (sample, fp);
   int r = fclose (fp) == 0 ? rename (temporary, path) : -1;
   if (r == -1) {
     int saved = errno;
@@ -213,20 +239,40 @@ stats_file_write_once (struct block_store *store, const char *path)
   return r;
 }
 
-/* Whether the last write failed: only the housekeeper writes the file,
- * so only its thread touches this.
+/* Whether the last write of each file failed: one thread at a time
+ * writes them (stats-file.h).
  */
-static bool last_write_failed;
+static bool last_write_failed[2];
+
+static int
+file_write (const char *what, const char *path, bool *failed,
+            void (*print) (const struct stats_sample *sample, FILE *fp),
+            const struct stats_sample *sample)
+{
+  int r = file_write_once (path, print, sample);
+  if (r == -1 && !*failed)
+    nbdkit_error ("%s file '%s': cannot write it: %s (trying again each "
+                  "round)", what, path, error_text (errno));
+  else if (r == 0 && *failed)
+    nbdkit_error ("%s file '%s': written again", what, path);
+  *failed = r == -1;
+  return r;
+}
 
 int
-stats_file_write (struct block_store *store, const char *path)
+stats_files_write (struct block_store *store, const char *stats_path,
+                   const char *metrics_path)
 {
-  int r = stats_file_write_once (store, path);
-  if (r == -1 && !last_write_failed)
-    nbdkit_error ("stats file '%s': cannot write it: %s (trying again each "
-                  "round)", path, error_text (errno));
-  else if (r == 0 && last_write_failed)
-    nbdkit_error ("stats file '%s': written again", path);
-  last_write_failed = r == -1;
+  struct stats_sample sample;
+  int r = 0;
+  stats_sample_take (store, &sample);
+  if (stats_path
+      && file_write ("stats", stats_path, &last_write_failed[0],
+                     stats_print_sample, &sample) == -1)
+    r = -1;
+  if (metrics_path
+      && file_write ("metrics", metrics_path, &last_write_failed[1],
+                     metrics_print_sample, &sample) == -1)
+    r = -1;
   return r;
 }

@@ -353,27 +353,36 @@ resident_locked_kib (void)
 }
 
 void
-swap_mode_print (FILE *fp)
+swap_mode_status (struct swap_mode_status *status)
 {
   int64_t locked_kib = resident_locked_kib ();
   int64_t mapped_kib = status_field ("VmLck", 10);
-  fprintf (fp, "swap_mode: %s\n", mode_names[swap_mode]);
-  fprintf (fp, "swap_locked_bytes: %" PRId64 "\n",
-           locked_kib < 0 ? 0 : locked_kib * 1024);
-  fprintf (fp, "swap_locked_mappings_bytes: %" PRId64 "\n",
-           mapped_kib < 0 ? 0 : mapped_kib * 1024);
+  status->mode = mode_names[swap_mode];
+  status->mode_number = swap_mode;
+  status->locked_bytes = locked_kib < 0 ? 0 : locked_kib * 1024;
+  status->locked_mappings_bytes = mapped_kib < 0 ? 0 : mapped_kib * 1024;
   struct sched_param param;
   int policy = sched_getscheduler (0);
-  fprintf (fp, "swap_realtime_priority: %d\n",
-           policy == SCHED_RR || policy == SCHED_FIFO
-           ? (sched_getparam (0, &param) == 0 ? param.sched_priority : 0) : 0);
-  fprintf (fp, "swap_io_flusher_worker: %d\n", atomic_load (&worker_io_flusher));
+  status->realtime_priority = policy == SCHED_RR || policy == SCHED_FIFO
+    ? (sched_getparam (0, &param) == 0 ? param.sched_priority : 0) : 0;
+  status->io_flusher_worker = atomic_load (&worker_io_flusher);
   FILE *oom = fopen ("/proc/self/oom_score_adj", "r");
-  int adjust = 0;
+  status->oom_score_adj = 0;
   if (oom) {
-    if (fscanf (oom, "%d", &adjust) != 1)
-      adjust = 0;
+    if (fscanf (oom, "%d", &status->oom_score_adj) != 1)
+      status->oom_score_adj = 0;
     fclose (oom);
   }
-  fprintf (fp, "swap_oom_score_adj: %d\n", adjust);
+}
+
+void
+swap_mode_print (const struct swap_mode_status *status, FILE *fp)
+{
+  fprintf (fp, "swap_mode: %s\n", status->mode);
+  fprintf (fp, "swap_locked_bytes: %" PRId64 "\n", status->locked_bytes);
+  fprintf (fp, "swap_locked_mappings_bytes: %" PRId64 "\n",
+           status->locked_mappings_bytes);
+  fprintf (fp, "swap_realtime_priority: %d\n", status->realtime_priority);
+  fprintf (fp, "swap_io_flusher_worker: %d\n", status->io_flusher_worker);
+  fprintf (fp, "swap_oom_score_adj: %d\n", status->oom_score_adj);
 }

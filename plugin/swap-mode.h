@@ -87,7 +87,18 @@ extern void swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes);
  */
 extern void swap_mode_check_worker (void);
 
+/* What the stats file's swap_* lines and the swap metrics say. */
+struct swap_mode_status {
+  const char *mode;               /* "off", "on" or "try" */
+  int mode_number;                /* 0, 1, 2: the same */
+  int64_t locked_bytes;           /* Locked of smaps_rollup */
+  int64_t locked_mappings_bytes;  /* VmLck */
+  int realtime_priority;          /* 0: not real-time */
+  int io_flusher_worker;          /* 1, 0, or -1 before a write */
+  int oom_score_adj;
+};
+extern void swap_mode_status (struct swap_mode_status *status);
 /* The swap_* lines of the stats file. */
-extern void swap_mode_print (FILE *fp);
+extern void swap_mode_print (const struct swap_mode_status *status, FILE *fp);
 
 #endif /* ZRAM_SWAP_MODE_H */

@@ -27,6 +27,7 @@
 #include "housekeeper.h"
 #include "server-check.h"
 #include "stats-file.h"
+#include "metrics.h"
 #include "swap-mode.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
@@ -46,6 +47,9 @@ static struct housekeeper_policy policy;
 /* recomp_algorithm= by priority (1..STORE_RECOMP_MAX), as given. */
 static bool recomp_given[STORE_RECOMP_MAX + 1];
 static char *stats_path;
+static char *metrics_path;
+/* name=: the device label of the metrics. */
+static char *device_name;
 static char *ctl_path;
 /* Writeback: backing= as given (a path made absolute, or an NBD URI). */
 static char *backing_target;
@@ -67,7 +71,10 @@ static void
 zram_unload (void)
 {
   store_destroy (store);
+  metrics_unconfigure ();
   free (stats_path);
+  free (metrics_path);
+  free (device_name);
   free (ctl_path);
   free (backing_target);
 }
@@ -211,6 +218,26 @@ zram_config (const char *key, const char *value)
     stats_path = *value ? nbdkit_absolute_path (value) : NULL;
     if (!stats_path) {
       nbdkit_error ("stats: '%s' is not a usable file name", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "metrics") == 0) {
+    free (metrics_path);
+    metrics_path = *value ? nbdkit_absolute_path (value) : NULL;
+    if (!metrics_path) {
+      nbdkit_error ("metrics: '%s' is not a usable file name", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "name") == 0) {
+    /* A label value may hold anything but must say something. */
+    if (!*value) {
+      nbdkit_error ("name: the device's name must not be empty");
+      return -1;
+    }
+    free (device_name);
+    if (!(device_name = strdup (value))) {
+      nbdkit_error ("name: %s", error_text (errno));
       return -1;
     }
   }
@@ -407,6 +434,11 @@ zram_config_complete (void)
     nbdkit_error ("stats: cannot write '%s': %s", stats_path, error_text (errno));
     return -1;
   }
+  if (metrics_path && stats_file_check (metrics_path) == -1) {
+    nbdkit_error ("metrics: cannot write '%s': %s", metrics_path,
+                  error_text (errno));
+    return -1;
+  }
   if (swap_mode_check_config (config.pool.mem_limit) == -1)
     return -1;
   if (policy.recompress_after && !recomp_given[1]) {
@@ -485,6 +517,8 @@ zram_config_complete (void)
   "level=N                   lz4 acceleration 1..65537, zstd level (default 1).\n" \
   "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
   "stats=PATH                Write zram-style statistics to PATH every second.\n" \
+  "metrics=PATH              Write Prometheus metrics to PATH every second.\n" \
+  "name=NAME                 The metrics' device label (default zram).\n" \
   "ctl=PATH                  Control channel: a Unix socket (nbdkit-zramctl).\n" \
   "recomp_algorithm=ALGO[:level=N][:priority=P]\n" \
   "                          A recompression algorithm (up to 3).\n" \
@@ -545,6 +579,10 @@ zram_get_ready (void)
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
+  if (metrics_configure (store, device_name ? device_name : "zram") == -1) {
+    nbdkit_error ("metrics: %s", error_text (errno));
+    return -1;
+  }
   if (ctl_path && control_listen (ctl_path) == -1)
     return -1;
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
@@ -583,7 +621,7 @@ zram_after_fork (void)
   /* Swap mode: the reserve populated (and locked) before any request. */
   policy.reserve_always = swap_mode != SWAP_OFF;
   housekeeper_set_policy (&policy);
-  if (housekeeper_start (store, stats_path,
+  if (housekeeper_start (store, stats_path, metrics_path,
                          config.pool.compact_before_refusal
                          ? (int) compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));

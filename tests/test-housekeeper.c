@@ -140,7 +140,8 @@ store_reserve_low (struct block_store *store)
 static atomic_bool stats_stuck;
 
 int
-stats_file_write (struct block_store *store, const char *path)
+stats_files_write (struct block_store *store, const char *stats_path,
+                   const char *metrics_path)
 {
   atomic_fetch_add (&stats_writes, 1);
   while (atomic_load (&stats_stuck))
@@ -155,8 +156,8 @@ test_rounds_survive_a_clock_step (void **state)
   for (int with_stats = 0; with_stats < 2; with_stats++) {
     atomic_store (&rounds, 0);
     atomic_store (&stats_writes, 0);
-    assert_int_equal (housekeeper_start (NULL, with_stats ? "stats" : NULL, 10),
-                      0);
+    assert_int_equal (housekeeper_start (NULL, with_stats ? "stats" : NULL,
+                                         NULL, 10), 0);
     /* Rounds at 0, 1, 2 s...: three within 6 s even on a loaded machine. */
     for (int i = 0; i < 60 && atomic_load (&rounds) < 3; i++)
       usleep (100000);
@@ -182,7 +183,7 @@ test_wake_refills_between_rounds (void **state)
 {
   (void) state;
   atomic_store (&rounds, 0);
-  assert_int_equal (housekeeper_start (NULL, NULL, -1), 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, NULL, -1), 0);
   for (int i = 0; i < 50 && atomic_load (&rounds) < 1; i++)
     usleep (100000);
   assert_true (atomic_load (&rounds) >= 1);
@@ -218,7 +219,7 @@ test_reserve_always (void **state)
   atomic_store (&rounds, 0);
   atomic_store (&refills, 0);
   atomic_store (&releases_asked, 0);
-  assert_int_equal (housekeeper_start (NULL, NULL, -1), 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, NULL, -1), 0);
   assert_true (atomic_load (&refills) >= 1);
   for (int i = 0; i < 50 && atomic_load (&rounds) < 2; i++)
     usleep (100000);
@@ -232,7 +233,7 @@ test_reserve_always (void **state)
   housekeeper_set_policy (&policy);
   atomic_store (&rounds, 0);
   atomic_store (&refills, 0);
-  assert_int_equal (housekeeper_start (NULL, NULL, -1), 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, NULL, -1), 0);
   assert_int_equal (atomic_load (&refills), 0);
   housekeeper_wake ();
   for (int i = 0; i < 50 && atomic_load (&releases_asked) == 0; i++)
@@ -255,7 +256,7 @@ test_stuck_stats_write_keeps_refills (void **state)
   atomic_store (&refills, 0);
   atomic_store (&stats_writes, 0);
   atomic_store (&stats_stuck, true);
-  assert_int_equal (housekeeper_start (NULL, "stats", -1), 0);
+  assert_int_equal (housekeeper_start (NULL, "stats", NULL, -1), 0);
   for (int i = 0; i < 80 && atomic_load (&rounds) < 3; i++)
     usleep (100000);
   int seen_rounds = atomic_load (&rounds), seen_refills = atomic_load (&refills);

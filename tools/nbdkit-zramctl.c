@@ -4,12 +4,17 @@
  *
  *   nbdkit-zramctl [--json] [--bytes] SOCKET...     one line per server
  *   nbdkit-zramctl COMMAND SOCKET [ARGUMENT...]     one control command
+ *   nbdkit-zramctl metrics SOCKET...                Prometheus metrics
+ *   nbdkit-zramctl plot SOCKET FILE.png [SECONDS [INTERVAL]]
+ *                                                   a run's history
  *   nbdkit-zramctl swap on|off|status [OPTION...]   compressed swap
  */
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
+#include <time.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,9 +38,11 @@ usage (FILE *fp)
   fprintf (fp,
            "usage: %s [--json] [--bytes] SOCKET...\n"
            "       %s COMMAND SOCKET [ARGUMENT...]\n"
+           "       %s metrics SOCKET...\n"
+           "       %s plot SOCKET FILE.png [SECONDS [INTERVAL]]\n"
            "       %s swap on|off|status [OPTION...]\n"
            "SOCKET is a server's ctl= socket.  COMMAND is one of:", program,
-           program, program);
+           program, program, program, program);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf (fp, " %s", commands[i]);
   fprintf (fp, "\n(see nbdkit-zramctl(1))\n");
@@ -241,6 +248,242 @@ run_command (const char *command, const char *path, int argc, char **argv)
   return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* ---- metrics: one exposition for several servers ---------------------- */
+
+/* A metric family: its # HELP and # TYPE lines once, then the samples of
+ * every server (Prometheus allows each family once in an exposition).
+ */
+struct family {
+  char *name;
+  char *help, *type;              /* the lines, or NULL */
+  char *samples;
+  size_t samples_size;
+  FILE *out;                      /* writes samples */
+};
+
+/* The family of that name, made (at a fixed address: its memstream
+ * writes through its fields) if it is new.
+ */
+static struct family *
+family_find (struct family ***families, size_t *count, const char *name,
+             size_t length)
+{
+  for (size_t i = 0; i < *count; i++)
+    if (strlen ((*families)[i]->name) == length
+        && strncmp ((*families)[i]->name, name, length) == 0)
+      return (*families)[i];
+  struct family **more = realloc (*families, (*count + 1) * sizeof **families);
+  struct family *family = calloc (1, sizeof *family);
+  if (more)
+    *families = more;
+  if (!more || !family) {
+    free (family);
+    return NULL;
+  }
+  more[(*count)++] = family;
+  family->name = strndup (name, length);
+  family->out = open_memstream (&family->samples, &family->samples_size);
+  return family->name && family->out ? family : NULL;
+}
+
+/* Add one server's exposition to the families. */
+static int
+families_add (struct family ***families, size_t *count, const char *text)
+{
+  struct family *current = NULL;
+  for (const char *line = text; *line; ) {
+    size_t length = strcspn (line, "\n");
+    if (strncmp (line, "# HELP ", 7) == 0 || strncmp (line, "# TYPE ", 7) == 0) {
+      const char *name = line + 7;
+      current = family_find (families, count, name, strcspn (name, " \n"));
+      if (!current)
+        return -1;
+      char **kept = line[2] == 'H' ? &current->help : &current->type;
+      if (!*kept && !(*kept = strndup (line, length)))
+        return -1;
+    }
+    else if (length > 0 && line[0] != '#') {
+      if (!current)
+        current = family_find (families, count, line, strcspn (line, "{ "));
+      if (!current)
+        return -1;
+      fprintf (current->out, "%.*s\n", (int) length, line);
+    }
+    line += length;
+    if (*line == '\n')
+      line++;
+  }
+  return 0;
+}
+
+static int
+run_metrics (int count, char **paths)
+{
+  struct family **families = NULL;
+  size_t family_count = 0;
+  int failures = 0;
+  for (int i = 0; i < count; i++) {
+    int fd = control_connect (paths[i]);
+    char *reply = NULL;
+    if (fd == -1 || control_command (fd, paths[i], "metrics", &reply) == -1
+        || families_add (&families, &family_count, reply) == -1)
+      failures++;
+    free (reply);
+    if (fd != -1)
+      close (fd);
+  }
+  for (size_t i = 0; i < family_count; i++) {
+    struct family *family = families[i];
+    if (family->out)
+      fclose (family->out);
+    if (family->help)
+      printf ("%s\n", family->help);
+    if (family->type)
+      printf ("%s\n", family->type);
+    fputs (family->samples ? family->samples : "", stdout);
+    free (family->name);
+    free (family->help);
+    free (family->type);
+    free (family->samples);
+    free (family);
+  }
+  free (families);
+  return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ---- plot: a PNG of a run's history ------------------------------------- */
+
+static volatile sig_atomic_t plot_stop;
+
+static void
+plot_signal (int signal)
+{
+  (void) signal;
+  plot_stop = 1;
+}
+
+/* The value of "key: value" in a stats reply, or 0. */
+static double
+stats_value (const char *lines, const char *key)
+{
+  size_t length = strlen (key);
+  for (const char *line = lines; line && *line; ) {
+    if (strncmp (line, key, length) == 0 && line[length] == ':')
+      return strtod (line + length + 1, NULL);
+    line = strchr (line, '\n');
+    if (line)
+      line++;
+  }
+  return 0;
+}
+
+/* The columns of the samples file, in order: seconds since the start,
+ * then these stats keys.
+ */
+static const char *const plot_keys[] = {
+  "orig_data_size", "compr_data_size", "mem_used_total", "process_rss",
+  "memory_ratio", "compression_ratio", "pages_compacted", "bd_count",
+  "backing_used", "mem_limit",
+};
+
+/* Sample the server's stats every interval (seconds) until seconds have
+ * passed (0: until it goes away or a signal), into FILE.png.dat, then
+ * draw FILE.png with gnuplot (GNUPLOT, default gnuplot).
+ */
+static int
+run_plot (const char *path, const char *png, double seconds, double interval)
+{
+  char data_path[4096];
+  if (snprintf (data_path, sizeof data_path, "%s.dat", png)
+      >= (int) sizeof data_path) {
+    fprintf (stderr, "%s: plot: %s: name too long\n", program, png);
+    return EXIT_FAILURE;
+  }
+  FILE *data = fopen (data_path, "w");
+  if (!data) {
+    fprintf (stderr, "%s: plot: %s: %s\n", program, data_path, strerror (errno));
+    return EXIT_FAILURE;
+  }
+  fprintf (data, "# seconds");
+  for (size_t k = 0; k < sizeof plot_keys / sizeof plot_keys[0]; k++)
+    fprintf (data, " %s", plot_keys[k]);
+  fprintf (data, "\n");
+  signal (SIGINT, plot_signal);
+  signal (SIGTERM, plot_signal);
+  struct timespec start, now;
+  clock_gettime (CLOCK_MONOTONIC, &start);
+  unsigned samples = 0;
+  int fd = control_connect (path);
+  while (fd != -1 && !plot_stop) {
+    char *reply = NULL;
+    if (control_command (fd, path, "stats", &reply) == -1) {
+      free (reply);
+      break;                    /* the server went away: draw what we have */
+    }
+    clock_gettime (CLOCK_MONOTONIC, &now);
+    double at = (now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9;
+    fprintf (data, "%.3f", at);
+    for (size_t k = 0; k < sizeof plot_keys / sizeof plot_keys[0]; k++)
+      fprintf (data, " %.6g", stats_value (reply, plot_keys[k]));
+    fprintf (data, "\n");
+    fflush (data);
+    free (reply);
+    samples++;
+    if (seconds > 0 && at + interval > seconds)
+      break;
+    struct timespec pause = { (time_t) interval,
+                              (long) ((interval - (time_t) interval) * 1e9) };
+    nanosleep (&pause, NULL);
+  }
+  if (fd != -1)
+    close (fd);
+  fclose (data);
+  if (samples < 2) {
+    fprintf (stderr, "%s: plot: %u sample(s) from %s: nothing to draw\n",
+             program, samples, path);
+    return EXIT_FAILURE;
+  }
+  const char *gnuplot = getenv ("GNUPLOT");
+  FILE *plot = popen (gnuplot && *gnuplot ? gnuplot : "gnuplot", "w");
+  if (!plot) {
+    fprintf (stderr, "%s: plot: cannot run gnuplot: %s\n", program,
+             strerror (errno));
+    return EXIT_FAILURE;
+  }
+  /* Columns: 1 seconds, 2 stored, 3 compressed, 4 pool, 5 RSS, 6 memory
+   * ratio, 7 compression ratio, 8 pages compacted, 9 blocks written back,
+   * 10 backing bytes used, 11 mem_limit.
+   */
+  fprintf (plot,
+           "set terminal pngcairo size 1200,900 noenhanced\n"
+           "set output '%s'\n"
+           "set multiplot layout 2,2 title '%s'\n"
+           "set key top left\nset grid\nset xlabel 'seconds'\nset yrange [0:*]\n"
+           "set ylabel 'MiB'\nset title 'memory used against data stored'\n"
+           "plot '%s' using 1:($2/1048576) with lines title 'stored', "
+           "'' using 1:($4/1048576) with lines title 'pool (mem_used_total)', "
+           "'' using 1:($5/1048576) with lines title 'process RSS', "
+           "'' using 1:($11 > 0 ? $11/1048576 : 1/0) with lines dt 2 title 'mem_limit'\n"
+           "set ylabel 'stored / used'\nset title 'ratio'\n"
+           "plot '%s' using 1:6 with lines title 'memory ratio', "
+           "'' using 1:7 with lines title 'compression ratio'\n"
+           "set ylabel 'pages'\nset title 'compaction'\n"
+           "plot '%s' using 1:8 with lines title 'pages compacted'\n"
+           "set ylabel 'MiB'\nset title 'writeback'\n"
+           "plot '%s' using 1:($9*4096/1048576) with lines title 'written back (bd_count)', "
+           "'' using 1:($10/1048576) with lines title 'backing store used'\n"
+           "unset multiplot\n",
+           png, path, data_path, data_path, data_path, data_path);
+  int status = pclose (plot);
+  if (status != 0) {
+    fprintf (stderr, "%s: plot: gnuplot failed (status %d)\n", program, status);
+    return EXIT_FAILURE;
+  }
+  fprintf (stderr, "%s: plot: %u samples in %s, drawn in %s\n", program,
+           samples, data_path, png);
+  return EXIT_SUCCESS;
+}
+
 /* swap on|off|status: the shell script that sets up swap (it runs
  * modprobe, nbdkit, nbd-client, mkswap, swapon), told where this program
  * is so that `swap status` can print the table.
@@ -295,6 +538,33 @@ main (int argc, char **argv)
   }
   if (strcmp (argv[optind], "swap") == 0)
     return run_swap_helper (argc - optind - 1, argv + optind + 1);
+  if (strcmp (argv[optind], "metrics") == 0) {
+    if (optind + 1 >= argc) {
+      fprintf (stderr, "%s: metrics: which servers' sockets?\n", program);
+      return EXIT_FAILURE;
+    }
+    return run_metrics (argc - optind - 1, argv + optind + 1);
+  }
+  if (strcmp (argv[optind], "plot") == 0) {
+    int n = argc - optind - 1;
+    char *end = NULL;
+    double seconds = n >= 3 ? strtod (argv[optind + 3], &end) : 0;
+    double interval = 1;
+    if (n >= 3 && (*end || seconds < 0))
+      n = 0;
+    if (n >= 4) {
+      interval = strtod (argv[optind + 4], &end);
+      if (*end || interval < 0.01)
+        n = 0;
+    }
+    if (n < 2 || n > 4) {
+      fprintf (stderr, "%s: plot SOCKET FILE.png [SECONDS [INTERVAL]]: "
+               "SECONDS >= 0 (0: until the server goes), INTERVAL >= 0.01\n",
+               program);
+      return EXIT_FAILURE;
+    }
+    return run_plot (argv[optind + 1], argv[optind + 2], seconds, interval);
+  }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (argv[optind], commands[i]) == 0) {
       if (optind + 1 >= argc) {

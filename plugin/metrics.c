@@ -1,0 +1,288 @@
+/* The metrics exposition: see metrics.h. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zsalloc.h"
+#include "metrics.h"
+
+static struct block_store *metrics_store;
+static char *device_label;      /* escaped for a label value */
+
+/* The device label's value: "zram" until metrics_configure. */
+static const char *
+label (void)
+{
+  return device_label ? device_label : "zram";
+}
+
+enum metric_type { GAUGE, COUNTER };
+
+/* A metric taken from one field of struct store_stats. */
+struct field_metric {
+  const char *name;               /* counters end in _total */
+  enum metric_type type;
+  size_t offset;                  /* in struct store_stats */
+  double scale;                   /* 0: the integer as it is */
+  const char *help;
+};
+
+#define STORE(field) offsetof (struct store_stats, field)
+
+/* In the stats file's order; the stats key each comes from is the field's
+ * name.
+ */
+static const struct field_metric fields[] = {
+  { "nbdkit_zram_disk_size_bytes", GAUGE, STORE (disk_size), 0,
+    "Size of the device." },
+  { "nbdkit_zram_orig_data_bytes", GAUGE, STORE (orig_data_size), 0,
+    "Bytes of the blocks stored, same-filled ones included (zram's orig_data_size)." },
+  { "nbdkit_zram_compr_data_bytes", GAUGE, STORE (compr_data_size), 0,
+    "Compressed bytes of the blocks stored (zram's compr_data_size)." },
+  { "nbdkit_zram_mem_used_bytes", GAUGE, STORE (mem_used_total), 0,
+    "Bytes of the allocator's pages (zram's mem_used_total)." },
+  { "nbdkit_zram_mem_limit_bytes", GAUGE, STORE (mem_limit), 0,
+    "The memory limit (mem_limit; 0: none)." },
+  { "nbdkit_zram_mem_limit_used_bytes", GAUGE, STORE (limit_used), 0,
+    "Bytes the memory limit counts now." },
+  { "nbdkit_zram_mem_used_max_bytes", GAUGE, STORE (mem_used_max), 0,
+    "Most bytes of the allocator's pages since the start or a reset (zram's mem_used_max)." },
+  { "nbdkit_zram_same_blocks", GAUGE, STORE (same_pages), 0,
+    "Blocks stored as one repeated word, taking no memory (zram's same_pages)." },
+  { "nbdkit_zram_compacted_pages_total", COUNTER, STORE (pages_compacted), 0,
+    "Pages compaction freed (zram's pages_compacted)." },
+  { "nbdkit_zram_freeable_pages", GAUGE, STORE (pages_freeable), 0,
+    "Pages compaction could free now." },
+  { "nbdkit_zram_compact_seconds_total", COUNTER, STORE (compact_ms), 0.001,
+    "Time spent compacting." },
+  { "nbdkit_zram_huge_blocks", GAUGE, STORE (huge_pages), 0,
+    "Blocks stored uncompressed (zram's huge_pages)." },
+  { "nbdkit_zram_huge_blocks_stored_total", COUNTER, STORE (huge_pages_since), 0,
+    "Blocks stored uncompressed, ever (zram's huge_pages_since)." },
+  { "nbdkit_zram_failed_reads_total", COUNTER, STORE (failed_reads), 0,
+    "Reads that failed (zram's failed_reads)." },
+  { "nbdkit_zram_failed_writes_total", COUNTER, STORE (failed_writes), 0,
+    "Writes that failed, for memory or otherwise (zram's failed_writes)." },
+  { "nbdkit_zram_invalid_io_total", COUNTER, STORE (invalid_io), 0,
+    "Requests refused as invalid (zram's invalid_io)." },
+  { "nbdkit_zram_notify_free_total", COUNTER, STORE (notify_free), 0,
+    "Blocks freed by trims and zeroes (zram's notify_free)." },
+  { "nbdkit_zram_reads_total", COUNTER, STORE (reads), 0,
+    "Block reads served." },
+  { "nbdkit_zram_writes_total", COUNTER, STORE (writes), 0,
+    "Block writes served." },
+  { "nbdkit_zram_table_bytes", GAUGE, STORE (table_bytes), 0,
+    "Bytes of the block table." },
+  { "nbdkit_zram_metadata_bytes", GAUGE, STORE (metadata_bytes), 0,
+    "Bytes of the allocator's metadata." },
+  { "nbdkit_zram_codec_bytes", GAUGE, STORE (codec_bytes), 0,
+    "Bytes of compression contexts and batched writes' scratch." },
+  { "nbdkit_zram_reserve_bytes", GAUGE, STORE (reserve_bytes), 0,
+    "Swap mode: populated pages ready in the reserve." },
+  { "nbdkit_zram_reserve_refilled_bytes_total", COUNTER, STORE (reserve_refills), 0,
+    "Swap mode: bytes the reserve was topped up with." },
+  { "nbdkit_zram_reserve_misses_total", COUNTER, STORE (reserve_misses), 0,
+    "Swap mode: times a write asked the system for pages with the reserve empty." },
+  { "nbdkit_zram_recompressed_blocks", GAUGE, STORE (recomp_blocks), 0,
+    "Blocks stored recompressed now." },
+  { "nbdkit_zram_recompress_saved_bytes_total", COUNTER, STORE (recomp_bytes_saved), 0,
+    "Bytes recompression saved." },
+  { "nbdkit_zram_packed_blocks", GAUGE, STORE (packed_blocks), 0,
+    "Blocks in packed units now." },
+  { "nbdkit_zram_pack_units", GAUGE, STORE (pack_units), 0,
+    "Packed units now." },
+  { "nbdkit_zram_decode_cache_bytes", GAUGE, STORE (decode_cache_bytes), 0,
+    "Bytes of decoded packed units kept for reads." },
+  { "nbdkit_zram_decode_cache_hits_total", COUNTER, STORE (decode_cache_hits), 0,
+    "Reads of packed blocks the decode cache served." },
+  { "nbdkit_zram_decode_cache_misses_total", COUNTER, STORE (decode_cache_misses), 0,
+    "Reads of packed blocks that decoded their unit." },
+  { "nbdkit_zram_backing_blocks", GAUGE, STORE (bd_count), 0,
+    "Blocks written back, in the backing store now (zram's bd_count)." },
+  { "nbdkit_zram_backing_block_reads_total", COUNTER, STORE (bd_reads), 0,
+    "Blocks read from the backing store (zram's bd_reads)." },
+  { "nbdkit_zram_backing_block_writes_total", COUNTER, STORE (bd_writes), 0,
+    "Blocks written to the backing store (zram's bd_writes)." },
+  { "nbdkit_zram_backing_stored_bytes", GAUGE, STORE (bd_bytes), 0,
+    "Compressed bytes of the blocks in the backing store." },
+  { "nbdkit_zram_backing_failed_reads_total", COUNTER, STORE (bd_failed_reads), 0,
+    "Reads of written-back blocks that failed." },
+  { "nbdkit_zram_backing_readbacks_total", COUNTER, STORE (bd_readbacks), 0,
+    "Written-back blocks brought back into memory by reads." },
+  { "nbdkit_zram_backing_capacity_bytes", GAUGE, STORE (backing_capacity), 0,
+    "Bytes the backing store's space map covers (0: no backing store)." },
+  { "nbdkit_zram_backing_used_bytes", GAUGE, STORE (backing_used), 0,
+    "Bytes of the backing store in use." },
+  { "nbdkit_zram_backing_map_bytes", GAUGE, STORE (backing_map_bytes), 0,
+    "Bytes of the backing store's space map." },
+  { "nbdkit_zram_backing_failed_total", COUNTER, STORE (backing_failed), 0,
+    "Backing store requests that failed." },
+  { "nbdkit_zram_backing_reconnects_total", COUNTER, STORE (backing_reconnects), 0,
+    "Connections to an NBD backing store made again." },
+  { "nbdkit_zram_backing_timeouts_total", COUNTER, STORE (backing_timeouts), 0,
+    "NBD backing requests past their deadline (backing_timeout)." },
+  { "nbdkit_zram_backing_corrupt_total", COUNTER, STORE (backing_corrupt), 0,
+    "Written-back blocks whose checksum did not match." },
+};
+
+int
+metrics_configure (struct block_store *store, const char *device)
+{
+  /* A label value escapes backslash, double quote and newline. */
+  char *escaped = malloc (strlen (device) * 2 + 1), *out = escaped;
+  if (!escaped)
+    return -1;
+  for (const char *in = device; *in; in++) {
+    if (*in == '\\' || *in == '"')
+      *out++ = '\\', *out++ = *in;
+    else if (*in == '\n')
+      *out++ = '\\', *out++ = 'n';
+    else
+      *out++ = *in;
+  }
+  *out = '\0';
+  free (device_label);
+  device_label = escaped;
+  metrics_store = store;
+  return 0;
+}
+
+void
+metrics_unconfigure (void)
+{
+  free (device_label);
+  device_label = NULL;
+  metrics_store = NULL;
+}
+
+static void
+family (FILE *fp, const char *name, enum metric_type type, const char *help)
+{
+  fprintf (fp, "# HELP %s %s\n# TYPE %s %s\n", name, help, name,
+           type == COUNTER ? "counter" : "gauge");
+}
+
+static void
+sample_integer (FILE *fp, const char *name, uint64_t value)
+{
+  fprintf (fp, "%s{device=\"%s\"} %" PRIu64 "\n", name, label (), value);
+}
+
+static void
+sample_number (FILE *fp, const char *name, double value)
+{
+  fprintf (fp, "%s{device=\"%s\"} %.17g\n", name, label (), value);
+}
+
+static void
+integer_metric (FILE *fp, const char *name, enum metric_type type,
+                const char *help, uint64_t value)
+{
+  family (fp, name, type, help);
+  sample_integer (fp, name, value);
+}
+
+static double
+ratio (uint64_t numerator, uint64_t denominator)
+{
+  return denominator ? (double) numerator / denominator : 0;
+}
+
+/* The allocator's per-class table: a sample per size class in use. */
+static void
+print_classes (FILE *fp)
+{
+  static const struct {
+    const char *name, *help;
+    size_t offset;
+  } columns[] = {
+    { "nbdkit_zram_class_objects", "Live objects in the size class.",
+      offsetof (struct zs_class_stats, objs_used) },
+    { "nbdkit_zram_class_object_slots", "Object slots in the size class's zspages.",
+      offsetof (struct zs_class_stats, objs_allocated) },
+    { "nbdkit_zram_class_pages", "Pages of the size class's zspages.",
+      offsetof (struct zs_class_stats, pages_used) },
+    { "nbdkit_zram_class_freeable_pages", "Pages compaction could free in the size class.",
+      offsetof (struct zs_class_stats, pages_freeable) },
+  };
+  unsigned count = store_class_count (metrics_store);
+  for (size_t c = 0; c < sizeof columns / sizeof columns[0]; c++) {
+    family (fp, columns[c].name, GAUGE, columns[c].help);
+    for (unsigned i = 0; i < count; i++) {
+      struct zs_class_stats class;
+      if (store_class_stats (metrics_store, i, &class) == -1
+          || class.pages_used == 0)
+        continue;
+      uint64_t value;
+      memcpy (&value, (const char *) &class + columns[c].offset, sizeof value);
+      fprintf (fp, "%s{device=\"%s\",class=\"%u\",size=\"%u\"} %" PRIu64 "\n",
+               columns[c].name, label (), i, class.size, value);
+    }
+  }
+}
+
+void
+metrics_print_sample (const struct stats_sample *sample, FILE *fp)
+{
+  const struct store_stats *s = &sample->store;
+
+  integer_metric (fp, "nbdkit_zram_samples_total", COUNTER,
+                  "Samples of the figures taken (the stats file's sample).",
+                  sample->number);
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    uint64_t value;
+    memcpy (&value, (const char *) s + fields[i].offset, sizeof value);
+    family (fp, fields[i].name, fields[i].type, fields[i].help);
+    if (fields[i].scale)
+      sample_number (fp, fields[i].name, value * fields[i].scale);
+    else
+      sample_integer (fp, fields[i].name, value);
+  }
+  if (s->writeback_limit_left != UINT64_MAX)
+    integer_metric (fp, "nbdkit_zram_writeback_limit_bytes", GAUGE,
+                    "Bytes writeback may still write (writeback_limit).",
+                    s->writeback_limit_left);
+  integer_metric (fp, "nbdkit_zram_process_resident_bytes", GAUGE,
+                  "Resident memory of the server process.",
+                  sample->process_rss);
+  integer_metric (fp, "nbdkit_zram_swap_mode", GAUGE,
+                  "Swap mode: 0 off, 1 on, 2 try.", sample->swap.mode_number);
+  integer_metric (fp, "nbdkit_zram_swap_locked_bytes", GAUGE,
+                  "Locked memory that is resident.", sample->swap.locked_bytes);
+  integer_metric (fp, "nbdkit_zram_swap_locked_mappings_bytes", GAUGE,
+                  "Locked mappings in full, touched or not (VmLck).",
+                  sample->swap.locked_mappings_bytes);
+  family (fp, "nbdkit_zram_swap_realtime_priority", GAUGE,
+          "Real-time priority of the server (0: not real-time).");
+  sample_number (fp, "nbdkit_zram_swap_realtime_priority",
+                 sample->swap.realtime_priority);
+  family (fp, "nbdkit_zram_swap_io_flusher_worker", GAUGE,
+          "Whether the first request's worker runs as an IO flusher (1, 0; -1 before a write in swap mode).");
+  sample_number (fp, "nbdkit_zram_swap_io_flusher_worker",
+                 sample->swap.io_flusher_worker);
+  family (fp, "nbdkit_zram_swap_oom_score_adj", GAUGE,
+          "The server's oom_score_adj.");
+  sample_number (fp, "nbdkit_zram_swap_oom_score_adj",
+                 sample->swap.oom_score_adj);
+  family (fp, "nbdkit_zram_compression_ratio", GAUGE,
+          "Bytes stored over compressed bytes.");
+  sample_number (fp, "nbdkit_zram_compression_ratio",
+                 ratio (s->orig_data_size, s->compr_data_size));
+  family (fp, "nbdkit_zram_memory_ratio", GAUGE,
+          "Bytes stored over the allocator's pages.");
+  sample_number (fp, "nbdkit_zram_memory_ratio",
+                 ratio (s->orig_data_size, s->mem_used_total));
+  if (metrics_store)
+    print_classes (fp);
+}
+
+void
+metrics_print (struct block_store *store, FILE *fp)
+{
+  struct stats_sample sample;
+  stats_sample_take (store, &sample);
+  metrics_print_sample (&sample, fp);
+}

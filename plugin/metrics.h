@@ -1,0 +1,31 @@
+/* The metrics: every figure of the stats file (stats-file.h), the
+ * allocator's per-class table and the policies' counters, in the
+ * Prometheus text exposition format (version 0.0.4, which node_exporter's
+ * textfile collector and Prometheus itself read): names in the
+ * nbdkit_zram_ namespace with their unit (_bytes, _seconds, _total for
+ * counters), a # HELP and a # TYPE line for each, and a device label (the
+ * plugin's name= parameter) on every sample.  Written to metrics=PATH by
+ * the housekeeper with the stats file, from the same sample, and printed
+ * by the control channel's "metrics" command.  man/nbdkit-zram-plugin.pod
+ * lists them (METRICS).
+ */
+
+#ifndef ZRAM_METRICS_H
+#define ZRAM_METRICS_H
+
+#include <stdio.h>
+
+#include "block-store.h"
+#include "stats-file.h"
+
+/* Before any print: the store (for the per-class table) and the device
+ * label's value (copied).  0, or -1 with errno.
+ */
+extern int metrics_configure (struct block_store *store, const char *device);
+extern void metrics_unconfigure (void);
+
+/* Print the exposition of a sample taken already, or of a new one. */
+extern void metrics_print_sample (const struct stats_sample *sample, FILE *fp);
+extern void metrics_print (struct block_store *store, FILE *fp);
+
+#endif /* ZRAM_METRICS_H */
