@@ -45,6 +45,7 @@ packages=(
   nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd
   liblz4-dev libzstd-dev libcmocka-dev
   fio qemu-utils spin
+  python3-prometheus-client prometheus prometheus-node-exporter gnuplot-nox
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -186,6 +186,15 @@ for name, family in families.items():
 assert re.search(r'^# TYPE nbdkit_zram_reads_total counter$', text, re.M), \
     "counters are typed by their sample name"
 
+# The man page lists every metric, and nothing that is not one.
+man = open(os.path.join(env["SRCDIR"], "man", "nbdkit-zram-plugin.pod")).read()
+documented = set(re.findall(r"^=item C<(nbdkit_zram_\w+)>", man, re.M))
+exposed = {name + "_total" if f.type == "counter" else name
+           for name, f in families.items()}
+assert exposed - documented == set(), "not in the man page: %s" % (exposed - documented)
+assert documented - exposed <= {"nbdkit_zram_writeback_limit_bytes"}, \
+    "in the man page, not exposed: %s" % (documented - exposed - {"nbdkit_zram_writeback_limit_bytes"})
+
 # The per-class table adds up to the pool (a quiet server: the same).
 pages = sum(s.value for s in families["nbdkit_zram_class_pages"].samples)
 assert pages * 4096 == int(stats["mem_used_total"]), (pages, stats["mem_used_total"])
