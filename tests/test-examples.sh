@@ -2,8 +2,11 @@
 # The files in examples/ are well-formed: shell scripts parse (bash -n),
 # start with a #! line and pass shellcheck (when installed) at warning
 # level; systemd units have [Unit], [Service] and ExecStart= and pass
-# systemd-analyze verify (when installed).  An empty examples/ or a file
-# of another type fails.
+# systemd-analyze verify (when installed); Grafana dashboards (*.json)
+# load as JSON, have panels with queries, and every nbdkit_zram_ metric a
+# query names is one the plugin exposes (its man page's Metrics list,
+# which tests/test-plugin-metrics.sh checks against a real exposition).
+# An empty examples/ or a file of another type fails.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -61,8 +64,30 @@ for file in "$examples"/*; do
                 fi
             fi
             [ "$errors" != "$errors_before" ] || echo "ok: $name" ;;
+        *.json)
+            /usr/bin/python3 - "$file" "$SRCDIR/man/nbdkit-zram-plugin.pod" <<'EOF' ||
+import json, re, sys
+dashboard = json.load(open(sys.argv[1]))
+documented = set(re.findall(r"^=item C<(nbdkit_zram_\w+)>",
+                            open(sys.argv[2]).read(), re.M))
+assert documented, "no metrics in the man page"
+panels = dashboard["panels"]
+assert panels, "no panels"
+queries = [t["expr"] for p in panels for t in p["targets"]]
+assert len(queries) >= len(panels), "a panel without a query"
+queries += [v["query"] for v in dashboard.get("templating", {}).get("list", [])
+            if v.get("type") == "query"]
+named = set()
+for q in queries:
+    named |= set(re.findall(r"\bnbdkit_zram_\w+", q))
+unknown = named - documented
+assert not unknown, "queries name metrics that do not exist: %s" % sorted(unknown)
+print("%d panels, %d queries, %d metrics named" % (len(panels), len(queries), len(named)))
+EOF
+                bad "$name: not a dashboard whose queries name existing metrics"
+            [ "$errors" != "$errors_before" ] || echo "ok: $name" ;;
         *)
-            bad "$name: unknown kind of example (expected *.sh or *.service)" ;;
+            bad "$name: unknown kind of example (expected *.sh, *.service or *.json)" ;;
     esac
 done
 
