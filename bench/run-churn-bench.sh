@@ -29,7 +29,8 @@
 # with), PLUGIN, DEV_MIB (1024; QUICK 128), CHURN_OPS (200000; QUICK
 # 60000), RUNTIME (10; QUICK 3), REPEATS (3; QUICK 1), IMAGE (a memory
 # image; made with make-memory-image.sh if missing), IMAGE_MIB (256;
-# QUICK 64), COMP (lz4).
+# QUICK 64), COMP (lz4), PLOT (a PNG: nbdkit-zramctl plot draws the
+# first compact=auto churn run's history into it).
 set -euo pipefail
 # shellcheck source=bench/functions.sh
 source "$(dirname "$(readlink -f "$0")")/functions.sh"
@@ -99,7 +100,10 @@ def stat(fresh=True):
             for line in open(stats):
                 key, sep, value = line.partition(": ")
                 if sep and key.isidentifier():
-                    fields[key] = float(value)
+                    try:
+                        fields[key] = float(value)
+                    except ValueError:
+                        pass            # swap_mode: off, and other words
             if "mem_used_total" in fields:
                 return fields
         except FileNotFoundError:
@@ -175,14 +179,25 @@ else:
 print(" ".join("%s=%s" % kv for kv in out.items()))
 EOF
 
+plotted=
 run () {
-    local mode=$1 phase=$2 out=$3 threshold=2
+    local mode=$1 phase=$2 out=$3 threshold=2 ctl=() plotter=
     [ "$phase" != fio ] || threshold=0
+    if [ -n "${PLOT:-}" ] && [ -z "$plotted" ] && [ "$mode" = auto ] &&
+        [ "$phase" = churn ]; then
+        plotted=yes
+        rm -f "$tmp/ctl"
+        ctl=(ctl="$tmp/ctl")
+        (for _ in $(seq 100); do [ -S "$tmp/ctl" ] && break; sleep 0.05; done
+         "$BUILD_DIR/tools/nbdkit-zramctl" plot "$tmp/ctl" "$PLOT" 0 0.5) &
+        plotter=$!
+    fi
     DEV_MIB=$DEV_MIB CHURN_OPS=$CHURN_OPS RUNTIME=$RUNTIME \
         "$NBDKIT" -U - "$PLUGIN" "${DEV_MIB}M" comp="$COMP" compact="$mode" \
-        compact_threshold=$threshold \
+        compact_threshold=$threshold ${ctl[@]+"${ctl[@]}"} \
         stats="$tmp/stats" --run "/usr/bin/python3 '$tmp/churn.py' \"\$uri\" '$IMAGE' '$tmp/stats' $phase" \
         >> "$out"
+    [ -z "$plotter" ] || wait "$plotter" || echo "run-churn-bench: the plot failed" >&2
 }
 
 echo "# Memory under churn: compact=auto against compact=off"

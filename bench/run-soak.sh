@@ -40,7 +40,10 @@
 # the server refuses to start with it), OUT (/tmp/soak-results/MODE-DATE),
 # MEM_LIMIT (half the calibrated need, e.g. 512M), COMP (lz4), IODEPTH (8),
 # SAMPLE (10), OVERHEAD_MIB (48), GROWTH_MIB (8), BUILD_DIR (build),
-# NBDKIT, PLUGIN (copied into OUT and run from there).
+# NBDKIT, PLUGIN (copied into OUT and run from there).  With gnuplot,
+# nbdkit-zramctl plot draws OUT/history.png from the server's control
+# channel (every 2 s: memory used against stored, ratio, compaction,
+# writeback) beside OUT/rss.png.
 set -euo pipefail
 # shellcheck source=bench/functions.sh
 source "$(dirname "$(readlink -f "$0")")/functions.sh"
@@ -204,7 +207,7 @@ fi
 LIMIT_BYTES=$(( $(to_mib "$MEM_LIMIT") * 1048576 ))
 
 # 2. The soak server.
-args=(mem_limit="$MEM_LIMIT" stats="$OUT/stats" compact=auto compact_threshold=2)
+args=(mem_limit="$MEM_LIMIT" stats="$OUT/stats" ctl="$OUT/ctl" compact=auto compact_threshold=2)
 swap_note=
 if [ "$SWAP" != off ]; then
     if ! start_server server "${args[@]}" swap="$SWAP"; then
@@ -222,6 +225,12 @@ else
         die "the server did not start: $(tail -3 "$OUT/server.log")"
 fi
 log "server: pid $server_pid, $NBDKIT -U $sock plugin.so ${SIZE_MIB}M comp=$COMP ${args[*]}"
+# The run's history, drawn when the server goes away.
+zramctl=$(readlink -f "$BUILD_DIR/tools/nbdkit-zramctl")
+if command -v gnuplot >/dev/null && [ -x "$zramctl" ]; then
+    for _ in $(seq 50); do [ -S "$OUT/ctl" ] && break; sleep 0.1; done
+    "$zramctl" plot "$OUT/ctl" "$OUT/history.png" 0 2 2>>"$OUT/plot.log" &
+fi
 grep -i warning "$OUT/server.log" | sed 's/^/run-soak: server: /' >&2 || :
 sleep 2.5
 cp "$OUT/stats" "$OUT/stats.idle"
