@@ -22,6 +22,10 @@ export METRICS="$tmp/textfile/nbdkit-zram.prom" STATS="$tmp/stats"
 export CTL="$tmp/ctl" CTL2="$tmp/ctl2" SOCK2="$tmp/sock2"
 export ZRAMCTL="$BUILDDIR/tools/nbdkit-zramctl" PLUGIN NBDKIT TMP="$tmp"
 export PNG="$tmp/history.png"
+# The second server's environment: the sanitizer runtime as functions.sh
+# preloads it for nbdkit.
+NBDKIT_ENV="$(printf '%s\n' ${_nbdkit_env[@]+"${_nbdkit_env[@]}"})"
+export NBDKIT_ENV
 mkdir "$tmp/textfile"
 export PROMTOOL="$(command -v promtool || :)"
 export NODE_EXPORTER="$(command -v prometheus-node-exporter || :)"
@@ -209,10 +213,12 @@ leftovers = [n for n in os.listdir(os.path.dirname(env["METRICS"]))
 assert not leftovers, leftovers
 
 # The control channel's metrics, merged for two servers by zramctl.
+second_env = dict(os.environ)
+second_env.update(l.split("=", 1) for l in env["NBDKIT_ENV"].splitlines() if l)
 second = subprocess.Popen([env["NBDKIT"], "-f", "-U", env["SOCK2"], env["PLUGIN"],
-                           "16M", "ctl=" + env["CTL2"], "name=disk2"])
+                           "16M", "ctl=" + env["CTL2"], "name=disk2"], env=second_env)
 try:
-    for _ in range(100):
+    for _ in range(600):          # a minute: sanitizer builds start slowly
         if os.path.exists(env["CTL2"]):
             break
         time.sleep(0.1)
