@@ -202,6 +202,20 @@ context_return (struct codec_context *context)
     atomic_store_explicit (&context->busy, false, memory_order_release);
 }
 
+/* A borrowed context whose zstd compression (or decompression) context
+ * is made: NULL with errno (nothing borrowed then).
+ */
+static struct codec_context *
+zstd_context_borrow (struct codec *codec, bool compress)
+{
+  struct codec_context *context = context_borrow (codec);
+  if (context && !zstd_ready (context, compress)) {
+    context_return (context);
+    return NULL;
+  }
+  return context;
+}
+
 struct codec *
 codec_create (enum codec_algorithm algorithm, int level)
 {
@@ -304,13 +318,9 @@ codec_compress_steps (struct codec *codec, const void *src, size_t length,
 {
   if (codec->algorithm == CODEC_LZ4 || step >= length)
     return codec_compress_bytes (codec, src, length, dst, capacity);
-  struct codec_context *context = context_borrow (codec);
+  struct codec_context *context = zstd_context_borrow (codec, true);
   if (!context)
     return -1;
-  if (!zstd_ready (context, true)) {
-    context_return (context);
-    return -1;
-  }
   ZSTD_CCtx *cctx = context->zstd_compress;
   int result = 0;
   ZSTD_CCtx_reset (cctx, ZSTD_reset_session_and_parameters);
@@ -356,13 +366,9 @@ codec_stream_begin (struct codec *codec, struct codec_stream *stream,
     errno = EINVAL;
     return -1;
   }
-  struct codec_context *context = context_borrow (codec);
+  struct codec_context *context = zstd_context_borrow (codec, false);
   if (!context)
     return -1;
-  if (!zstd_ready (context, false)) {
-    context_return (context);
-    return -1;
-  }
   /* Decoded straight into dst, which stays the same buffer to the end:
    * no window buffer, no copy.
    */
@@ -453,13 +459,9 @@ codec_decompress_bytes (struct codec *codec, const void *src, size_t length,
         return -1;
       }
     }
-    struct codec_context *context = context_borrow (codec);
+    struct codec_context *context = zstd_context_borrow (codec, false);
     if (!context)
       return -1;
-    if (!zstd_ready (context, false)) {
-      context_return (context);
-      return -1;
-    }
     whole = ZSTD_decompressDCtx (context->zstd_decompress, dst, expected,
                                  src, length)
       == expected;
