@@ -93,6 +93,22 @@ parse_size_parameter (const char *key, const char *value, int64_t *size)
   return 0;
 }
 
+/* Parse a path, made absolute, into *path (replacing what it held);
+ * what names the kind of path in the error ("file", "socket").
+ */
+static int
+parse_path_parameter (const char *key, const char *value, const char *what,
+                      char **path)
+{
+  free (*path);
+  *path = *value ? nbdkit_absolute_path (value) : NULL;
+  if (!*path) {
+    nbdkit_error ("%s: '%s' is not a usable %s name", key, value, what);
+    return -1;
+  }
+  return 0;
+}
+
 /* Parse a value from a fixed list, naming the parameter on error. */
 static int
 parse_choice (const char *key, const char *value, const char *const *names,
@@ -214,20 +230,12 @@ zram_config (const char *key, const char *value)
     config.pool.mem_limit = limit;
   }
   else if (strcmp (key, "stats") == 0) {
-    free (stats_path);
-    stats_path = *value ? nbdkit_absolute_path (value) : NULL;
-    if (!stats_path) {
-      nbdkit_error ("stats: '%s' is not a usable file name", value);
+    if (parse_path_parameter (key, value, "file", &stats_path) == -1)
       return -1;
-    }
   }
   else if (strcmp (key, "metrics") == 0) {
-    free (metrics_path);
-    metrics_path = *value ? nbdkit_absolute_path (value) : NULL;
-    if (!metrics_path) {
-      nbdkit_error ("metrics: '%s' is not a usable file name", value);
+    if (parse_path_parameter (key, value, "file", &metrics_path) == -1)
       return -1;
-    }
   }
   else if (strcmp (key, "name") == 0) {
     /* A label value may hold anything but must say something. */
@@ -388,12 +396,8 @@ zram_config (const char *key, const char *value)
     }
   }
   else if (strcmp (key, "ctl") == 0) {
-    free (ctl_path);
-    ctl_path = *value ? nbdkit_absolute_path (value) : NULL;
-    if (!ctl_path) {
-      nbdkit_error ("ctl: '%s' is not a usable socket name", value);
+    if (parse_path_parameter (key, value, "socket", &ctl_path) == -1)
       return -1;
-    }
   }
   else if (strcmp (key, "swap") == 0) {
     if (swap_mode_parse (value) == -1)
