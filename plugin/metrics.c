@@ -185,13 +185,17 @@ integer_metric (FILE *fp, const char *name, enum metric_type type,
   sample_integer (fp, name, value);
 }
 
-static double
-ratio (uint64_t numerator, uint64_t denominator)
+/* A gauge that may be negative or a fraction. */
+static void
+number_metric (FILE *fp, const char *name, const char *help, double value)
 {
-  return denominator ? (double) numerator / denominator : 0;
+  family (fp, name, GAUGE, help);
+  sample_number (fp, name, value);
 }
 
-/* The allocator's per-class table: a sample per size class in use. */
+/* The allocator's per-class table: a sample per size class in use, all
+ * from one read of each class's figures.
+ */
 static void
 print_classes (FILE *fp)
 {
@@ -209,19 +213,23 @@ print_classes (FILE *fp)
       offsetof (struct zs_class_stats, pages_freeable) },
   };
   unsigned count = store_class_count (metrics_store);
+  struct zs_class_stats *classes = calloc (count, sizeof *classes);
+  for (unsigned i = 0; classes && i < count; i++)
+    if (store_class_stats (metrics_store, i, &classes[i]) == -1)
+      classes[i].pages_used = 0;        /* left out */
   for (size_t c = 0; c < sizeof columns / sizeof columns[0]; c++) {
     family (fp, columns[c].name, GAUGE, columns[c].help);
-    for (unsigned i = 0; i < count; i++) {
-      struct zs_class_stats class;
-      if (store_class_stats (metrics_store, i, &class) == -1
-          || class.pages_used == 0)
+    for (unsigned i = 0; classes && i < count; i++) {
+      if (classes[i].pages_used == 0)
         continue;
       uint64_t value;
-      memcpy (&value, (const char *) &class + columns[c].offset, sizeof value);
+      memcpy (&value, (const char *) &classes[i] + columns[c].offset,
+              sizeof value);
       fprintf (fp, "%s{device=\"%s\",class=\"%u\",size=\"%u\"} %" PRIu64 "\n",
-               columns[c].name, label (), i, class.size, value);
+               columns[c].name, label (), i, classes[i].size, value);
     }
   }
+  free (classes);
 }
 
 void
@@ -255,26 +263,20 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   integer_metric (fp, "nbdkit_zram_swap_locked_mappings_bytes", GAUGE,
                   "Locked mappings in full, touched or not (VmLck).",
                   sample->swap.locked_mappings_bytes);
-  family (fp, "nbdkit_zram_swap_realtime_priority", GAUGE,
-          "Real-time priority of the server (0: not real-time).");
-  sample_number (fp, "nbdkit_zram_swap_realtime_priority",
+  number_metric (fp, "nbdkit_zram_swap_realtime_priority",
+                 "Real-time priority of the server (0: not real-time).",
                  sample->swap.realtime_priority);
-  family (fp, "nbdkit_zram_swap_io_flusher_worker", GAUGE,
-          "Whether the first request's worker runs as an IO flusher (1, 0; -1 before a write in swap mode).");
-  sample_number (fp, "nbdkit_zram_swap_io_flusher_worker",
+  number_metric (fp, "nbdkit_zram_swap_io_flusher_worker",
+                 "Whether the first request's worker runs as an IO flusher (1, 0; -1 before a write in swap mode).",
                  sample->swap.io_flusher_worker);
-  family (fp, "nbdkit_zram_swap_oom_score_adj", GAUGE,
-          "The server's oom_score_adj.");
-  sample_number (fp, "nbdkit_zram_swap_oom_score_adj",
-                 sample->swap.oom_score_adj);
-  family (fp, "nbdkit_zram_compression_ratio", GAUGE,
-          "Bytes stored over compressed bytes.");
-  sample_number (fp, "nbdkit_zram_compression_ratio",
-                 ratio (s->orig_data_size, s->compr_data_size));
-  family (fp, "nbdkit_zram_memory_ratio", GAUGE,
-          "Bytes stored over the allocator's pages.");
-  sample_number (fp, "nbdkit_zram_memory_ratio",
-                 ratio (s->orig_data_size, s->mem_used_total));
+  number_metric (fp, "nbdkit_zram_swap_oom_score_adj",
+                 "The server's oom_score_adj.", sample->swap.oom_score_adj);
+  number_metric (fp, "nbdkit_zram_compression_ratio",
+                 "Bytes stored over compressed bytes.",
+                 sample->compression_ratio);
+  number_metric (fp, "nbdkit_zram_memory_ratio",
+                 "Bytes stored over the allocator's pages.",
+                 sample->memory_ratio);
   if (metrics_store)
     print_classes (fp);
 }

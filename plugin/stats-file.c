@@ -92,6 +92,10 @@ stats_sample_take (struct block_store *store, struct stats_sample *sample)
   sample->number = atomic_fetch_add (&samples, 1) + 1;
   store_stats (store, &sample->store);
   sample->process_rss = process_rss_bytes ();
+  sample->compression_ratio = ratio (sample->store.orig_data_size,
+                                     sample->store.compr_data_size);
+  sample->memory_ratio = ratio (sample->store.orig_data_size,
+                                sample->store.mem_used_total);
   swap_mode_status (&sample->swap);
 }
 
@@ -167,13 +171,8 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
   fprintf (fp, "process_rss: %" PRIu64 "\n", sample->process_rss);
   swap_mode_print (&sample->swap, fp);
-  /* Data ratio: what the objects take; memory ratio: what the pool's
-   * pages take (zram users quote the latter as "memory saved").
-   */
-  fprintf (fp, "compression_ratio: %.2f\n",
-           ratio (s.orig_data_size, s.compr_data_size));
-  fprintf (fp, "memory_ratio: %.2f\n",
-           ratio (s.orig_data_size, s.mem_used_total));
+  fprintf (fp, "compression_ratio: %.2f\n", sample->compression_ratio);
+  fprintf (fp, "memory_ratio: %.2f\n", sample->memory_ratio);
 }
 
 /* Create the temporary file a write goes through, beside the real one so

@@ -20,6 +20,11 @@ struct stats_sample {
                                      (the stats file's "sample") */
   struct store_stats store;
   uint64_t process_rss;           /* bytes resident */
+  /* Bytes stored over what the objects take (compression) and over what
+   * the pool's pages take (memory: zram users quote it as "memory
+   * saved"); 0 while nothing is stored.
+   */
+  double compression_ratio, memory_ratio;
   struct swap_mode_status swap;
 };
 extern void stats_sample_take (struct block_store *store,
