@@ -112,26 +112,37 @@ control_command (int fd, const char *path, const char *line, char **lines)
   return r;
 }
 
-/* The value of "key value" in reply lines, or 0. */
-static uint64_t
-reply_value (const char *lines, const char *key, char *text, size_t text_size)
+/* Where the value of the reply line "key<separator>value" starts, or
+ * NULL: "info" replies "key value", "stats" "key: value".
+ */
+static const char *
+reply_field (const char *lines, const char *key, const char *separator)
 {
-  size_t length = strlen (key);
+  size_t length = strlen (key), gap = strlen (separator);
   for (const char *line = lines; line && *line; ) {
-    if (strncmp (line, key, length) == 0 && line[length] == ' ') {
-      const char *value = line + length + 1;
-      if (text) {
-        size_t n = strcspn (value, "\n");
-        snprintf (text, text_size, "%.*s", (int) (n < text_size ? n : text_size - 1),
-                  value);
-      }
-      return strtoull (value, NULL, 10);
-    }
+    if (strncmp (line, key, length) == 0
+        && strncmp (line + length, separator, gap) == 0)
+      return line + length + gap;
     line = strchr (line, '\n');
     if (line)
       line++;
   }
-  return 0;
+  return NULL;
+}
+
+/* The value of "key value" in reply lines, or 0. */
+static uint64_t
+reply_value (const char *lines, const char *key, char *text, size_t text_size)
+{
+  const char *value = reply_field (lines, key, " ");
+  if (!value)
+    return 0;
+  if (text) {
+    size_t n = strcspn (value, "\n");
+    snprintf (text, text_size, "%.*s", (int) (n < text_size ? n : text_size - 1),
+              value);
+  }
+  return strtoull (value, NULL, 10);
 }
 
 /* zramctl's sizes: 4G, 1.5M, 512B. */
@@ -366,15 +377,8 @@ plot_signal (int signal)
 static double
 stats_value (const char *lines, const char *key)
 {
-  size_t length = strlen (key);
-  for (const char *line = lines; line && *line; ) {
-    if (strncmp (line, key, length) == 0 && line[length] == ':')
-      return strtod (line + length + 1, NULL);
-    line = strchr (line, '\n');
-    if (line)
-      line++;
-  }
-  return 0;
+  const char *value = reply_field (lines, key, ": ");
+  return value ? strtod (value, NULL) : 0;
 }
 
 /* The columns of the samples file, in order: seconds since the start,
