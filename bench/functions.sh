@@ -8,7 +8,7 @@
 # the source tree, and sets BUILD_DIR (build), PLUGIN (the built plugin,
 # as an absolute path) and NBDKIT (the server BUILD_DIR was configured
 # with, else nbdkit on PATH), each unless already set, and defines
-# median.
+# stat_of and median.
 export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
 export LC_ALL=C
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
@@ -17,6 +17,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 PLUGIN=$(readlink -f "${PLUGIN:-$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so}")
 : "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILD_DIR/Makefile" 2>/dev/null || :)}"
 NBDKIT=${NBDKIT:-nbdkit}
+
+# stat_of KEY FILE: the value of "KEY: value" in a stats file.
+stat_of () { awk -F': ' -v k="$1" '$1 == k { print $2 }' "$2"; }
 
 # The median of the numbers given (the lower middle one of an even count).
 median () { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }

@@ -97,8 +97,6 @@ fio_run () {
       /usr/bin/python3 -c 'import json, sys; r = json.load(sys.stdin)["jobs"][0]["read"]; print(int(r["iops"]), round(r["clat_ns"]["mean"] / 1000, 1))'
 }
 
-stat_of () { awk -F': ' -v k="$2" '$1 == k { print $2 }' "$tmp/$1.stats"; }
-
 : >"$tmp/runs"
 for round in $(seq "$REPEATS"); do
     for pattern in $PATTERNS; do
@@ -111,11 +109,11 @@ done
 sleep 1.2                       # the stats files' next write
 for name in "${servers[@]}"; do
     [ -f "$tmp/$name.stats" ] || continue
-    echo "$name: decode cache $(stat_of "$name" decode_cache_bytes) bytes," \
-         "$(stat_of "$name" decode_cache_hits) hits," \
-         "$(stat_of "$name" decode_cache_misses) misses;" \
-         "$(stat_of "$name" packed_blocks) blocks packed in" \
-         "$(stat_of "$name" pack_units) units"
+    echo "$name: decode cache $(stat_of decode_cache_bytes "$tmp/$name.stats") bytes," \
+         "$(stat_of decode_cache_hits "$tmp/$name.stats") hits," \
+         "$(stat_of decode_cache_misses "$tmp/$name.stats") misses;" \
+         "$(stat_of packed_blocks "$tmp/$name.stats") blocks packed in" \
+         "$(stat_of pack_units "$tmp/$name.stats") units"
 done
 
 echo

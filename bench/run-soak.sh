@@ -102,7 +102,6 @@ cleanup () {
 }
 trap cleanup EXIT
 log () { echo "run-soak: $(date +%T) $*" | tee -a "$OUT/summary.txt" >&2; }
-stat_of () { awk -F': ' -v k="$1" '$1 == k { print $2 }' "$2"; }
 
 # start_server LOGNAME ARGS...: start nbdkit on $sock, set server_pid.
 start_server () {

@@ -40,7 +40,6 @@ cleanup () {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-stat_of () { awk -F': ' -v k="$1" '$1 == k { print $2 }' "$tmp/stats"; }
 fresh_stats () { rm -f "$tmp/stats"; for _ in $(seq 30); do [ -f "$tmp/stats" ] && return; sleep 0.1; done; }
 
 # run NAME BACKING-ARGS...
@@ -60,8 +59,8 @@ run () {
     sleep 3
     fresh_stats
     local backed reads0 bd0 back0
-    backed=$(stat_of bd_count); reads0=$(stat_of reads)
-    bd0=$(stat_of bd_reads); back0=$(stat_of bd_readbacks)
+    backed=$(stat_of bd_count "$tmp/stats"); reads0=$(stat_of reads "$tmp/stats")
+    bd0=$(stat_of bd_reads "$tmp/stats"); back0=$(stat_of bd_readbacks "$tmp/stats")
     fio --name=hot --ioengine=nbd --uri="nbd+unix:///?socket=$tmp/sock" \
         --rw=randread --bs=4k --size="${IMAGE_MIB}M" --numjobs=2 --iodepth=16 \
         --random_distribution=zoned:80/20:20/80 --time_based \
@@ -70,8 +69,8 @@ run () {
     fresh_stats
     local rss
     rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$server_pid/status")
-    /usr/bin/python3 - "$name" "$load" "$backed" "$reads0" "$(stat_of reads)" \
-        "$bd0" "$(stat_of bd_reads)" "$back0" "$(stat_of bd_readbacks)" "$rss" \
+    /usr/bin/python3 - "$name" "$load" "$backed" "$reads0" "$(stat_of reads "$tmp/stats")" \
+        "$bd0" "$(stat_of bd_reads "$tmp/stats")" "$back0" "$(stat_of bd_readbacks "$tmp/stats")" "$rss" \
         "$tmp/fio.json" <<'EOF'
 import json, sys
 name, load, backed, r0, r1, b0, b1, k0, k1, rss, fio = sys.argv[1:]

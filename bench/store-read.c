@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "block-store.h"
+#include "load-image.h"
 
 int
 main (int argc, char **argv)
@@ -31,20 +32,8 @@ main (int argc, char **argv)
              argv[0]);
     return 2;
   }
-  FILE *fp = fopen (argv[1], "rb");
-  if (!fp) {
-    perror (argv[1]);
-    return 1;
-  }
-  fseek (fp, 0, SEEK_END);
-  uint64_t size = ftell (fp) / STORE_BLOCK_SIZE * STORE_BLOCK_SIZE;
-  rewind (fp);
-  unsigned char *data = malloc (size);
-  if (!data || fread (data, 1, size, fp) != size) {
-    fprintf (stderr, "%s: cannot read it\n", argv[1]);
-    return 1;
-  }
-  fclose (fp);
+  uint64_t size;
+  unsigned char *data = load_image (argv[1], &size);
   bool packed = strcmp (argv[2], "packed") == 0;
   const char *pattern = argv[3];
   uint64_t reads = strtoull (argv[4], NULL, 10);

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "block-store.h"
+#include "load-image.h"
 
 int
 main (int argc, char **argv)
@@ -27,20 +28,8 @@ main (int argc, char **argv)
              argv[0]);
     return 2;
   }
-  FILE *fp = fopen (argv[1], "rb");
-  if (!fp) {
-    perror (argv[1]);
-    return 1;
-  }
-  fseek (fp, 0, SEEK_END);
-  uint64_t size = ftell (fp) / STORE_BLOCK_SIZE * STORE_BLOCK_SIZE;
-  rewind (fp);
-  unsigned char *data = malloc (size);
-  if (!data || fread (data, 1, size, fp) != size) {
-    fprintf (stderr, "%s: cannot read it\n", argv[1]);
-    return 1;
-  }
-  fclose (fp);
+  uint64_t size;
+  unsigned char *data = load_image (argv[1], &size);
   unsigned per_request = atoi (argv[3]);
   unsigned rounds = argc == 5 ? atoi (argv[4]) : 1;
   if (per_request < 1 || rounds < 1) {
