@@ -2209,31 +2209,44 @@ check_cache (struct block_store *store, uint64_t first, unsigned count,
               hits, misses);
 }
 
-static void
-test_decode_cache (void **state)
+/* A store of size blocks whose first packed blocks hold text_fill
+ * version 1, all packed in units of 16 in block order (0-15, 16-31...).
+ */
+enum { CACHE_UNIT = 16 };
+static struct block_store *
+make_packed_text_store (uint64_t size, uint64_t packed, uint64_t decode_cache,
+                        uint64_t mem_limit)
 {
-  (void) state;
-  enum { BLOCKS = 64, UNIT = 16 };
-  const uint64_t unit_bytes = UNIT * BS;
   struct store_config config = {
-    .size = BLOCKS * BS, .algorithm = CODEC_LZ4, .level = 1,
-    .pack_blocks = UNIT, .decode_cache = 2 * unit_bytes,
+    .size = size * BS, .algorithm = CODEC_LZ4, .level = 1,
+    .pack_blocks = CACHE_UNIT, .decode_cache = decode_cache,
   };
   zs_pool_config_init (&config.pool);
-  config.pool.mem_limit = 64 << 20;
+  config.pool.mem_limit = mem_limit;
   struct block_store *store = store_create (&config);
   assert_non_null (store);
   unsigned char buf[BS];
-  for (uint64_t b = 0; b < BLOCKS; b++) {
+  for (uint64_t b = 0; b < packed; b++) {
     text_fill (buf, b, 1);
     assert_int_equal (store_write (store, buf, BS, b * BS), 0);
   }
   store_mark_idle (store, 0, NULL, NULL);
   struct store_pack_result result;
   assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
-  /* Units in block order: 0-15, 16-31, 32-47, 48-63. */
-  assert_int_equal (result.blocks, BLOCKS);
-  assert_int_equal (result.units, BLOCKS / UNIT);
+  assert_int_equal (result.blocks, packed);
+  assert_int_equal (result.units, packed / CACHE_UNIT);
+  return store;
+}
+
+static void
+test_decode_cache (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 64 };
+  const uint64_t unit_bytes = CACHE_UNIT * BS;
+  struct block_store *store = make_packed_text_store (BLOCKS, BLOCKS,
+                                                      2 * unit_bytes, 64 << 20);
+  unsigned char buf[BS];
 
   struct store_stats before, after;
   store_stats (store, &before);
@@ -2279,24 +2292,11 @@ static void
 test_decode_cache_yields_to_writes (void **state)
 {
   (void) state;
-  enum { PACKED = 64, FRESH = 32, UNIT = 16 };
-  const uint64_t unit_bytes = UNIT * BS;
-  struct store_config config = {
-    .size = (PACKED + FRESH) * BS, .algorithm = CODEC_LZ4, .level = 1,
-    .pack_blocks = UNIT, .decode_cache = 4 * unit_bytes,
-  };
-  zs_pool_config_init (&config.pool);
-  struct block_store *store = store_create (&config);
-  assert_non_null (store);
+  enum { PACKED = 64, FRESH = 32 };
+  const uint64_t unit_bytes = CACHE_UNIT * BS;
+  struct block_store *store = make_packed_text_store (PACKED + FRESH, PACKED,
+                                                      4 * unit_bytes, 0);
   unsigned char buf[BS];
-  for (uint64_t b = 0; b < PACKED; b++) {
-    text_fill (buf, b, 1);
-    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
-  }
-  store_mark_idle (store, 0, NULL, NULL);
-  struct store_pack_result result;
-  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
-  assert_int_equal (result.units, PACKED / UNIT);
   check_cache (store, 0, PACKED, PACKED - 4, 4, "all (fills the cache)");
   struct store_stats stats;
   store_stats (store, &stats);
