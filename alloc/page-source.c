@@ -43,6 +43,8 @@ page_source_init (struct page_source *source)
   atomic_init (&source->reserve_misses, 0);
   atomic_init (&source->reserve_spare_pages, 0);
   source->reserve_target = 0;
+  source->resident_only = false;
+  atomic_init (&source->runs_readied, 0);
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
     pthread_mutex_init (&source->lists[len].lock, NULL);
     source->lists[len].partial = NULL;
@@ -50,6 +52,7 @@ page_source_init (struct page_source *source)
     source->lists[len].dirty = NULL;
     source->lists[len].dirty_count = 0;
     source->lists[len].empty_chunks = 0;
+    source->lists[len].fresh = NULL;
   }
 }
 
@@ -172,6 +175,8 @@ reserve_spare_drop (struct page_source *source)
                        spare * ZS_PAGE_SIZE, &unlocked);
       chunk->locked |= unlocked;
       chunk->from_reserve = false;
+      if (list->fresh == chunk)
+        list->fresh = NULL;     /* its never-used runs are not resident */
       atomic_fetch_sub (&source->reserve_spare_pages, spare);
       pthread_mutex_unlock (&list->lock);
       return true;
@@ -192,7 +197,9 @@ page_source_reserve_drop (struct page_source *source)
   return reserve_spare_drop (source);
 }
 
-/* A new chunk: from the reserve when it has one. */
+/* A new chunk: from the reserve when it has one; else a new mapping,
+ * unless the source hands out resident runs only (NULL, EAGAIN).
+ */
 static struct page_chunk *
 chunk_map (struct page_source *source, unsigned run_pages)
 {
@@ -212,6 +219,11 @@ chunk_map (struct page_source *source, unsigned run_pages)
   else {
     if (source->reserve_target)
       atomic_fetch_add (&source->reserve_misses, 1);
+    if (source->resident_only) {
+      free (chunk);
+      errno = EAGAIN;
+      return NULL;
+    }
     base = chunk_mapping ();
   }
   if (!base) {
@@ -248,7 +260,94 @@ run_publish (struct page_run_list *list, struct page_chunk *chunk, void *run)
   }
   DLIST_REMOVE (list->partial, chunk, prev, next);
   DLIST_REMOVE (list->all, chunk, all_prev, all_next);
+  if (list->fresh == chunk)
+    list->fresh = NULL;
   return chunk;
+}
+
+/* Make a run's pages resident (and locked again if a purge had to unlock
+ * them, a kernel before 5.18: on fault, as mlockall(MCL_ONFAULT) would,
+ * so the mapping can merge back).  One MADV_POPULATE_WRITE call instead
+ * of a fault per page; a kernel without it (EINVAL) faults them in.
+ * May wait on reclaim: never on the write path of a resident_only source.
+ */
+static void
+run_make_resident (unsigned char *run, unsigned run_pages, bool locked,
+                   bool touch_if_no_populate)
+{
+  size_t bytes = (size_t) run_pages * ZS_PAGE_SIZE;
+  if (locked)
+    mlock2 (run, bytes, MLOCK_ONFAULT);
+#ifdef MADV_POPULATE_WRITE
+  if (madvise (run, bytes, MADV_POPULATE_WRITE) == 0)
+    return;
+#endif
+  if (touch_if_no_populate)
+    for (size_t offset = 0; offset < bytes; offset += ZS_PAGE_SIZE)
+      ((volatile unsigned char *) run)[offset] = 0;
+}
+
+/* Hand out a run of chunk from its free stack, or else its next never-used
+ * run; the list lock is held and the chunk has a free run.
+ */
+static unsigned char *
+chunk_take_run (struct page_source *source, struct page_run_list *list,
+                struct page_chunk *chunk, bool never_used_first)
+{
+  unsigned index;
+  if (chunk->free_count == chunk->runs)
+    list->empty_chunks--;
+  if (chunk->free_top > 0 && !(never_used_first
+                               && chunk->never_used < chunk->runs))
+    index = chunk->free_stack[--chunk->free_top];
+  else {
+    index = chunk->never_used++;
+    /* A reserve chunk's run: a zspage's page from now on. */
+    if (chunk->from_reserve)
+      atomic_fetch_sub (&source->reserve_spare_pages, chunk->run_pages);
+  }
+  if (--chunk->free_count == 0)
+    DLIST_REMOVE (list->partial, chunk, prev, next);
+  return chunk->base + (size_t) index * chunk->run_pages * ZS_PAGE_SIZE;
+}
+
+/* A new chunk on the list's lists; NULL with errno. */
+static struct page_chunk *
+list_add_chunk (struct page_source *source, struct page_run_list *list,
+                unsigned run_pages)
+{
+  /* Mapped under the lock: it is rare (once per 2 MiB of zspages) and it
+   * keeps two threads from mapping a chunk each at once.
+   */
+  struct page_chunk *chunk = chunk_map (source, run_pages);
+  if (chunk) {
+    DLIST_PUSH (list->all, chunk, all_prev, all_next);
+    DLIST_PUSH (list->partial, chunk, prev, next);
+    list->empty_chunks++;
+  }
+  return chunk;
+}
+
+/* RESIDENT ONLY: a never-used run of the fresh chunk, taking a new fresh
+ * chunk from the reserve when it has none left; NULL (EAGAIN) when the
+ * reserve is empty.  The list lock is held.
+ */
+static unsigned char *
+fresh_run_take (struct page_source *source, struct page_run_list *list,
+                unsigned run_pages, struct page_chunk **chunk_out)
+{
+  struct page_chunk *chunk = list->fresh;
+  if (!chunk || chunk->never_used == chunk->runs) {
+    list->fresh = NULL;
+    if (!(chunk = list_add_chunk (source, list, run_pages)))
+      return NULL;
+    list->fresh = chunk;
+  }
+  unsigned char *run = chunk_take_run (source, list, chunk, true);
+  if (chunk->never_used == chunk->runs)
+    list->fresh = NULL;
+  *chunk_out = chunk;
+  return run;
 }
 
 void *
@@ -256,7 +355,6 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
                 struct page_chunk **chunk_out)
 {
   struct page_run_list *list = &source->lists[run_pages];
-  unsigned index;
 
   pthread_mutex_lock (&list->lock);
   struct dirty_run *dirty = list->dirty;
@@ -267,51 +365,73 @@ page_run_alloc (struct page_source *source, unsigned run_pages,
     pthread_mutex_unlock (&list->lock);
     return dirty;
   }
+  if (source->resident_only) {
+    unsigned char *run = fresh_run_take (source, list, run_pages, chunk_out);
+    pthread_mutex_unlock (&list->lock);
+    return run;
+  }
 
   struct page_chunk *chunk = list->partial;
-  if (!chunk) {
-    /* Mapped under the lock: it is rare (once per 2 MiB of zspages) and
-     * it keeps two threads from mapping a chunk each at once.
-     */
-    chunk = chunk_map (source, run_pages);
-    if (!chunk) {
-      pthread_mutex_unlock (&list->lock);
-      return NULL;
-    }
-    DLIST_PUSH (list->all, chunk, all_prev, all_next);
-    DLIST_PUSH (list->partial, chunk, prev, next);
-    list->empty_chunks++;
+  if (!chunk && !(chunk = list_add_chunk (source, list, run_pages))) {
+    pthread_mutex_unlock (&list->lock);
+    return NULL;
   }
-  if (chunk->free_count == chunk->runs)
-    list->empty_chunks--;
-  if (chunk->free_top > 0)
-    index = chunk->free_stack[--chunk->free_top];
-  else {
-    index = chunk->never_used++;
-    /* A reserve chunk's run: a zspage's page from now on. */
-    if (chunk->from_reserve)
-      atomic_fetch_sub (&source->reserve_spare_pages, run_pages);
-  }
-  if (--chunk->free_count == 0)
-    DLIST_REMOVE (list->partial, chunk, prev, next);
+  unsigned char *run = chunk_take_run (source, list, chunk, false);
   bool locked = chunk->locked;
   pthread_mutex_unlock (&list->lock);
 
-  unsigned char *run = chunk->base + (size_t) index * run_pages * ZS_PAGE_SIZE;
-  /* Its pages were unlocked to be given back (a kernel before 5.18): lock
-   * them again, on fault as mlockall(MCL_ONFAULT) would, so the mapping
-   * can merge back; they are populated below.
-   */
-  if (locked)
-    mlock2 (run, (size_t) run_pages * ZS_PAGE_SIZE, MLOCK_ONFAULT);
-#ifdef MADV_POPULATE_WRITE
-  /* One call instead of a fault per page; older kernels refuse it with
-   * EINVAL and the pages fault in as they are touched, as before.
-   */
-  madvise (run, (size_t) run_pages * ZS_PAGE_SIZE, MADV_POPULATE_WRITE);
-#endif
+  run_make_resident (run, run_pages, locked, false);
   *chunk_out = chunk;
   return run;
+}
+
+/* A chunk of the list with a free run that is not resident (on its free
+ * stack, or never used and not the fresh chunk's), or NULL.  The list
+ * lock is held.
+ */
+static struct page_chunk *
+list_chunk_to_ready (struct page_run_list *list)
+{
+  for (struct page_chunk *chunk = list->partial; chunk; chunk = chunk->next)
+    if (chunk->free_top > 0
+        || (chunk != list->fresh && chunk->never_used < chunk->runs))
+      return chunk;
+  return NULL;
+}
+
+uint64_t
+page_source_ready_runs (struct page_source *source)
+{
+  uint64_t readied = 0;
+  for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
+    struct page_run_list *list = &source->lists[len];
+    for (;;) {
+      pthread_mutex_lock (&list->lock);
+      struct page_chunk *chunk = list->dirty_count * len < PAGE_READY_RUNS_PAGES
+        ? list_chunk_to_ready (list) : NULL;
+      if (!chunk) {
+        pthread_mutex_unlock (&list->lock);
+        break;
+      }
+      /* Handed out meanwhile, so the chunk stays mapped. */
+      struct dirty_run *run = (struct dirty_run *) chunk_take_run (source, list,
+                                                                  chunk, false);
+      bool locked = chunk->locked;
+      pthread_mutex_unlock (&list->lock);
+
+      run_make_resident ((unsigned char *) run, len, locked, true);
+
+      pthread_mutex_lock (&list->lock);
+      run->chunk = chunk;
+      run->next = list->dirty;
+      list->dirty = run;
+      list->dirty_count++;
+      pthread_mutex_unlock (&list->lock);
+      readied += len;
+    }
+  }
+  atomic_fetch_add (&source->runs_readied, readied);
+  return readied;
 }
 
 struct purge_entry {
@@ -359,6 +479,8 @@ purge_runs (struct page_source *source, struct page_run_list *list,
       if (chunk->free_count > 0)
         DLIST_REMOVE (list->partial, chunk, prev, next);
       DLIST_REMOVE (list->all, chunk, all_prev, all_next);
+      if (list->fresh == chunk)
+        list->fresh = NULL;
       unmap[unmaps++] = chunk;
       for (unsigned k = i; k < j; k++)
         entries[k].run = NULL;

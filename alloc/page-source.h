@@ -46,6 +46,21 @@
  *   until a zspage takes them, the chunk is unmapped, or a drop gives them
  *   back.  The pool counts reserve pages against its memory limit
  *   (pool.c), so what is resident stays within it.
+ *
+ * RESIDENT ONLY (swap mode: a write never waits on reclaim)
+ *   A swap write that faults a page in, or calls MADV_POPULATE_WRITE, may
+ *   sit in the kernel's direct reclaim, which waits for the very swap
+ *   writes the server should be finishing.  With resident_only set, a run
+ *   is handed out only if its pages are resident already: a dirty run, a
+ *   never-used run of the list's "fresh" chunk (one taken from the
+ *   reserve), or the first run of a new chunk taken from the reserve.
+ *   Free-stack runs (given back by a purge) and new mappings are never
+ *   used; with nothing resident ready the call fails at once with EAGAIN
+ *   (counted in reserve_misses), as the kernel's zram fails an allocation
+ *   that would have to wait.  The refilling thread makes runs ready again
+ *   (page_source_ready_runs): it takes free-stack runs, populates them
+ *   (it may wait on reclaim: it is not on the write path) and puts them
+ *   on the dirty stack, and it tops the reserve up.
  */
 
 #ifndef ZSALLOC_PAGE_SOURCE_H
@@ -93,6 +108,9 @@ struct page_run_list {
   struct page_chunk *partial;     /* chunks with at least one free run */
   struct page_chunk *all;         /* every chunk, for destroy */
   unsigned empty_chunks;          /* chunks on partial that are all free */
+  struct page_chunk *fresh;       /* resident_only: the chunk taken from
+                                     the reserve whose never-used runs are
+                                     handed out next; NULL when none */
   struct dirty_run *dirty;        /* freed, still resident runs, newest first */
   unsigned dirty_count;
 };
@@ -113,12 +131,18 @@ struct page_source {
   _Atomic uint64_t reserve_spare_pages; /* never-used runs of chunks taken
                                            from the reserve: populated */
   unsigned reserve_target;        /* chunks to keep; 0: no reserve */
+  bool resident_only;             /* hand out resident runs only (RESIDENT
+                                     ONLY); set before any allocation */
+  _Atomic uint64_t runs_readied;  /* free runs made resident again by
+                                     page_source_ready_runs, ever */
 };
 
 extern void page_source_init (struct page_source *source);
 /* Unmap every chunk, whether or not its runs were freed. */
 extern void page_source_destroy (struct page_source *source);
-/* A run of run_pages pages, or NULL with errno ENOMEM. */
+/* A run of run_pages pages, or NULL with errno ENOMEM (resident_only:
+ * EAGAIN when no resident run is ready).
+ */
 extern void *page_run_alloc (struct page_source *source, unsigned run_pages,
                              struct page_chunk **chunk);
 /* Free a run; it may stay resident until the next purge. */
@@ -128,6 +152,13 @@ extern void page_run_free (struct page_source *source, struct page_chunk *chunk,
 extern void page_source_purge (struct page_source *source);
 /* Map and populate one chunk onto the reserve: 0, or -1 with errno. */
 extern int page_source_reserve_add (struct page_source *source);
+/* resident_only: make up to PAGE_READY_RUNS_PAGES pages of each run
+ * length's free-stack runs resident again (on the dirty stack), so that
+ * the space purged out of partly used chunks is reused.  May wait on the
+ * kernel: never call it on the write path.  Returns the pages readied.
+ */
+#define PAGE_READY_RUNS_PAGES (PAGE_DIRTY_MAX_PAGES / 2)
+extern uint64_t page_source_ready_runs (struct page_source *source);
 /* Give back one reserve chunk, or else the populated never-used runs of
  * one chunk taken from the reserve: false when there is neither.
  */

@@ -16,6 +16,7 @@ zs_pool_config_init (struct zs_pool_config *config)
   config->free_mode = ZS_FREE_BATCHED;
   config->compact_before_refusal = true;
   config->reserve_bytes = 0;
+  config->resident_only = false;
 }
 
 static bool
@@ -59,6 +60,7 @@ zs_pool_create (const struct zs_pool_config *config)
   page_source_init (&pool->pages);
   pool->pages.reserve_target = (pool->config.reserve_bytes + PAGE_CHUNK_BYTES - 1)
     / PAGE_CHUNK_BYTES;
+  pool->pages.resident_only = pool->config.resident_only;
   pthread_mutex_init (&pool->pool_lock, NULL);
   if (size_classes_init (pool) == -1)
     goto fail_classes;
@@ -223,6 +225,11 @@ zs_pool_reserve_refill (struct zs_pool *pool)
     atomic_fetch_add (&pool->reserve_refills, 1);
     added += PAGE_CHUNK_BYTES;
   }
+  /* Freed space made resident again: not counted in the limit, as the
+   * dirty runs it joins (at most PAGE_READY_RUNS_PAGES a run length).
+   */
+  if (pool->pages.resident_only)
+    added += page_source_ready_runs (&pool->pages) * ZS_PAGE_SIZE;
   return added;
 }
 

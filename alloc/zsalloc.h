@@ -82,6 +82,14 @@ struct zs_pool_config {
   uint64_t reserve_bytes;         /* populated pages kept ready for new
                                      zspages (zs_pool_reserve_refill),
                                      counted in mem_limit; 0 = none */
+  bool resident_only;             /* a new zspage takes only pages that are
+                                     resident already (the reserve's, freed
+                                     ones); none ready: zs_malloc fails at
+                                     once with EAGAIN, and the refill
+                                     (zs_pool_reserve_refill) makes more
+                                     ready (swap: a write never waits on
+                                     reclaim; RESIDENT ONLY in
+                                     page-source.h) */
 };
 
 struct zs_pool;

@@ -18,6 +18,18 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping,
                                                             stats_wake */
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping
                                                             or a refill */
+/* Swap mode (policy.reserve_always): the reserve is kept by a thread of
+ * its own, the reserve keeper, which refills it every RESERVE_TICK_MS
+ * or at once when a request finds it low, and calls policy.reserve_tick:
+ * a housekeeping round (compaction, packing) that waits on the kernel
+ * never delays a refill.
+ */
+#define RESERVE_TICK_MS 250
+static pthread_cond_t reserve_wake = PTHREAD_COND_INITIALIZER; /* signals
+                                                            stopping or a
+                                                            refill */
+static bool keeper_running;
+static pthread_t keeper_thread;
 static bool stopping;
 /* Swap mode (policy.reserve_always): the stats file is written by a
  * thread of its own, woken each round, so that a write stuck in direct
@@ -138,7 +150,7 @@ housekeeping_round (bool last)
    * when it holds none (the next write takes it up again), unless it is
    * kept always.
    */
-  if (atomic_load (&reserve_active) && !last) {
+  if (atomic_load (&reserve_active) && !last && !keeper_running) {
     if (!policy.reserve_always && store_reserve_release_if_empty (store))
       atomic_store (&reserve_active, false);
     else
@@ -167,6 +179,32 @@ stats_writer_main (void *arg)
     pthread_mutex_unlock (&lock);
     stats_files_write (store, stats_path, metrics_path);
     pthread_mutex_lock (&lock);
+  }
+  pthread_mutex_unlock (&lock);
+  return NULL;
+}
+
+static void *
+reserve_keeper_main (void *arg)
+{
+  pthread_mutex_lock (&lock);
+  while (!stopping) {
+    atomic_store (&refill_requested, false);
+    pthread_mutex_unlock (&lock);
+    store_reserve_refill (store);
+    if (policy.reserve_tick)
+      policy.reserve_tick (monotonic_ns ());
+    pthread_mutex_lock (&lock);
+    if (stopping || atomic_load (&refill_requested))
+      continue;
+    struct timespec deadline;
+    clock_gettime (CLOCK_MONOTONIC, &deadline);
+    deadline.tv_nsec += RESERVE_TICK_MS * 1000000l;
+    if (deadline.tv_nsec >= 1000000000l) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000l;
+    }
+    pthread_cond_clockwait (&reserve_wake, &lock, CLOCK_MONOTONIC, &deadline);
   }
   pthread_mutex_unlock (&lock);
   return NULL;
@@ -208,17 +246,20 @@ housekeeper_main (void *arg)
   return NULL;
 }
 
+/* Stop the stats writer and the reserve keeper, if they run. */
 static void
-housekeeper_stop_stats_writer (void)
+housekeeper_stop_helpers (void)
 {
-  if (!stats_thread_running)
-    return;
   pthread_mutex_lock (&lock);
   stopping = true;
   pthread_cond_signal (&stats_wake);
+  pthread_cond_signal (&reserve_wake);
   pthread_mutex_unlock (&lock);
-  pthread_join (stats_thread, NULL);
-  stats_thread_running = false;
+  if (stats_thread_running)
+    pthread_join (stats_thread, NULL);
+  if (keeper_running)
+    pthread_join (keeper_thread, NULL);
+  stats_thread_running = keeper_running = false;
 }
 
 int
@@ -235,22 +276,27 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   if (policy.reserve_always)
     store_reserve_refill (store);
   stats_due = false;
-  stats_thread_running = false;
-  int err;
+  stats_thread_running = keeper_running = false;
+  int err = 0;
   if (policy.reserve_always && (stats_path || metrics_path)) {
-    if ((err = pthread_create (&stats_thread, NULL, stats_writer_main, NULL))) {
-      errno = err;
-      return -1;
-    }
+    if ((err = pthread_create (&stats_thread, NULL, stats_writer_main, NULL)))
+      goto failed;
     stats_thread_running = true;
   }
-  if ((err = pthread_create (&thread, NULL, housekeeper_main, NULL))) {
-    housekeeper_stop_stats_writer ();
-    errno = err;
-    return -1;
+  if (policy.reserve_always) {
+    if ((err = pthread_create (&keeper_thread, NULL, reserve_keeper_main, NULL)))
+      goto failed;
+    keeper_running = true;
   }
+  if ((err = pthread_create (&thread, NULL, housekeeper_main, NULL)))
+    goto failed;
   running = true;
   return 0;
+
+ failed:
+  housekeeper_stop_helpers ();
+  errno = err;
+  return -1;
 }
 
 void
@@ -266,7 +312,7 @@ housekeeper_wake (void)
       || atomic_exchange (&refill_requested, true))
     return;
   pthread_mutex_lock (&lock);
-  pthread_cond_signal (&wake);
+  pthread_cond_signal (keeper_running ? &reserve_wake : &wake);
   pthread_mutex_unlock (&lock);
 }
 
@@ -280,7 +326,7 @@ housekeeper_stop (void)
   pthread_cond_signal (&wake);
   pthread_mutex_unlock (&lock);
   pthread_join (thread, NULL);
-  housekeeper_stop_stats_writer ();
+  housekeeper_stop_helpers ();
   running = false;
   housekeeping_round (true);    /* no refill: the store is going away */
 }

@@ -46,12 +46,18 @@ struct housekeeper_policy {
                                      while the store is empty); and the
                                      stats file is written by a thread of
                                      its own, so that a write stuck in
-                                     reclaim never stops the refills */
+                                     reclaim never stops the refills; and
+                                     the reserve is kept by a thread of
+                                     its own, the reserve keeper */
+  void (*reserve_tick) (uint64_t now_ns); /* with reserve_always: called
+                                     by the reserve keeper after each
+                                     refill, a few times a second
+                                     (swap-full.h's watch); or NULL */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 
-/* Wake the thread now: the swap reserve is low (the first wake starts
- * keeping it).
+/* Wake the thread now (the reserve keeper, with reserve_always): the
+ * swap reserve is low (the first wake starts keeping it).
  */
 extern void housekeeper_wake (void);
 /* Stop the thread, then flush and write the stats file one last time. */

@@ -271,6 +271,24 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
                  sample->swap.io_flusher_worker);
   number_metric (fp, "nbdkit_zram_swap_oom_score_adj",
                  "The server's oom_score_adj.", sample->swap.oom_score_adj);
+  integer_metric (fp, "nbdkit_zram_swap_write_faults_total", COUNTER,
+                  "Page faults taken inside writes, trims and zeroes (swap mode; the target is 0).",
+                  sample->swap.write_faults);
+  integer_metric (fp, "nbdkit_zram_swap_read_faults_total", COUNTER,
+                  "Page faults taken inside reads (swap mode).",
+                  sample->swap.read_faults);
+  integer_metric (fp, "nbdkit_zram_swap_full_refusals_total", COUNTER,
+                  "Writes refused for lack of room (mem_limit), swap mode.",
+                  sample->swap_full.refusals);
+  integer_metric (fp, "nbdkit_zram_swap_full_now", GAUGE,
+                  "Whether writes are being refused for lack of room now (1, 0).",
+                  (uint64_t) sample->swap_full.full);
+  integer_metric (fp, "nbdkit_zram_swap_full_oom_kills_total", COUNTER,
+                  "Times the kernel's OOM killer was asked to act for a full device (swap_full=oom).",
+                  sample->swap_full.kills);
+  number_metric (fp, "nbdkit_zram_swap_full_kill_delay_max_seconds",
+                 "Longest time from the start of refused writes to asking the OOM killer.",
+                 sample->swap_full.kill_delay_max_ms / 1000.0);
   number_metric (fp, "nbdkit_zram_compression_ratio",
                  "Bytes stored over compressed bytes.",
                  sample->compression_ratio);

@@ -97,6 +97,7 @@ stats_sample_take (struct block_store *store, struct stats_sample *sample)
   sample->memory_ratio = ratio (sample->store.orig_data_size,
                                 sample->store.mem_used_total);
   swap_mode_status (&sample->swap);
+  swap_full_status (&sample->swap_full);
 }
 
 void
@@ -171,6 +172,7 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
   fprintf (fp, "process_rss: %" PRIu64 "\n", sample->process_rss);
   swap_mode_print (&sample->swap, fp);
+  swap_full_print (&sample->swap_full, fp);
   fprintf (fp, "compression_ratio: %.2f\n", sample->compression_ratio);
   fprintf (fp, "memory_ratio: %.2f\n", sample->memory_ratio);
 }

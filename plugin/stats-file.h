@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "block-store.h"
+#include "swap-full.h"
 #include "swap-mode.h"
 
 /* Everything the stats file and the metrics (metrics.h) show, taken at
@@ -26,6 +27,7 @@ struct stats_sample {
    */
   double compression_ratio, memory_ratio;
   struct swap_mode_status swap;
+  struct swap_full_status swap_full;
 };
 extern void stats_sample_take (struct block_store *store,
                                struct stats_sample *sample);

@@ -18,6 +18,7 @@
 #include <nbdkit-plugin.h>
 
 #include "error-text.h"
+#include "swap-full.h"
 #include "swap-mode.h"
 
 #ifndef PR_SET_IO_FLUSHER
@@ -48,6 +49,11 @@ static bool got_io_flusher, got_oom_score, got_realtime, got_locked;
 
 /* PR_GET_IO_FLUSHER as the first request's thread saw it: -1 before. */
 static atomic_int worker_io_flusher = -1;
+
+/* Page faults the serving threads took inside requests (swap_mode_request_
+ * start and _done): writes (and trims, zeroes), and reads.
+ */
+static _Atomic uint64_t write_faults, read_faults;
 
 static const char *const mode_names[] = { "off", "on", "try" };
 
@@ -204,6 +210,9 @@ swap_mode_prepare (void)
   if (memlock_problem (item, sizeof item))
     add_missing (missing, sizeof missing, item);
 
+  if (swap_full_prepare (item, sizeof item) == -1)
+    add_missing (missing, sizeof missing, item);
+
   if (!*missing)
     return 0;
   if (swap_mode == SWAP_ON) {
@@ -255,12 +264,48 @@ swap_mode_lock (void)
   return 0;
 }
 
-/* The heap made ready for requests: HEAP_BUFFERS buffers of
+/* The default reserve: a thirty-second of RAM, within SWAP_RESERVE_MIN
+ * and SWAP_RESERVE_MAX, at most an eighth of mem_limit, in whole
+ * reserve_unit bytes (and at least one).  What it must cover is the
+ * swap-outs that arrive between a miss and the refill; the bigger the
+ * machine, the bigger its bursts (the kernel reclaims in proportion).
+ */
+#define SWAP_RESERVE_MIN ((uint64_t) 4 << 20)
+#define SWAP_RESERVE_MAX ((uint64_t) 64 << 20)
+
+uint64_t
+swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
+{
+  uint64_t ram = 0;
+  FILE *fp = fopen ("/proc/meminfo", "r");
+  if (fp) {
+    if (fscanf (fp, "MemTotal: %" SCNu64, &ram) != 1)
+      ram = 0;
+    fclose (fp);
+  }
+  uint64_t reserve = ram * 1024 / 32;
+  if (reserve < SWAP_RESERVE_MIN)
+    reserve = SWAP_RESERVE_MIN;
+  if (reserve > SWAP_RESERVE_MAX)
+    reserve = SWAP_RESERVE_MAX;
+  if (reserve > mem_limit / 8)
+    reserve = mem_limit / 8;
+  reserve -= reserve % reserve_unit;
+  return reserve ? reserve : reserve_unit;
+}
+
+/* The heap made ready for requests: at least HEAP_BUFFERS buffers of
  * HEAP_BUFFER_BYTES, room for a request of each worker thread nbdkit
- * starts by default (16) with room to spare.
+ * starts by default (16) with room to spare; and room for the
+ * allocator's metadata at the device's size (swap-mode.h).
  */
 #define HEAP_BUFFERS 32
 #define HEAP_BUFFER_BYTES (256 << 10)
+/* The allocator's metadata from the heap for each block stored: a handle
+ * cell (8 bytes), a slot of its zspage's descriptor (8), and a share of
+ * the descriptor and cell-block headers.
+ */
+#define HEAP_METADATA_PER_BLOCK 24
 /* Requests up to this size come from the heap, not a mapping of their
  * own: the kernel's nbd client sends up to max_sectors_kb (1280 KiB by
  * default) in one request.
@@ -277,7 +322,7 @@ swap_mode_lock (void)
 #define PLAIN_TRIM_THRESHOLD (128 << 10)
 
 size_t
-swap_mode_prepare_heap (void)
+swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit)
 {
   if (swap_mode == SWAP_OFF) {
     mallopt (M_MMAP_THRESHOLD, PLAIN_MMAP_THRESHOLD);
@@ -291,17 +336,27 @@ swap_mode_prepare_heap (void)
   mallopt (M_ARENA_MAX, 1);
   mallopt (M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD);
   mallopt (M_TRIM_THRESHOLD, INT_MAX);
-  void *buffers[HEAP_BUFFERS];
+  /* The metadata is charged to mem_limit: it never outgrows a quarter of
+   * it (the pages hold at least 32 bytes an object, the metadata 24).
+   */
+  uint64_t metadata = blocks * HEAP_METADATA_PER_BLOCK;
+  if (metadata > mem_limit / 4)
+    metadata = mem_limit / 4;
+  size_t count = HEAP_BUFFERS + (metadata + HEAP_BUFFER_BYTES - 1) / HEAP_BUFFER_BYTES;
+  void **buffers = calloc (count, sizeof *buffers);
+  if (!buffers)
+    return 0;
   size_t touched = 0;
-  for (unsigned i = 0; i < HEAP_BUFFERS; i++) {
+  for (size_t i = 0; i < count; i++) {
     if ((buffers[i] = malloc (HEAP_BUFFER_BYTES))) {
       memset (buffers[i], 0, HEAP_BUFFER_BYTES);
       touched += HEAP_BUFFER_BYTES;
     }
   }
   /* Freed, they merge into free heap that stays: touched and locked. */
-  for (unsigned i = 0; i < HEAP_BUFFERS; i++)
+  for (size_t i = 0; i < count; i++)
     free (buffers[i]);
+  free (buffers);
   return touched;
 }
 
@@ -321,15 +376,54 @@ swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
                 got_oom_score ? "oom_score_adj -1000" : "oom_score_adj unchanged");
 }
 
-void
-swap_mode_check_worker (void)
+/* Stack each serving thread touches on its first request, so that no
+ * request faults a new stack page in later: far more than the deepest
+ * path (compression contexts and buffers live on the heap).
+ */
+#define STACK_TOUCH_BYTES (256 << 10)
+
+static __attribute__ ((noinline)) void
+touch_stack (void)
 {
-  if (atomic_load_explicit (&worker_io_flusher, memory_order_relaxed) != -1)
-    return;
-  int flusher = prctl (PR_GET_IO_FLUSHER, 0, 0, 0, 0);
-  int expected = -1;
-  atomic_compare_exchange_strong (&worker_io_flusher, &expected,
-                                  flusher == 1 ? 1 : 0);
+  volatile unsigned char stack[STACK_TOUCH_BYTES];
+  for (size_t offset = 0; offset < sizeof stack; offset += 4096)
+    stack[offset] = 0;
+}
+
+/* Minor and major faults of the calling thread so far. */
+static uint64_t
+thread_faults (void)
+{
+  struct rusage usage;
+  if (getrusage (RUSAGE_THREAD, &usage) == -1)
+    return 0;
+  return (uint64_t) usage.ru_minflt + (uint64_t) usage.ru_majflt;
+}
+
+uint64_t
+swap_mode_request_start (void)
+{
+  static __thread bool thread_ready;
+  if (!thread_ready) {
+    thread_ready = true;
+    touch_stack ();
+    if (atomic_load_explicit (&worker_io_flusher, memory_order_relaxed) == -1) {
+      int flusher = prctl (PR_GET_IO_FLUSHER, 0, 0, 0, 0);
+      int expected = -1;
+      atomic_compare_exchange_strong (&worker_io_flusher, &expected,
+                                      flusher == 1 ? 1 : 0);
+    }
+  }
+  return thread_faults ();
+}
+
+void
+swap_mode_request_done (bool stores, uint64_t start)
+{
+  uint64_t faults = thread_faults () - start;
+  if (faults)
+    atomic_fetch_add_explicit (stores ? &write_faults : &read_faults, faults,
+                               memory_order_relaxed);
 }
 
 /* The resident locked memory, in KiB ("Locked:" of smaps_rollup; VmLck
@@ -366,6 +460,8 @@ swap_mode_status (struct swap_mode_status *status)
   status->realtime_priority = policy == SCHED_RR || policy == SCHED_FIFO
     ? (sched_getparam (0, &param) == 0 ? param.sched_priority : 0) : 0;
   status->io_flusher_worker = atomic_load (&worker_io_flusher);
+  status->write_faults = atomic_load_explicit (&write_faults, memory_order_relaxed);
+  status->read_faults = atomic_load_explicit (&read_faults, memory_order_relaxed);
   FILE *oom = fopen ("/proc/self/oom_score_adj", "r");
   status->oom_score_adj = 0;
   if (oom) {
@@ -385,4 +481,6 @@ swap_mode_print (const struct swap_mode_status *status, FILE *fp)
   fprintf (fp, "swap_realtime_priority: %d\n", status->realtime_priority);
   fprintf (fp, "swap_io_flusher_worker: %d\n", status->io_flusher_worker);
   fprintf (fp, "swap_oom_score_adj: %d\n", status->oom_score_adj);
+  fprintf (fp, "swap_write_faults: %" PRIu64 "\n", status->write_faults);
+  fprintf (fp, "swap_read_faults: %" PRIu64 "\n", status->read_faults);
 }

@@ -28,8 +28,20 @@
  *   from when a spike has taken everything above it.  Set in .get_ready:
  *   threads and the forked server inherit it.
  * - vm.min_free_kbytes of at least 12288: a host setting, warned about.
- * - The allocator's reserve of populated pages is filled at start and
- *   kept (housekeeper.h, reserve_always): the first swap-out finds it.
+ * - A write never waits on reclaim: the allocator hands out only pages
+ *   that are resident already (zs_pool_config.resident_only), from a
+ *   reserve sized from the machine (swap_mode_default_reserve), filled at
+ *   start and kept by a thread of its own (housekeeper.h,
+ *   reserve_always); a write that finds nothing ready fails at once, as
+ *   the kernel's zram fails an allocation, and the kernel keeps the page
+ *   and tries again.  The heap is touched at start for the requests'
+ *   buffers and the allocator's metadata at the device's size, each
+ *   serving thread touches its stack on its first request, and the
+ *   faults taken inside requests are counted (swap_write_faults: 0 is
+ *   the target).
+ * - A full device lets the machine recover (swap-full.h): the kernel's
+ *   OOM killer is asked to act when writes are refused for room while
+ *   memory is short.
  * - mem_limit is required: a swap device that grows without bound is how
  *   a host dies.
  *
@@ -44,6 +56,7 @@
 #ifndef ZRAM_SWAP_MODE_H
 #define ZRAM_SWAP_MODE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -67,14 +80,19 @@ extern int swap_mode_prepare (void);
  */
 extern int swap_mode_lock (void);
 
+/* The reserve swap mode keeps when swap_reserve= is not given. */
+extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,
+                                           uint64_t reserve_unit);
+
 /* After swap_mode_lock, before any connection: the C library's heap for
- * the mode.  swap=on|try: ready for the requests of every thread and kept
- * (one arena, requests up to 2 MiB from the heap, never trimmed, 8 MiB
- * touched now, so locked).  Otherwise: glibc's mmap and trim thresholds
- * fixed at 128 KiB, so that freed memory goes back.  Returns the bytes
- * touched.
+ * the mode.  swap=on|try: ready for the requests of every thread and the
+ * allocator's metadata of a device of blocks blocks, and kept (one arena,
+ * requests up to 2 MiB from the heap, never trimmed, 8 MiB and the
+ * metadata's room touched now, so locked).  Otherwise: glibc's mmap and
+ * trim thresholds fixed at 128 KiB, so that freed memory goes back.
+ * Returns the bytes touched.
  */
-extern size_t swap_mode_prepare_heap (void);
+extern size_t swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit);
 
 /* After those, the line saying what was done (reserve_bytes: the
  * populated reserve; prepared_bytes: the table, the contexts and the
@@ -82,10 +100,13 @@ extern size_t swap_mode_prepare_heap (void);
  */
 extern void swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes);
 
-/* In each data request: note, once, whether a worker thread runs as an
- * IO flusher.
+/* Around each data request in swap mode: start returns the thread's
+ * fault count (and, on a thread's first request, touches its stack and
+ * notes whether it runs as an IO flusher); done adds the faults taken
+ * since to the write (stores: write, trim, zero) or read count.
  */
-extern void swap_mode_check_worker (void);
+extern uint64_t swap_mode_request_start (void);
+extern void swap_mode_request_done (bool stores, uint64_t start);
 
 /* What the stats file's swap_* lines and the swap metrics say. */
 struct swap_mode_status {
@@ -96,6 +117,8 @@ struct swap_mode_status {
   int realtime_priority;          /* 0: not real-time */
   int io_flusher_worker;          /* 1, 0, or -1 before a write */
   int oom_score_adj;
+  uint64_t write_faults;          /* page faults inside stores, ever */
+  uint64_t read_faults;           /* page faults inside reads, ever */
 };
 extern void swap_mode_status (struct swap_mode_status *status);
 /* The swap_* lines of the stats file. */

@@ -28,6 +28,7 @@
 #include "server-check.h"
 #include "stats-file.h"
 #include "metrics.h"
+#include "swap-full.h"
 #include "swap-mode.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
@@ -36,13 +37,11 @@
 /* Compact when this percent of the pool's pages could be freed. */
 #define ZRAM_COMPACT_THRESHOLD_DEFAULT 2
 
-/* The swap reserve by default: this, but at most an eighth of mem_limit. */
-#define ZRAM_SWAP_RESERVE_DEFAULT ((uint64_t) 8 << 20)
 /* The allocator keeps its reserve in chunks of this size. */
 #define ZRAM_RESERVE_UNIT ((uint64_t) 2 << 20)
 
 static struct store_config config;
-static bool size_given, level_given, reserve_given;
+static bool size_given, level_given, reserve_given, swap_full_given;
 static struct housekeeper_policy policy;
 /* recomp_algorithm= by priority (1..STORE_RECOMP_MAX), as given. */
 static bool recomp_given[STORE_RECOMP_MAX + 1];
@@ -403,6 +402,11 @@ zram_config (const char *key, const char *value)
     if (swap_mode_parse (value) == -1)
       return -1;
   }
+  else if (strcmp (key, "swap_full") == 0) {
+    if (swap_full_parse (value) == -1)
+      return -1;
+    swap_full_given = true;
+  }
   else if (strcmp (key, "swap_reserve") == 0) {
     int64_t reserve;
     if (parse_size_parameter (key, value, &reserve) == -1)
@@ -483,10 +487,13 @@ zram_config_complete (void)
                   "of it)");
     return -1;
   }
-  if (reserve_given && swap_mode == SWAP_OFF) {
-    nbdkit_error ("swap_reserve: only with swap=on or swap=try");
+  if ((reserve_given || swap_full_given) && swap_mode == SWAP_OFF) {
+    nbdkit_error ("%s: only with swap=on or swap=try",
+                  reserve_given ? "swap_reserve" : "swap_full");
     return -1;
   }
+  /* Swap: a write takes only memory that is resident already. */
+  config.pool.resident_only = swap_mode != SWAP_OFF;
   /* The reserve is kept in whole chunks of ZRAM_RESERVE_UNIT. */
   if (reserve_given) {
     config.pool.reserve_bytes = (config.pool.reserve_bytes + ZRAM_RESERVE_UNIT - 1)
@@ -498,12 +505,9 @@ zram_config_complete (void)
       return -1;
     }
   }
-  else if (swap_mode != SWAP_OFF) {
-    config.pool.reserve_bytes = config.pool.mem_limit / 8;
-    if (config.pool.reserve_bytes > ZRAM_SWAP_RESERVE_DEFAULT)
-      config.pool.reserve_bytes = ZRAM_SWAP_RESERVE_DEFAULT;
-    config.pool.reserve_bytes -= config.pool.reserve_bytes % ZRAM_RESERVE_UNIT;
-  }
+  else if (swap_mode != SWAP_OFF)
+    config.pool.reserve_bytes = swap_mode_default_reserve (config.pool.mem_limit,
+                                                           ZRAM_RESERVE_UNIT);
   if (!level_given)
     config.level = codec_default_level (config.algorithm);
   else if (!codec_level_is_valid (config.algorithm, config.level, &min, &max)) {
@@ -549,7 +553,9 @@ zram_config_complete (void)
   "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
   "                          OOM-proof; needs mem_limit (default off).\n" \
   "swap_reserve=SIZE         Swap mode: populated pages kept ready (default\n" \
-  "                          8M, at most mem_limit/8).\n" \
+  "                          RAM/32 within 4M..64M, at most mem_limit/8).\n" \
+  "swap_full=oom|fail        Swap mode, device full and memory short: ask the\n" \
+  "                          kernel's OOM killer to act (default oom).\n" \
   "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
   "lock=class|pool           Tuning: allocator locking (default class).\n" \
   "free=batched|immediate    Tuning: allocator free mode (default batched)."
@@ -611,7 +617,8 @@ zram_after_fork (void)
   /* Swap mode: what the serving path needs, made (and so locked) before
    * any request; the reserve below.  The table is charged to mem_limit.
    */
-  size_t heap_bytes = swap_mode_prepare_heap ();
+  size_t heap_bytes = swap_mode_prepare_heap (config.size / STORE_BLOCK_SIZE,
+                                              config.pool.mem_limit);
   if (swap_mode != SWAP_OFF
       && store_keep_resident (store, SWAP_SERVING_THREADS) == -1) {
     nbdkit_error ("swap=%s: cannot make the block table and compression "
@@ -622,8 +629,11 @@ zram_after_fork (void)
     if (swap_mode == SWAP_ON)
       goto failed;
   }
-  /* Swap mode: the reserve populated (and locked) before any request. */
+  /* Swap mode: the reserve populated (and locked) before any request,
+   * and a full device watched.
+   */
   policy.reserve_always = swap_mode != SWAP_OFF;
+  policy.reserve_tick = swap_mode != SWAP_OFF ? swap_full_watch : NULL;
   housekeeper_set_policy (&policy);
   if (housekeeper_start (store, stats_path, metrics_path,
                          config.pool.compact_before_refusal
@@ -763,44 +773,73 @@ failure_log_allowed (void)
 }
 
 /* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
- * ENOSPC on the wire, ENOMEM and EIO pass through.
+ * ENOSPC on the wire, ENOMEM and EIO pass through.  In swap mode a store
+ * refused for room is counted for the full-device watch (swap-full.h),
+ * and EAGAIN (no resident memory ready: zs_pool_config.resident_only)
+ * wakes the refill and goes out as ENOMEM: the kernel keeps the page and
+ * tries again.
  */
 static int
-request_failed (const char *what, uint64_t count, uint64_t offset)
+request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
 {
   int err = errno;
+  bool unready = err == EAGAIN;
+  if (unready) {
+    housekeeper_wake ();
+    err = ENOMEM;
+  }
+  else if (err == ENOSPC && stores && swap_mode != SWAP_OFF)
+    swap_full_note_refusal ();
   if (failure_log_allowed ())
     nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
                   what, count, offset,
                   err == ENOSPC ? "out of memory (mem_limit reached)"
-                  : error_text (err));
+                  : unready ? "no memory ready (swap reserve empty: "
+                  "refilling)" : error_text (err));
   nbdkit_set_error (err);
   return -1;
+}
+
+/* Every data request starts here: the server check and, in swap mode,
+ * the count of the thread's page faults (swap-mode.h).
+ */
+static uint64_t
+request_begin (void)
+{
+  server_check_request ();
+  return swap_mode != SWAP_OFF ? swap_mode_request_start () : 0;
+}
+
+/* ... and ends here, with the store's answer r. */
+static int
+request_end (int r, const char *what, bool stores, uint64_t faults,
+             uint64_t count, uint64_t offset)
+{
+  int err = errno;
+  if (swap_mode != SWAP_OFF)
+    swap_mode_request_done (stores, faults);
+  errno = err;
+  return r == -1 ? request_failed (what, stores, count, offset) : 0;
 }
 
 static int
 zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
             uint32_t flags)
 {
-  server_check_request ();
-  if (store_read (store, buf, count, offset) == -1)
-    return request_failed ("read", count, offset);
-  return 0;
+  uint64_t faults = request_begin ();
+  return request_end (store_read (store, buf, count, offset), "read", false,
+                      faults, count, offset);
 }
 
 static int
 zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
-  server_check_request ();
-  if (swap_mode != SWAP_OFF) {
-    swap_mode_check_worker ();
-    if (store_reserve_low (store))
-      housekeeper_wake ();
-  }
-  if (store_write (store, buf, count, offset) == -1)
-    return request_failed ("write", count, offset);
-  return 0;
+  uint64_t faults = request_begin ();
+  if (swap_mode != SWAP_OFF && store_reserve_low (store))
+    housekeeper_wake ();
+  return request_end (store_write (store, buf, count, offset), "write", true,
+                      faults, count, offset);
 }
 
 static int
@@ -812,10 +851,9 @@ zram_flush (void *handle, uint32_t flags)
 static int
 zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  server_check_request ();
-  if (store_trim (store, count, offset) == -1)
-    return request_failed ("trim", count, offset);
-  return 0;
+  uint64_t faults = request_begin ();
+  return request_end (store_trim (store, count, offset), "trim", true, faults,
+                      count, offset);
 }
 
 /* Zeroing is always cheap here (whole blocks just drop their object), so
@@ -824,10 +862,10 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  server_check_request ();
-  if (store_zero (store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM) == -1)
-    return request_failed ("zero", count, offset);
-  return 0;
+  uint64_t faults = request_begin ();
+  return request_end (store_zero (store, count, offset,
+                                  flags & NBDKIT_FLAG_MAY_TRIM),
+                      "zero", true, faults, count, offset);
 }
 
 static int

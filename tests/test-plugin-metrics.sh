@@ -145,6 +145,12 @@ STATS_TO_METRIC = {
     "swap_realtime_priority": ("nbdkit_zram_swap_realtime_priority", 1),
     "swap_io_flusher_worker": ("nbdkit_zram_swap_io_flusher_worker", 1),
     "swap_oom_score_adj": ("nbdkit_zram_swap_oom_score_adj", 1),
+    "swap_write_faults": ("nbdkit_zram_swap_write_faults", 1),
+    "swap_read_faults": ("nbdkit_zram_swap_read_faults", 1),
+    "swap_full_refusals": ("nbdkit_zram_swap_full_refusals", 1),
+    "swap_full_now": ("nbdkit_zram_swap_full_now", 1),
+    "swap_full_oom_kills": ("nbdkit_zram_swap_full_oom_kills", 1),
+    "swap_full_kill_delay_max_ms": ("nbdkit_zram_swap_full_kill_delay_max_seconds", 1000),
     "compression_ratio": ("nbdkit_zram_compression_ratio", 0.005),
     "memory_ratio": ("nbdkit_zram_memory_ratio", 0.005),
 }

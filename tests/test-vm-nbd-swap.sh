@@ -334,6 +334,14 @@ if [ -z "$swap_kib" ]; then
 fi
 guest_time=$(field "$result_line" time_s)
 oom_lines=$(grep -ac 'invoked oom-killer' "$clean" || :)
+# Page faults the server's threads took inside requests during the
+# workload (the stats at the end less those just before it).
+faults_line=$(grep -a '^ZRAM-VM: faults before the workload: ' "$clean" | tail -1 || :)
+write_faults=? read_faults=?
+if [ -n "$faults_line" ] && [ -n "${st[swap_write_faults]:-}" ]; then
+    write_faults=$(( ${st[swap_write_faults]} - $(field "$faults_line" write) ))
+    read_faults=$(( ${st[swap_read_faults]} - $(field "$faults_line" read) ))
+fi
 knobs="swap=$SWAP_MODE"
 [ -z "$RT" ] || knobs+=" rt=SCHED_RR:$RT"
 [ -z "$MIN_FREE_KB" ] || knobs+=" min_free_kbytes=$MIN_FREE_KB"
@@ -360,6 +368,8 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "orig_data=$(mib "${st[orig_data_size]:-0}")MiB" \
     "compr_data=$(mib "${st[compr_data_size]:-0}")MiB" \
     "failed_writes=${st[failed_writes]:-?}" \
+    "write_faults=$write_faults read_faults=$read_faults" \
+    "oom_kills_asked=${st[swap_full_oom_kills]:-?}" \
     "workload_time=${guest_time:-?}s qemu_time=$((t_end - t_boot))s"
 
 # ---- for a hang: who is stuck where ----------------------------------------

@@ -3,8 +3,14 @@
 # nbd device can be attached: every bad option is refused with a message
 # naming it, before anything is changed; status and off with nothing set
 # up; status of a device whose server is gone; off stopping the server
-# it recorded and removing its state.  The real path (the kernel's nbd
-# driver swapping to the server) is `make check-swap`, in a guest.
+# it recorded and removing its state; a recorded PID that now names
+# another process (the server died, the PID was reused) never signalled,
+# by off or status; a swap on that was interrupted (phase starting) shown
+# by status and finished by off; a --mem-limit this machine cannot give
+# refused, naming what would fit; status for a user who cannot read the
+# state refused with a non-zero exit.  The real path (the kernel's nbd
+# driver swapping to the server, SIGTERM during swap on, swap off with
+# memory short) is `make check-swap`, in a guest.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -40,6 +46,14 @@ refused "'sideways' is none of on, off, status" sideways
 refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
     refused "swap on: needs root" on --mem-limit 64M
+else
+    # More than half of RAM for the compressed pages: refused, with what
+    # would fit; and a device whose table alone is too big.
+    ram_kib=$(awk '$1 == "MemTotal:" { print $2 }' /proc/meminfo)
+    refused "--mem-limit: .* is more than half of this machine's .* of RAM.*at most" \
+        on --mem-limit "$((ram_kib * 3 / 4 / 1024))M"
+    refused "does not fit this machine's .* make the device smaller" \
+        on --mem-limit 16M --size "$((ram_kib * 256 / 1024 / 1024 + 1))T"
 fi
 NBDKIT_ZRAM_SWAP="$tmp/missing" refused "swap: $tmp/missing: No such file" status
 
@@ -61,18 +75,73 @@ sleep 1000 & stand_in=$!
 cleanup_add "kill $stand_in 2>/dev/null"
 ( exit 0 ) & gone=$!
 wait "$gone"
-printf 'device=/dev/nbd9\nserver_pid=%s\nold_min_free=\n' "$gone" > "$tmp/run/nbd9/state"
+start_of () { awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$1/stat"; }
+# state PID START [PHASE]: the state of a set-up whose server is PID,
+# started at START, running sleep.
+state ()
+{
+    printf 'device=/dev/nbd9\nserver_pid=%s\nserver_start=%s\nserver_exe=%s\nold_min_free=\nphase=%s\n' \
+        "$1" "$2" "$(readlink -f "$(command -v sleep)")" "${3:-on}" > "$tmp/run/nbd9/state"
+}
+state "$gone" 12345
 rc=0
 "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
 [ "$rc" = 1 ] || fail "swap status with the server gone: exit status $rc"
 grep -q "^/dev/nbd9: not swapped on; server pid $gone is gone" "$tmp/out" ||
     fail "swap status: $(cat "$tmp/out")"
+
+# The PID recorded is alive but is not the server (another start time: the
+# server died and its PID went to the stand-in): status says so, off
+# does not signal it.
+state "$stand_in" "$(( $(start_of "$stand_in") + 1 ))"
+rc=0
+"$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "swap status with a reused PID: exit status $rc"
+grep -q "server pid $stand_in is gone (the pid is another process's now)" "$tmp/out" ||
+    fail "swap status with a reused PID: $(cat "$tmp/out")"
 if [ "$(id -u)" = 0 ]; then
-    printf 'device=/dev/nbd9\nserver_pid=%s\nold_min_free=\n' "$stand_in" > "$tmp/run/nbd9/state"
     "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
+    kill -0 "$stand_in" 2>/dev/null || fail "swap off signalled pid $stand_in, which was not the server"
+    grep -q "pid $stand_in is no longer the server.*not signalled" "$tmp/out" ||
+        fail "swap off with a reused PID: $(cat "$tmp/out")"
+    [ ! -e "$tmp/run/nbd9" ] || fail "swap off left $tmp/run/nbd9"
+
+    # The same executable, another one: the start time tells them apart.
+    mkdir -p "$tmp/run/nbd9"
+    sleep 1000 & twin=$!
+    cleanup_add "kill $twin 2>/dev/null"
+    state "$twin" "$(( $(start_of "$twin") - 1 ))"
+    "$ZRAMCTL" swap off > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
+    kill -0 "$twin" 2>/dev/null || fail "swap off signalled a process started after the server"
+
+    # A swap on stopped midway (SIGKILL: no trap ran): status shows it,
+    # off finishes it, stopping the server it recorded.
+    mkdir -p "$tmp/run/nbd9"
+    state "$stand_in" "$(start_of "$stand_in")" starting
+    rc=0
+    "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
+    [ "$rc" = 1 ] || fail "swap status of an interrupted swap on: exit status $rc"
+    grep -q "swap on was interrupted at: starting (swap off /dev/nbd9 finishes it)" "$tmp/out" ||
+        fail "swap status of an interrupted swap on: $(cat "$tmp/out")"
+    "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
+    grep -q "swap off /dev/nbd9 (a swap on that was interrupted at: starting)" "$tmp/out" ||
+        fail "swap off of an interrupted swap on: $(cat "$tmp/out")"
     ! kill -0 "$stand_in" 2>/dev/null || fail "swap off left the server running"
     [ ! -e "$tmp/run/nbd9" ] || fail "swap off left $tmp/run/nbd9"
     [ "$(cat /proc/sys/vm/min_free_kbytes)" = "$min_free_before" ] ||
         fail "swap off changed vm.min_free_kbytes"
+
+    # A user who cannot read the state: an error, not "no swap set up".
+    if command -v setpriv >/dev/null 2>&1; then
+        chmod 700 "$tmp/run"
+        chmod 755 "$tmp"
+        rc=0
+        setpriv --reuid=65534 --regid=65534 --clear-groups \
+            env NBDKIT_ZRAM_SWAP_DIR="$tmp/run" NBDKIT_ZRAM_SWAP="$NBDKIT_ZRAM_SWAP" \
+            "$ZRAMCTL" swap status > "$tmp/out" 2> "$tmp/err" || rc=$?
+        [ "$rc" = 1 ] || fail "swap status as nobody: exit status $rc"
+        grep -q "swap status: cannot read $tmp/run (root only): run it as root" "$tmp/err" ||
+            fail "swap status as nobody: $(cat "$tmp/out" "$tmp/err")"
+    fi
 fi
 echo "ok: nbdkit-zramctl swap"

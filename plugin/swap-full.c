@@ -1,0 +1,172 @@
+/* A full swap device: see swap-full.h. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "error-text.h"
+#include "swap-full.h"
+
+#define SYSRQ_TRIGGER "/proc/sysrq-trigger"
+
+enum swap_full_action swap_full_action = SWAP_FULL_OOM;
+
+static const char *const action_names[] = { "oom", "fail" };
+
+/* Written by request threads. */
+static _Atomic uint64_t refusals;
+/* Written by the watching thread, read by the stats writer. */
+static _Atomic uint64_t kills;
+static _Atomic uint64_t kill_delay_max_ms;
+static atomic_int full_now;
+/* The watching thread's own state. */
+static int sysrq_fd = -1;
+static uint64_t refusals_seen;
+static uint64_t episode_start_ns;       /* 0: no refusals going on */
+static uint64_t last_refusal_ns;
+static uint64_t last_kill_ns;
+
+int
+swap_full_parse (const char *value)
+{
+  for (int action = SWAP_FULL_OOM; action <= SWAP_FULL_FAIL; action++)
+    if (strcmp (value, action_names[action]) == 0) {
+      swap_full_action = action;
+      return 0;
+    }
+  nbdkit_error ("swap_full: '%s' is not one of oom|fail", value);
+  return -1;
+}
+
+int
+swap_full_prepare (char *problem, size_t size)
+{
+  if (swap_full_action != SWAP_FULL_OOM || sysrq_fd != -1)
+    return 0;
+  sysrq_fd = open (SYSRQ_TRIGGER, O_WRONLY | O_CLOEXEC);
+  if (sysrq_fd != -1)
+    return 0;
+  snprintf (problem, size,
+            "swap_full=oom cannot open " SYSRQ_TRIGGER " (%s; it needs "
+            "root, and a /proc that is not read-only): when the device is "
+            "full the machine could not recover; use swap_full=fail to go "
+            "without", error_text (errno));
+  return -1;
+}
+
+void
+swap_full_note_refusal (void)
+{
+  atomic_fetch_add_explicit (&refusals, 1, memory_order_relaxed);
+}
+
+/* A "Key:   N kB" of /proc/meminfo from a buffer, in KiB, or -1. */
+static int64_t
+meminfo_kib (const char *text, const char *key)
+{
+  const char *at = strstr (text, key);
+  return at ? strtoll (at + strlen (key), NULL, 10) : -1;
+}
+
+/* A whole small /proc file into buf, with no allocation: 0, or -1. */
+static int
+read_proc (const char *path, char *buf, size_t size)
+{
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return -1;
+  ssize_t n = read (fd, buf, size - 1);
+  close (fd);
+  if (n <= 0)
+    return -1;
+  buf[n] = '\0';
+  return 0;
+}
+
+/* The machine is short of memory: MemAvailable below twice
+ * vm.min_free_kbytes or a thirty-second of RAM.  Unknown: short.
+ */
+static bool
+memory_short (void)
+{
+  char text[4096], number[32];
+  if (read_proc ("/proc/meminfo", text, sizeof text) == -1)
+    return true;
+  int64_t total = meminfo_kib (text, "MemTotal:");
+  int64_t available = meminfo_kib (text, "MemAvailable:");
+  int64_t min_free = read_proc ("/proc/sys/vm/min_free_kbytes", number,
+                                sizeof number) == 0
+    ? strtoll (number, NULL, 10) : 0;
+  if (total <= 0 || available < 0)
+    return true;
+  int64_t threshold = 2 * min_free > total / 32 ? 2 * min_free : total / 32;
+  return available < threshold;
+}
+
+void
+swap_full_watch (uint64_t now_ns)
+{
+  uint64_t seen = atomic_load_explicit (&refusals, memory_order_relaxed);
+  if (seen != refusals_seen) {
+    refusals_seen = seen;
+    last_refusal_ns = now_ns;
+    if (!episode_start_ns)
+      episode_start_ns = now_ns;
+  }
+  else if (episode_start_ns
+           && now_ns - last_refusal_ns >= SWAP_FULL_PAUSE_MS * 1000000ull)
+    episode_start_ns = 0;       /* the writes got through again */
+  atomic_store (&full_now, episode_start_ns != 0);
+
+  if (!episode_start_ns || sysrq_fd == -1
+      || now_ns - episode_start_ns < SWAP_FULL_AFTER_MS * 1000000ull
+      || (last_kill_ns && now_ns - last_kill_ns < SWAP_FULL_SETTLE_MS * 1000000ull)
+      || !memory_short ())
+    return;
+  uint64_t delay_ms = (now_ns - episode_start_ns) / 1000000;
+  if (write (sysrq_fd, "f", 1) != 1) {
+    nbdkit_error ("zram: swap_full=oom: the device is full and memory is "
+                  "short, but writing to " SYSRQ_TRIGGER " failed: %s",
+                  error_text (errno));
+    last_kill_ns = now_ns;      /* do not flood the log */
+    return;
+  }
+  atomic_fetch_add (&kills, 1);
+  uint64_t max = atomic_load (&kill_delay_max_ms);
+  if (delay_ms > max)
+    atomic_store (&kill_delay_max_ms, delay_ms);
+  nbdkit_error ("zram: the device is full (mem_limit reached: writes "
+                "refused for %" PRIu64 " ms) and memory is short: the "
+                "kernel's OOM killer was asked to act (sysrq f), as it "
+                "would without swap", delay_ms);
+  last_kill_ns = now_ns;
+  /* The victim's pages take a moment to leave: a new episode. */
+  episode_start_ns = now_ns;
+}
+
+void
+swap_full_status (struct swap_full_status *status)
+{
+  status->refusals = atomic_load_explicit (&refusals, memory_order_relaxed);
+  status->kills = atomic_load (&kills);
+  status->kill_delay_max_ms = atomic_load (&kill_delay_max_ms);
+  status->full = atomic_load (&full_now);
+}
+
+void
+swap_full_print (const struct swap_full_status *status, FILE *fp)
+{
+  fprintf (fp, "swap_full_refusals: %" PRIu64 "\n", status->refusals);
+  fprintf (fp, "swap_full_now: %d\n", status->full);
+  fprintf (fp, "swap_full_oom_kills: %" PRIu64 "\n", status->kills);
+  fprintf (fp, "swap_full_kill_delay_max_ms: %" PRIu64 "\n",
+           status->kill_delay_max_ms);
+}

@@ -1,0 +1,79 @@
+/* A full swap device: letting the machine recover (swap=on|try).
+ *
+ * The trap: when the pool reaches mem_limit (too small a limit, or data
+ * that compresses worse than the device was sized for), every swap-out
+ * fails with ENOSPC.  The kernel puts a page whose swap-out failed back
+ * on its lists as dirty and tries again later; it still sees free slots
+ * on the device, so it never decides it is out of memory, and its OOM
+ * killer never acts.  The machine spins on failed writes: a livelock,
+ * where without swap it would have killed a process and gone on.
+ *
+ * The answer, as earlyoom and systemd-oomd do it from user space: the
+ * server itself watches for the livelock and asks the kernel's own OOM
+ * killer to act (sysrq 'f': it picks the victim by oom_score, as it
+ * would when out of memory; the server, at oom_score_adj -1000, is never
+ * picked).  The victim's swapped pages are freed, the kernel discards
+ * them (swapon --discard=pages), the pool has room again, and the
+ * machine goes on.  No page already stored is touched.
+ *
+ * When: writes have been refused for lack of room for at least
+ * SWAP_FULL_AFTER_MS with no pause longer than SWAP_FULL_PAUSE_MS, and
+ * the machine is short of memory (MemAvailable below twice
+ * vm.min_free_kbytes, or a thirty-second of RAM, whichever is more).  A
+ * full device on a machine with memory to spare is no livelock (the
+ * kernel keeps the pages in RAM and reclaims elsewhere): nothing is
+ * killed.  After a kill, SWAP_FULL_SETTLE_MS pass before another, so
+ * that the victim's memory and swap come back first.
+ *
+ * Threads: swap_full_note_refusal is called by any request thread (one
+ * atomic add); swap_full_watch by one thread only (the housekeeper's
+ * reserve keeper), every few hundred milliseconds; its state is that
+ * thread's alone.  The sysrq file is opened in swap_full_prepare (before
+ * nbdkit drops privileges, before any request), so acting needs no
+ * open, and no memory, under pressure.
+ */
+#ifndef ZRAM_SWAP_FULL_H
+#define ZRAM_SWAP_FULL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define SWAP_FULL_AFTER_MS 2000
+#define SWAP_FULL_PAUSE_MS 1000
+#define SWAP_FULL_SETTLE_MS 5000
+
+enum swap_full_action {
+  SWAP_FULL_OOM,                /* ask the kernel's OOM killer (default) */
+  SWAP_FULL_FAIL,               /* only refuse the writes */
+};
+
+/* swap_full=oom|fail: 0, or -1 after nbdkit_error. */
+extern int swap_full_parse (const char *value);
+extern enum swap_full_action swap_full_action;
+
+/* Open the sysrq file for swap_full=oom: 0, or -1 with a message saying
+ * why in problem.
+ */
+extern int swap_full_prepare (char *problem, size_t size);
+
+/* A write was refused for lack of room (ENOSPC). */
+extern void swap_full_note_refusal (void);
+
+/* One look, at monotonic time now_ns: acts if the device is full and
+ * the machine short of memory.  From one thread only.
+ */
+extern void swap_full_watch (uint64_t now_ns);
+
+/* What the stats file's swap_full_* lines say. */
+struct swap_full_status {
+  uint64_t refusals;            /* writes refused for room, ever */
+  uint64_t kills;               /* times the OOM killer was asked */
+  uint64_t kill_delay_max_ms;   /* longest time from the start of the
+                                   refusals to the request */
+  int full;                     /* 1: refusals go on now */
+};
+extern void swap_full_status (struct swap_full_status *status);
+extern void swap_full_print (const struct swap_full_status *status, FILE *fp);
+
+#endif /* ZRAM_SWAP_FULL_H */
