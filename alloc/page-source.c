@@ -551,10 +551,20 @@ page_source_purge (struct page_source *source)
 {
   for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
     struct page_run_list *list = &source->lists[len];
+    /* resident_only: the runs made ready for writes stay (RESIDENT ONLY),
+     * at most PAGE_READY_RUNS_PAGES pages of them.
+     */
+    unsigned keep = source->resident_only ? PAGE_READY_RUNS_PAGES / len : 0;
     pthread_mutex_lock (&list->lock);
-    struct dirty_run *chain = list->dirty;
-    list->dirty = NULL;
-    list->dirty_count = 0;
+    struct dirty_run *chain = NULL;
+    if (list->dirty_count > keep) {
+      struct dirty_run **link = &list->dirty;
+      for (unsigned i = 0; i < keep; i++)
+        link = &(*link)->next;
+      chain = *link;
+      *link = NULL;
+      list->dirty_count = keep;
+    }
     pthread_mutex_unlock (&list->lock);
     if (chain)
       purge_runs (source, list, len, chain);

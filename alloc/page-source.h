@@ -148,7 +148,9 @@ extern void *page_run_alloc (struct page_source *source, unsigned run_pages,
 /* Free a run; it may stay resident until the next purge. */
 extern void page_run_free (struct page_source *source, struct page_chunk *chunk,
                            void *run);
-/* Give every dirty run back to the operating system now. */
+/* Give every dirty run back to the operating system now (resident_only:
+ * all but PAGE_READY_RUNS_PAGES pages of each run length, kept ready).
+ */
 extern void page_source_purge (struct page_source *source);
 /* Map and populate one chunk onto the reserve: 0, or -1 with errno. */
 extern int page_source_reserve_add (struct page_source *source);

@@ -205,6 +205,28 @@ reserve_give_up_one (struct zs_pool *pool)
   return dropped;
 }
 
+/* Chunks a resident_only pool keeps on the reserve's stack whatever the
+ * spare pages: each run length takes a chunk of its own when its fresh
+ * one is used up, so the pages counted as reserve may all be spare runs
+ * of other lengths (seen: a full reserve of spares, 800,000 refused
+ * writes, no refill).
+ */
+#define RESERVE_STACK_MIN 2
+
+/* The reserve is below its target, or (resident_only) its stack is. */
+static bool
+reserve_wanted (struct zs_pool *pool)
+{
+  uint64_t target = pool->pages.reserve_target;
+  if (!target)
+    return false;
+  if (pool->pages.resident_only
+      && atomic_load (&pool->pages.reserve_chunks)
+         < (target < RESERVE_STACK_MIN ? target : RESERVE_STACK_MIN))
+    return true;
+  return page_source_reserve_pages (&pool->pages) < target * PAGE_CHUNK_PAGES;
+}
+
 uint64_t
 zs_pool_reserve_refill (struct zs_pool *pool)
 {
@@ -213,8 +235,7 @@ zs_pool_reserve_refill (struct zs_pool *pool)
   /* Each chunk is counted and in transit while it is mapped and
    * populated, so a refusal meanwhile waits for it (MEMORY LIMIT).
    */
-  while (page_source_reserve_pages (&pool->pages)
-         < (uint64_t) pool->pages.reserve_target * PAGE_CHUNK_PAGES
+  while (reserve_wanted (pool)
          && limit_add (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
       atomic_fetch_sub (&pool->limit_account, PAGE_CHUNK_BYTES + LIMIT_TRANSIT);
@@ -243,6 +264,8 @@ zs_pool_reserve_release (struct zs_pool *pool)
 bool
 zs_pool_reserve_low (struct zs_pool *pool)
 {
+  if (pool->pages.resident_only && atomic_load (&pool->pages.reserve_chunks) == 0)
+    return pool->pages.reserve_target > 0;
   return page_source_reserve_pages (&pool->pages) * 2
     < (uint64_t) pool->pages.reserve_target * PAGE_CHUNK_PAGES;
 }

@@ -34,6 +34,7 @@
 #include "thread-exit-hooks.h"
 
 #include "zsalloc.h"
+#include "page-source.h"    /* PAGE_READY_RUNS_PAGES */
 
 #define PAGE ZS_PAGE_SIZE
 #define MAX_CLASSES (ZS_MAX_OBJECT_SIZE / 16)
@@ -2300,6 +2301,106 @@ test_malloc_batch (void **state)
   }
 }
 
+/* 14. resident_only (swap mode): a new zspage takes only pages that are   */
+/*     resident already; with none ready zs_malloc fails at once (EAGAIN)  */
+/*     and the refill makes more ready.                                    */
+
+/* Allocate one object of size; on EAGAIN refill once and try again: it
+ * must then succeed.  Returns the handle.
+ */
+static zs_handle_t
+malloc_refilling (struct zs_pool *pool, size_t size, unsigned *refusals)
+{
+  zs_handle_t handle = zs_malloc (pool, size);
+  if (handle)
+    return handle;
+  assert_int_equal (errno, EAGAIN);
+  (*refusals)++;
+  zs_pool_reserve_refill (pool);
+  handle = zs_malloc (pool, size);
+  if (!handle)
+    fail_msg ("zs_malloc (%zu) refused again after a refill: %s", size,
+              strerror (errno));
+  return handle;
+}
+
+static void
+test_resident_only (void **state)
+{
+  (void) state;
+  enum { LIMIT = 64 << 20, RESERVE = 4 << 20, SIZES = (PAGE - 32) / 16 + 1 };
+  struct zs_pool_config config;
+  zs_pool_config_init (&config);
+  config.mem_limit = LIMIT;
+  config.free_mode = ZS_FREE_IMMEDIATE;
+  config.reserve_bytes = RESERVE;
+  config.resident_only = true;
+  struct zs_pool *pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  struct zs_pool_stats st;
+
+  /* Nothing resident yet: refused at once, not mapped. */
+  assert_int_equal (zs_malloc (pool, 100), 0);
+  assert_int_equal (errno, EAGAIN);
+  get_stats (pool, &st);
+  assert_int_equal (st.pages_used, 0);
+  assert_true (st.reserve_misses >= 1);
+
+  /* Every class, so every run length: each takes a chunk of its own from
+   * the reserve, more than the reserve holds; a refill after a refusal
+   * always makes room (it once counted the other lengths' spare runs as
+   * the reserve and added nothing).
+   */
+  assert_int_equal (zs_pool_reserve_refill (pool), RESERVE);
+  zs_handle_t h[SIZES];
+  unsigned refusals = 0;
+  for (unsigned i = 0; i < SIZES; i++)
+    h[i] = malloc_refilling (pool, 32 + 16 * i, &refusals);
+  print_message ("resident_only: %u sizes, %u refusals, each cured by a "
+                 "refill\n", (unsigned) SIZES, refusals);
+  assert_true (refusals > 0);
+  for (unsigned i = 0; i < SIZES; i++)
+    zs_free (pool, h[i]);
+
+  /* A flush keeps PAGE_READY_RUNS_PAGES of each run length's freed
+   * pages resident and gives the rest back; those are not resident, so a
+   * write cannot take them: the refill makes them resident again, and
+   * then they are taken before any reserve chunk.  One object stays, so
+   * that their chunk stays mapped (an all-free chunk is unmapped whole).
+   */
+  enum { OBJECTS = 300, READY = PAGE_READY_RUNS_PAGES };
+  zs_handle_t big[OBJECTS];
+  for (unsigned i = 0; i < OBJECTS; i++)
+    big[i] = malloc_refilling (pool, PAGE, &refusals);
+  for (unsigned i = 1; i < OBJECTS; i++)
+    zs_free (pool, big[i]);
+  zs_pool_flush (pool);
+  zs_pool_reserve_release (pool);
+  get_stats (pool, &st);
+  assert_int_equal (st.reserve_bytes, 0);
+  for (unsigned i = 1; i <= READY; i++)  /* kept by the flush */
+    if (!(big[i] = zs_malloc (pool, PAGE)))
+      fail_msg ("ready run %u of %u refused: %s", i, READY, strerror (errno));
+  assert_int_equal (zs_malloc (pool, PAGE), 0);
+  assert_int_equal (errno, EAGAIN);
+  zs_pool_reserve_refill (pool);
+  get_stats (pool, &st);
+  uint64_t reserve = st.reserve_bytes;
+  assert_true (reserve > 0);
+  for (unsigned i = READY + 1; i < OBJECTS; i++)
+    if (!(big[i] = zs_malloc (pool, PAGE)))
+      fail_msg ("object %u refused after a refill: %s", i, strerror (errno));
+  get_stats (pool, &st);
+  /* Beyond what the flush kept, all but the last few came from readied
+   * runs, not from the reserve.
+   */
+  assert_true (reserve - st.reserve_bytes
+               <= (uint64_t) (OBJECTS - 1 - 2 * READY) * PAGE);
+  for (unsigned i = 0; i < OBJECTS; i++)
+    zs_free (pool, big[i]);
+  zs_pool_destroy (pool);
+}
+
 int
 main (void)
 {
@@ -2329,6 +2430,7 @@ main (void)
     cmocka_unit_test (test_memory_returns_when_locked),
     cmocka_unit_test (test_reserve),
     cmocka_unit_test (test_reserve_edges),
+    cmocka_unit_test (test_resident_only),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);
