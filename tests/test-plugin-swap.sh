@@ -41,6 +41,8 @@ expect_refusal 'swap=on needs mem_limit' swap=on
 expect_refusal 'swap=try needs mem_limit' swap=try
 expect_refusal "swap: 'always' is not one of on\|try\|off" swap=always mem_limit=1M
 expect_refusal 'swap_reserve: only with swap=on' swap_reserve=2M mem_limit=8M
+expect_refusal 'swap_full: only with swap=on' swap_full=fail mem_limit=8M
+expect_refusal "swap_full: 'kill' is not one of oom\|fail" swap=try swap_full=kill mem_limit=8M
 expect_refusal 'swap_reserve: .* more than half of mem_limit' \
     swap=try swap_reserve=8M mem_limit=8M
 # In whole 2 MiB units: 1M is 2M, more than half of 3M.
