@@ -492,8 +492,13 @@ zram_config_complete (void)
                   reserve_given ? "swap_reserve" : "swap_full");
     return -1;
   }
-  /* Swap: a write takes only memory that is resident already. */
-  config.pool.resident_only = swap_mode != SWAP_OFF;
+  /* Swap: a write should take only memory that is resident already
+   * (zs_pool_config.resident_only).  Not yet on: with it, the 384 MiB
+   * guest of make check-swap hung at the first swap-outs with zstd (2 of
+   * 2 runs; lz4 passed), and the 256 MiB guest still faulted inside
+   * writes; it stays off until that is understood (issue 25).
+   */
+  config.pool.resident_only = false;
   /* The reserve is kept in whole chunks of ZRAM_RESERVE_UNIT. */
   if (reserve_given) {
     config.pool.reserve_bytes = (config.pool.reserve_bytes + ZRAM_RESERVE_UNIT - 1)
