@@ -14,8 +14,9 @@
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping,
                                                             stats_due and the
-                                                            waits of wake and
-                                                            stats_wake */
+                                                            waits of wake,
+                                                            stats_wake and
+                                                            reserve_wake */
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping
                                                             or a refill */
 /* Swap mode (policy.reserve_always): the reserve is kept by a thread of

@@ -28,13 +28,11 @@
  *   from when a spike has taken everything above it.  Set in .get_ready:
  *   threads and the forked server inherit it.
  * - vm.min_free_kbytes of at least 12288: a host setting, warned about.
- * - A write never waits on reclaim: the allocator hands out only pages
- *   that are resident already (zs_pool_config.resident_only), from a
- *   reserve sized from the machine (swap_mode_default_reserve), filled at
- *   start and kept by a thread of its own (housekeeper.h,
- *   reserve_always); a write that finds nothing ready fails at once, as
- *   the kernel's zram fails an allocation, and the kernel keeps the page
- *   and tries again.  The heap is touched at start for the requests'
+ * - A reserve sized from the machine (swap_mode_default_reserve),
+ *   filled at start and kept by a thread of its own (housekeeper.h,
+ *   reserve_always).  The allocator's resident_only mode (a write takes
+ *   only resident pages, or fails at once) is not turned on yet: see
+ *   zram_config_complete.  The heap is touched at start for the requests'
  *   buffers and the allocator's metadata at the device's size, each
  *   serving thread touches its stack on its first request, and the
  *   faults taken inside requests are counted (swap_write_faults: 0 is
