@@ -54,6 +54,10 @@ block_new (struct zs_pool *pool, struct size_class *class)
     errno = ENOSPC;
     return NULL;
   }
+  if (!metadata_take (pool, 2 * ZS_PAGE_SIZE)) {
+    limit_discharge (pool, ZS_PAGE_SIZE);
+    return NULL;
+  }
   struct cell_block *block = aligned_alloc (ZS_PAGE_SIZE, ZS_PAGE_SIZE);
   if (!block) {
     limit_discharge (pool, ZS_PAGE_SIZE);

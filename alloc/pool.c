@@ -262,8 +262,40 @@ zs_pool_reserve_release (struct zs_pool *pool)
 }
 
 bool
+metadata_take (struct zs_pool *pool, size_t bytes)
+{
+  if (!pool->pages.resident_only)
+    return true;
+  int64_t before = atomic_fetch_sub (&pool->metadata_allowance, (int64_t) bytes);
+  if (before >= (int64_t) bytes)
+    return true;
+  atomic_fetch_add (&pool->metadata_allowance, (int64_t) bytes);
+  atomic_fetch_add (&pool->metadata_misses, 1);
+  errno = EAGAIN;
+  return false;
+}
+
+void
+zs_pool_metadata_ready (struct zs_pool *pool, uint64_t bytes)
+{
+  atomic_store (&pool->metadata_ready_given, bytes);
+  atomic_store (&pool->metadata_allowance, (int64_t) bytes);
+}
+
+/* Less than half of what the heap last had ready is left. */
+static bool
+metadata_low (struct zs_pool *pool)
+{
+  return pool->pages.resident_only
+    && atomic_load (&pool->metadata_allowance) * 2
+       < (int64_t) atomic_load (&pool->metadata_ready_given);
+}
+
+bool
 zs_pool_reserve_low (struct zs_pool *pool)
 {
+  if (metadata_low (pool))
+    return true;
   if (pool->pages.resident_only && atomic_load (&pool->pages.reserve_chunks) == 0)
     return pool->pages.reserve_target > 0;
   return page_source_reserve_pages (&pool->pages) * 2

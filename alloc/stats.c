@@ -42,6 +42,7 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
   stats->reserve_bytes = page_source_reserve_pages (&pool->pages) * ZS_PAGE_SIZE;
   stats->reserve_refills = atomic_load (&pool->reserve_refills) * PAGE_CHUNK_BYTES;
   stats->reserve_misses = atomic_load (&pool->pages.reserve_misses);
+  stats->metadata_misses = atomic_load (&pool->metadata_misses);
 }
 
 unsigned

@@ -307,7 +307,23 @@ struct zs_pool {
   _Atomic uint64_t reserve_charged; /* reserve pages counted against the
                                        limit (see THE RESERVE) */
   _Atomic uint64_t reserve_refills; /* chunks added to the reserve, ever */
+  /* resident_only: bytes of metadata (descriptors, cell blocks) the heap
+   * has ready, touched, until the caller says again
+   * (zs_pool_metadata_ready); an allocation that would go past it fails
+   * with EAGAIN, as a page miss does.  metadata_ready_given: the last
+   * amount said, for zs_pool_reserve_low.
+   */
+  _Atomic int64_t metadata_allowance;
+  _Atomic uint64_t metadata_ready_given;
+  _Atomic uint64_t metadata_misses; /* allocations refused for it, ever */
 };
+
+/* pool.c: take bytes of the metadata allowance before a metadata
+ * allocation (always true unless resident_only); false with errno EAGAIN.
+ * A descriptor or cell block taken from the heap may take its alignment
+ * too: callers ask for the worst case.
+ */
+extern bool metadata_take (struct zs_pool *pool, size_t bytes);
 
 /* The limit account (see MEMORY LIMIT). */
 #define LIMIT_TRANSIT ((uint64_t) 1 << 48)   /* one zspage in transit */

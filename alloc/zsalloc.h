@@ -225,8 +225,20 @@ extern uint64_t zs_pool_bytes (struct zs_pool *pool);
  * Returns the bytes added.  zs_pool_reserve_low says when to call it.
  */
 extern uint64_t zs_pool_reserve_refill (struct zs_pool *pool);
-/* True when the reserve holds less than half its target. */
+/* True when the reserve holds less than half its target (resident_only:
+ * or its stack is empty, or less than half the metadata allowance is
+ * left).
+ */
 extern bool zs_pool_reserve_low (struct zs_pool *pool);
+/* resident_only: the caller's heap has bytes ready (touched and locked)
+ * for the pool's metadata - zspage descriptors and blocks of handle
+ * cells, which come from malloc - so that a new zspage never faults the
+ * heap in.  From now until the next call the pool takes at most that
+ * many bytes of metadata (counting each allocation's alignment too);
+ * past it, zs_malloc fails with EAGAIN as when no page is ready.  Until
+ * the first call the allowance is 0.  Without resident_only: no effect.
+ */
+extern void zs_pool_metadata_ready (struct zs_pool *pool, uint64_t bytes);
 /* Give the whole reserve back to the operating system (a pool that holds
  * nothing needs none until it is written to again).
  */
@@ -260,6 +272,8 @@ struct zs_pool_stats {
   uint64_t reserve_bytes;     /* populated pages ready in the reserve */
   uint64_t reserve_refills;   /* bytes the reserve was topped up with, ever */
   uint64_t reserve_misses;    /* new chunks mapped with the reserve empty */
+  uint64_t metadata_misses;   /* resident_only: allocations refused as the
+                                 metadata allowance was spent, ever */
 };
 extern void zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats);
 

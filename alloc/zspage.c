@@ -98,6 +98,8 @@ class_sparsest_zspage (struct size_class *class)
 struct zspage *
 zspage_create (struct zs_pool *pool, struct size_class *class)
 {
+  if (!metadata_take (pool, zspage_descriptor_bytes (class) + ZSPAGE_ALIGN))
+    return NULL;
   struct zspage *zspage = aligned_alloc (ZSPAGE_ALIGN,
                                          zspage_descriptor_bytes (class));
   if (!zspage) {

@@ -989,6 +989,12 @@ store_reserve_low (struct block_store *store)
 }
 
 void
+store_metadata_ready (struct block_store *store, uint64_t bytes)
+{
+  zs_pool_metadata_ready (store->pool, bytes);
+}
+
+void
 store_flush (struct block_store *store)
 {
   block_table_reclaim (&store->table, stripes_sweep, store);
@@ -1033,6 +1039,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->reserve_bytes = pool.reserve_bytes;
   stats->reserve_refills = pool.reserve_refills;
   stats->reserve_misses = pool.reserve_misses;
+  stats->reserve_metadata_misses = pool.metadata_misses;
   stats->codec_bytes += codec_memory (store->pack_codec);
   stats->codec_bytes += atomic_load (&store->write_scratch_bytes);
   stats->decode_cache_bytes = atomic_load (&store->decode_cache_bytes);

@@ -189,6 +189,8 @@ struct store_stats {
   uint64_t reserve_bytes;         /* swap reserve: populated pages ready */
   uint64_t reserve_refills;       /* bytes it was topped up with, ever */
   uint64_t reserve_misses;        /* chunks mapped with it empty, ever */
+  uint64_t reserve_metadata_misses; /* writes refused as the heap had no
+                                     metadata room ready, ever */
   uint64_t recomp_blocks;         /* blocks recompressed, ever */
   uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
   uint64_t packed_blocks;         /* blocks in packed units now */
@@ -455,6 +457,10 @@ extern int store_class_stats (struct block_store *store, unsigned class_number,
  */
 extern uint64_t store_reserve_refill (struct block_store *store);
 extern bool store_reserve_low (struct block_store *store);
+/* Swap mode: the heap has bytes ready for the allocator's metadata
+ * (zs_pool_metadata_ready).
+ */
+extern void store_metadata_ready (struct block_store *store, uint64_t bytes);
 /* If the store holds no object, give the reserve back (if it has one)
  * and return true: none is needed until the next write.
  */

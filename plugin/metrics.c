@@ -86,6 +86,8 @@ static const struct field_metric fields[] = {
     "Swap mode: bytes the reserve was topped up with." },
   { "nbdkit_zram_reserve_misses_total", COUNTER, STORE (reserve_misses), 0,
     "Swap mode: times a write asked the system for pages with the reserve empty." },
+  { "nbdkit_zram_reserve_metadata_misses_total", COUNTER, STORE (reserve_metadata_misses), 0,
+    "Swap mode: writes refused because the heap had no room ready for the allocator's metadata." },
   { "nbdkit_zram_recompressed_blocks", GAUGE, STORE (recomp_blocks), 0,
     "Blocks stored recompressed now." },
   { "nbdkit_zram_recompress_saved_bytes_total", COUNTER, STORE (recomp_bytes_saved), 0,
@@ -277,6 +279,12 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   integer_metric (fp, "nbdkit_zram_swap_read_faults_total", COUNTER,
                   "Page faults taken inside reads (swap mode).",
                   sample->swap.read_faults);
+  integer_metric (fp, "nbdkit_zram_swap_stacks_ready_total", COUNTER,
+                  "Serving threads whose stacks the reserve keeper made resident before their first request (swap mode).",
+                  sample->swap.stacks_ready);
+  integer_metric (fp, "nbdkit_zram_swap_stack_faults_total", COUNTER,
+                  "Of the request faults, those of a thread's first request touching a stack the keeper had not made ready (swap mode).",
+                  sample->swap.stack_faults);
   integer_metric (fp, "nbdkit_zram_swap_full_refusals_total", COUNTER,
                   "Writes refused for lack of room (mem_limit), swap mode.",
                   sample->swap_full.refusals);

@@ -147,6 +147,7 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   FIELD (reserve_bytes);
   FIELD (reserve_refills);
   FIELD (reserve_misses);
+  FIELD (reserve_metadata_misses);
   FIELD (recomp_blocks);
   FIELD (recomp_bytes_saved);
   FIELD (packed_blocks);

@@ -1,5 +1,6 @@
 /* Swap mode: see swap-mode.h. */
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -13,6 +14,8 @@
 #include <sys/prctl.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -54,6 +57,10 @@ static atomic_int worker_io_flusher = -1;
  * start and _done): writes (and trims, zeroes), and reads.
  */
 static _Atomic uint64_t write_faults, read_faults;
+/* Of those, the faults of the first request's stack touch (a stack the
+ * keeper had not made ready).
+ */
+static _Atomic uint64_t stack_touch_faults;
 
 static const char *const mode_names[] = { "off", "on", "try" };
 
@@ -378,9 +385,13 @@ swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
 
 /* Stack each serving thread touches on its first request, so that no
  * request faults a new stack page in later: far more than the deepest
- * path (compression contexts and buffers live on the heap).
+ * path (compression contexts and buffers live on the heap).  The reserve
+ * keeper makes STACK_READY_BYTES ready below where a new thread waits
+ * (swap_mode_ready_stacks): that covers the touch, which starts a few
+ * frames deeper (nbdkit's request handling, the plugin's entry).
  */
-#define STACK_TOUCH_BYTES (256 << 10)
+#define STACK_TOUCH_BYTES (192 << 10)
+#define STACK_READY_BYTES (256 << 10)
 
 static __attribute__ ((noinline)) void
 touch_stack (void)
@@ -404,9 +415,17 @@ uint64_t
 swap_mode_request_start (void)
 {
   static __thread bool thread_ready;
+  /* Counted from before the stack's touch: a stack the keeper has not
+   * made ready (swap_mode_ready_stacks) shows as faults.
+   */
+  uint64_t faults = thread_faults ();
   if (!thread_ready) {
     thread_ready = true;
     touch_stack ();
+    uint64_t touched = thread_faults () - faults;
+    if (touched)
+      atomic_fetch_add_explicit (&stack_touch_faults, touched,
+                                 memory_order_relaxed);
     if (atomic_load_explicit (&worker_io_flusher, memory_order_relaxed) == -1) {
       int flusher = prctl (PR_GET_IO_FLUSHER, 0, 0, 0, 0);
       int expected = -1;
@@ -414,7 +433,174 @@ swap_mode_request_start (void)
                                       flusher == 1 ? 1 : 0);
     }
   }
-  return thread_faults ();
+  return faults;
+}
+
+/* ---- kept by the reserve keeper ---------------------------------------- */
+
+/* What of the heap's free top is not offered to the allocator's
+ * metadata: room for everything else a request takes from the heap
+ * (nbdkit's request buffers, which are freed again, the allocator's
+ * chunk headers), and the top's own page.
+ */
+#define HEAP_TOP_MARGIN (512 << 10)
+/* The pieces the top is grown by: under the mmap threshold, so that
+ * they come from the heap.
+ */
+#define HEAP_GROW_PIECE (1 << 20)
+#define HEAP_GROW_PIECES_MAX 64
+
+/* Make the whole heap resident: free chunks below the top that no one
+ * touched since they were carved (seen: 128 KiB holes every 256 KiB),
+ * and the parts of live allocations their owners have not touched yet
+ * (the compression libraries' workspaces).  mlock populates, whatever
+ * MCL_ONFAULT says; on pages already there it only walks them.
+ */
+static void
+heap_populate (void)
+{
+  FILE *maps = fopen ("/proc/self/maps", "r");
+  if (!maps)
+    return;
+  char line[512];
+  uintptr_t start, end;
+  while (fgets (line, sizeof line, maps))
+    if (strstr (line, "[heap]")
+        && sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2) {
+      mlock ((void *) start, end - start);
+      break;
+    }
+  fclose (maps);
+}
+
+size_t
+swap_mode_heap_ready (size_t wanted)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;
+  wanted += HEAP_TOP_MARGIN;
+  size_t top = mallinfo2 ().keepcost;
+  if (top < wanted) {
+    /* Carved from the top (or from free space below it), touched, and
+     * freed: they merge into the top again, which is never trimmed
+     * (swap_mode_prepare_heap), so it stays resident and locked.
+     */
+    void *pieces[HEAP_GROW_PIECES_MAX];
+    unsigned n = 0;
+    for (size_t grown = 0; grown < wanted - top + HEAP_GROW_PIECE
+           && n < HEAP_GROW_PIECES_MAX; grown += HEAP_GROW_PIECE) {
+      if (!(pieces[n] = malloc (HEAP_GROW_PIECE)))
+        break;
+      memset (pieces[n++], 0, HEAP_GROW_PIECE);
+    }
+    while (n > 0)
+      free (pieces[--n]);
+    top = mallinfo2 ().keepcost;
+  }
+  heap_populate ();
+  return top > HEAP_TOP_MARGIN ? top - HEAP_TOP_MARGIN : 0;
+}
+
+/* The threads whose stacks swap_mode_ready_stacks made ready.  Only the
+ * reserve keeper's thread reads or writes these (no lock).  A thread that
+ * exits leaves the list at the next call, so a new thread that reuses
+ * its ID is taken for ready only if the kernel hands the ID out again
+ * within one call's interval (it hands IDs out in order, wrapping at
+ * pid_max).
+ */
+#define STACKS_TRACKED 1024
+static pid_t stacks_ready[STACKS_TRACKED];
+static unsigned stacks_ready_count;
+static _Atomic uint64_t stacks_readied; /* stacks made ready, ever */
+
+/* The stack pointer of thread tid, blocked in a system call or not
+ * running (the last but one field of /proc/self/task/TID/syscall):
+ * 0 while it runs.
+ */
+static uintptr_t
+thread_stack_pointer (pid_t tid)
+{
+  char path[64], line[512];
+  snprintf (path, sizeof path, "/proc/self/task/%d/syscall", (int) tid);
+  FILE *fp = fopen (path, "r");
+  if (!fp)
+    return 0;
+  char *got = fgets (line, sizeof line, fp);
+  fclose (fp);
+  if (!got || strncmp (line, "running", 7) == 0)
+    return 0;
+  char *fields[16];
+  unsigned n = 0;
+  for (char *saveptr, *field = strtok_r (line, " \n", &saveptr);
+       field && n < 16; field = strtok_r (NULL, " \n", &saveptr))
+    fields[n++] = field;
+  return n >= 3 ? strtoull (fields[n - 2], NULL, 16) : 0;
+}
+
+/* Lock (so populate) STACK_READY_BYTES of the stack below sp, within the
+ * mapping that holds sp: what the thread's requests will reach.
+ */
+static bool
+stack_below_ready (uintptr_t sp)
+{
+  FILE *maps = fopen ("/proc/self/maps", "r");
+  if (!maps)
+    return false;
+  char line[512];
+  uintptr_t start = 0, end = 0;
+  bool found = false;
+  while (!found && fgets (line, sizeof line, maps))
+    found = sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2
+      && start <= sp && sp < end;
+  fclose (maps);
+  if (!found)
+    return false;
+  uintptr_t page = sp & ~(uintptr_t) 4095;
+  uintptr_t low = page - start > STACK_READY_BYTES
+    ? page - STACK_READY_BYTES : start;
+  return mlock ((void *) low, page + 4096 - low) == 0;
+}
+
+static bool
+stack_is_ready (pid_t tid)
+{
+  for (unsigned i = 0; i < stacks_ready_count; i++)
+    if (stacks_ready[i] == tid)
+      return true;
+  return false;
+}
+
+unsigned
+swap_mode_ready_stacks (void)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;
+  DIR *dir = opendir ("/proc/self/task");
+  if (!dir)
+    return 0;
+  pid_t live[STACKS_TRACKED];
+  unsigned live_count = 0, readied = 0;
+  pid_t self = syscall (SYS_gettid);
+  struct dirent *entry;
+  while ((entry = readdir (dir)) && live_count < STACKS_TRACKED) {
+    pid_t tid = atoi (entry->d_name);
+    if (tid <= 0)
+      continue;
+    if (tid == self || stack_is_ready (tid)) {
+      live[live_count++] = tid;
+      continue;
+    }
+    uintptr_t sp = thread_stack_pointer (tid);
+    if (sp && stack_below_ready (sp)) {
+      live[live_count++] = tid;
+      readied++;
+    }
+  }
+  closedir (dir);
+  memcpy (stacks_ready, live, live_count * sizeof *live);
+  stacks_ready_count = live_count;
+  atomic_fetch_add (&stacks_readied, readied);
+  return readied;
 }
 
 void
@@ -462,6 +648,8 @@ swap_mode_status (struct swap_mode_status *status)
   status->io_flusher_worker = atomic_load (&worker_io_flusher);
   status->write_faults = atomic_load_explicit (&write_faults, memory_order_relaxed);
   status->read_faults = atomic_load_explicit (&read_faults, memory_order_relaxed);
+  status->stacks_ready = atomic_load_explicit (&stacks_readied, memory_order_relaxed);
+  status->stack_faults = atomic_load_explicit (&stack_touch_faults, memory_order_relaxed);
   FILE *oom = fopen ("/proc/self/oom_score_adj", "r");
   status->oom_score_adj = 0;
   if (oom) {
@@ -483,4 +671,6 @@ swap_mode_print (const struct swap_mode_status *status, FILE *fp)
   fprintf (fp, "swap_oom_score_adj: %d\n", status->oom_score_adj);
   fprintf (fp, "swap_write_faults: %" PRIu64 "\n", status->write_faults);
   fprintf (fp, "swap_read_faults: %" PRIu64 "\n", status->read_faults);
+  fprintf (fp, "swap_stacks_ready: %" PRIu64 "\n", status->stacks_ready);
+  fprintf (fp, "swap_stack_faults: %" PRIu64 "\n", status->stack_faults);
 }

@@ -30,13 +30,16 @@
  * - vm.min_free_kbytes of at least 12288: a host setting, warned about.
  * - A reserve sized from the machine (swap_mode_default_reserve),
  *   filled at start and kept by a thread of its own (housekeeper.h,
- *   reserve_always).  The allocator's resident_only mode (a write takes
- *   only resident pages, or fails at once) is not turned on yet: see
- *   zram_config_complete.  The heap is touched at start for the requests'
- *   buffers and the allocator's metadata at the device's size, each
- *   serving thread touches its stack on its first request, and the
- *   faults taken inside requests are counted (swap_write_faults: 0 is
- *   the target).
+ *   reserve_always).  The allocator runs resident_only: a write takes
+ *   only pages that are resident already, and metadata only from heap
+ *   the keeper has made resident (zs_pool_metadata_ready), or fails at
+ *   once (EAGAIN, sent as ENOMEM: the kernel keeps the page and tries
+ *   again).  The keeper also keeps the whole heap resident with room at
+ *   its top (swap_mode_heap_ready) and makes each new thread's stack
+ *   resident before its first request (swap_mode_ready_stacks); the
+ *   heap is touched at start for the requests' buffers and the
+ *   allocator's metadata at the device's size, and the faults taken
+ *   inside requests are counted (swap_write_faults: 0 is the target).
  * - A full device lets the machine recover (swap-full.h): the kernel's
  *   OOM killer is asked to act when writes are refused for room while
  *   memory is short.
@@ -106,6 +109,24 @@ extern void swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes);
 extern uint64_t swap_mode_request_start (void);
 extern void swap_mode_request_done (bool stores, uint64_t start);
 
+/* For the reserve keeper (not the request path), in swap mode:
+ *
+ * swap_mode_heap_ready: grow the heap's free top, touched (so locked),
+ * to at least wanted bytes beyond what other heap users need; returns
+ * what it has ready for the allocator's metadata
+ * (store_metadata_ready), which may be less when memory is short.
+ *
+ * swap_mode_ready_stacks: every thread of the process seen for the first
+ * time (nbdkit's workers, started when a client connects: long before
+ * the memory spike that brings their first swap-out) gets the stack its
+ * requests will reach locked and populated, found below where the
+ * thread is blocked (/proc/self/task/TID/syscall).  Returns how many it
+ * made ready this time; a thread running at the call is tried again at
+ * the next.
+ */
+extern size_t swap_mode_heap_ready (size_t wanted);
+extern unsigned swap_mode_ready_stacks (void);
+
 /* What the stats file's swap_* lines and the swap metrics say. */
 struct swap_mode_status {
   const char *mode;               /* "off", "on" or "try" */
@@ -117,6 +138,9 @@ struct swap_mode_status {
   int oom_score_adj;
   uint64_t write_faults;          /* page faults inside stores, ever */
   uint64_t read_faults;           /* page faults inside reads, ever */
+  uint64_t stacks_ready;          /* threads' stacks made ready, ever */
+  uint64_t stack_faults;          /* of the request faults, those of a
+                                     first request's stack touch */
 };
 extern void swap_mode_status (struct swap_mode_status *status);
 /* The swap_* lines of the stats file. */

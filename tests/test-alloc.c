@@ -2339,7 +2339,17 @@ test_resident_only (void **state)
   assert_non_null (pool);
   struct zs_pool_stats st;
 
-  /* Nothing resident yet: refused at once, not mapped. */
+  /* No heap said ready for metadata yet: refused at once, for that. */
+  assert_int_equal (zs_malloc (pool, 100), 0);
+  assert_int_equal (errno, EAGAIN);
+  get_stats (pool, &st);
+  assert_int_equal (st.metadata_misses, 1);
+  assert_int_equal (st.pages_used, 0);
+
+  /* Metadata room, but no page resident yet: refused at once, not
+   * mapped.
+   */
+  zs_pool_metadata_ready (pool, 16 << 20);
   assert_int_equal (zs_malloc (pool, 100), 0);
   assert_int_equal (errno, EAGAIN);
   get_stats (pool, &st);
@@ -2361,6 +2371,29 @@ test_resident_only (void **state)
   assert_true (refusals > 0);
   for (unsigned i = 0; i < SIZES; i++)
     zs_free (pool, h[i]);
+
+  /* The metadata allowance runs out: a new zspage is refused with pages
+   * ready (EAGAIN, counted), the pool says it is low, and a new
+   * allowance cures it.  Objects of one class, each zspage taking a
+   * descriptor: a small allowance is spent within a few zspages.
+   */
+  get_stats (pool, &st);
+  uint64_t metadata_misses = st.metadata_misses;
+  zs_pool_metadata_ready (pool, 4096);
+  zs_handle_t spent[64];
+  unsigned made = 0;
+  while (made < 64 && (spent[made] = zs_malloc (pool, PAGE)))
+    made++;
+  assert_true (made < 64);
+  assert_int_equal (errno, EAGAIN);
+  assert_true (zs_pool_reserve_low (pool));
+  get_stats (pool, &st);
+  assert_int_equal (st.metadata_misses, metadata_misses + 1);
+  zs_pool_metadata_ready (pool, 16 << 20);
+  zs_pool_reserve_refill (pool);
+  assert_true ((spent[made] = zs_malloc (pool, PAGE)) != 0);
+  for (unsigned i = 0; i <= made; i++)
+    zs_free (pool, spent[i]);
 
   /* A flush keeps PAGE_READY_RUNS_PAGES of each run length's freed
    * pages resident and gives the rest back; those are not resident, so a

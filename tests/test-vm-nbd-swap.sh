@@ -369,6 +369,7 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "compr_data=$(mib "${st[compr_data_size]:-0}")MiB" \
     "failed_writes=${st[failed_writes]:-?}" \
     "write_faults=$write_faults read_faults=$read_faults" \
+    "stack_faults=${st[swap_stack_faults]:-?} metadata_misses=${st[reserve_metadata_misses]:-?}" \
     "oom_kills_asked=${st[swap_full_oom_kills]:-?}" \
     "workload_time=${guest_time:-?}s qemu_time=$((t_end - t_boot))s"
 
