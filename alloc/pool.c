@@ -103,12 +103,13 @@ zs_pool_destroy (struct zs_pool *pool)
 
 /* Add to the limit account (bytes, and zspages in transit in the high
  * bits) with one compare-and-swap, unless the bytes would exceed the
- * limit: false then, with *seen the account that refused them.  The
+ * limit less leave: false then, with *seen the account that refused them.  The
  * check and the swap are made under limit_lock (read), so that the limit
  * does not change between them (MEMORY LIMIT).
  */
 static bool
-limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
+limit_add_leaving (struct zs_pool *pool, uint64_t add, uint64_t leave,
+                   uint64_t *seen)
 {
   bool added = true;
   pthread_rwlock_rdlock (&pool->limit_lock);
@@ -116,7 +117,7 @@ limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
                                            memory_order_relaxed);
   uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
   do {
-    if (limit && account_bytes (account + add) > limit) {
+    if (limit && account_bytes (account + add) + leave > limit) {
       *seen = account;
       added = false;
       break;
@@ -125,6 +126,25 @@ limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
                                           account + add));
   pthread_rwlock_unlock (&pool->limit_lock);
   return added;
+}
+
+/* ... leaving nothing. */
+static bool
+limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
+{
+  return limit_add_leaving (pool, add, 0, seen);
+}
+
+/* resident_only: the limit has no room for another reserve chunk, so a
+ * write that finds no resident page will not find one after a refill
+ * either: the device is full.
+ */
+static bool
+refill_blocked_by_limit (struct zs_pool *pool)
+{
+  uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
+  return limit
+    && account_bytes (atomic_load (&pool->limit_account)) + PAGE_CHUNK_BYTES > limit;
 }
 
 /* Give the limit back what reserve pages taken (or dropped) since the
@@ -233,10 +253,17 @@ zs_pool_reserve_refill (struct zs_pool *pool)
   uint64_t added = 0, seen;
   reserve_settle (pool);
   /* Each chunk is counted and in transit while it is mapped and
-   * populated, so a refusal meanwhile waits for it (MEMORY LIMIT).
+   * populated, so a refusal meanwhile waits for it (MEMORY LIMIT).  It
+   * leaves a chunk of the limit's room to the data: a write near the
+   * limit gives reserve chunks up to make room, and a refill that took
+   * that room straight back would leave it refused again, round after
+   * round (seen: a writer and a refiller in a loop for minutes).  Not in
+   * resident_only, where the reserve is what the data takes.
    */
+  uint64_t leave = pool->pages.resident_only ? 0 : PAGE_CHUNK_BYTES;
   while (reserve_wanted (pool)
-         && limit_add (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, &seen)) {
+         && limit_add_leaving (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, leave,
+                               &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
       atomic_fetch_sub (&pool->limit_account, PAGE_CHUNK_BYTES + LIMIT_TRANSIT);
       break;
@@ -349,7 +376,8 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
      */
     err = errno;
     pthread_mutex_unlock (class->lock);
-    if (err == ENOSPC && reserve_give_up_one (pool)) {
+    if (err == ENOSPC && !pool->pages.resident_only
+        && reserve_give_up_one (pool)) {
       pthread_mutex_lock (class->lock);
       continue;
     }
@@ -377,6 +405,10 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
       pthread_mutex_lock (class->lock);
       if (!zspage) {
         zspage_unreserve (pool, class);
+        if (err == EAGAIN && refill_blocked_by_limit (pool)) {
+          atomic_fetch_add (&pool->limit_hits, 1);
+          err = ENOSPC;
+        }
         goto fail;
       }
       /* Take from the new zspage itself, even if a racing thread made a
@@ -386,8 +418,15 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
       atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
     }
-    if (reservation == REFUSED && page_source_reserve_pages (&pool->pages)) {
-      /* The reserve's pages are the data's before they are anything. */
+    if (reservation == REFUSED && !pool->pages.resident_only
+        && page_source_reserve_pages (&pool->pages)) {
+      /* The reserve's pages are the data's before they are anything.
+       * Not in resident_only: there they are the only pages a write may
+       * take, and a zspage given room by dropping them would find none
+       * (seen: writes refused "not ready" forever, under the limit, with
+       * the refill unable to add a chunk) - the data's room is mem_limit
+       * less the reserve, and past it the refusal is ENOSPC.
+       */
       pthread_mutex_unlock (class->lock);
       bool dropped = reserve_give_up_one (pool);
       pthread_mutex_lock (class->lock);
@@ -397,6 +436,16 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
     if (reservation == REFUSED && flushed && compacted) {
       atomic_fetch_add (&pool->limit_hits, 1);
       err = ENOSPC;
+      goto fail;
+    }
+    if (reservation == IN_TRANSIT && pool->pages.resident_only) {
+      /* What is in transit is most likely the refill's chunk, being
+       * populated - which, with memory short, waits on reclaim.  A write
+       * never waits on that: and spinning here, at a swap server's
+       * real-time priority, would starve the reclaim it waits for (seen:
+       * the kernel's RT throttling, a swap-out stuck for minutes).
+       */
+      err = EAGAIN;
       goto fail;
     }
     /* Drain the pending frees once, then compact once, or let the

@@ -155,7 +155,9 @@
  *   back to the limit.  zspage_reserve settles before it refuses, and an
  *   allocation the limit refuses (a zspage or a cell block) first gives up
  *   reserve pages: the reserve never costs the data room under the
- *   limit.
+ *   limit - except in resident_only, where the reserve's pages are the
+ *   only ones a write may take: there the data's room is the limit less
+ *   the reserve, and a refusal is ENOSPC.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   pool->compact_lock         there is one mover at a time, and the

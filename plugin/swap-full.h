@@ -2,7 +2,9 @@
  *
  * The trap: when the pool reaches mem_limit (too small a limit, or data
  * that compresses worse than the device was sized for), every swap-out
- * fails with ENOSPC.  The kernel puts a page whose swap-out failed back
+ * fails with ENOSPC; when the machine has no memory left to make ready
+ * for writes (swap mode takes only resident memory), every swap-out
+ * fails as not ready.  The kernel puts a page whose swap-out failed back
  * on its lists as dirty and tries again later; it still sees free slots
  * on the device, so it never decides it is out of memory, and its OOM
  * killer never acts.  The machine spins on failed writes: a livelock,
@@ -57,7 +59,10 @@ extern enum swap_full_action swap_full_action;
  */
 extern int swap_full_prepare (char *problem, size_t size);
 
-/* A write was refused for lack of room (ENOSPC). */
+/* A write was refused for lack of room (ENOSPC), or because no memory
+ * was ready for it (EAGAIN: the reserve keeper cannot make any while the
+ * machine has none, the same livelock).
+ */
 extern void swap_full_note_refusal (void);
 
 /* One look, at monotonic time now_ns: acts if the device is full and

@@ -806,19 +806,24 @@ failure_log_allowed (void)
  * refused for room is counted for the full-device watch (swap-full.h),
  * and EAGAIN (no resident memory ready: zs_pool_config.resident_only)
  * wakes the refill and goes out as ENOMEM: the kernel keeps the page and
- * tries again.
+ * tries again.  Both count for the watch: when the keeper cannot make
+ * memory ready because the machine has none, writes fail "not ready"
+ * for as long as a full device's fail "no room".
  */
 static int
 request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
 {
   int err = errno;
   bool unready = err == EAGAIN;
-  if (unready) {
+  if (unready)
     housekeeper_wake ();
-    err = ENOMEM;
-  }
-  else if (err == ENOSPC && stores && swap_mode != SWAP_OFF)
+  /* Either refusal, kept up while memory is short, is the same
+   * livelock: the kernel tries the page again and again.
+   */
+  if ((unready || err == ENOSPC) && stores && swap_mode != SWAP_OFF)
     swap_full_note_refusal ();
+  if (unready)
+    err = ENOMEM;
   if (failure_log_allowed ())
     nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
                   what, count, offset,

@@ -2165,18 +2165,23 @@ test_reserve_edges (void **state)
   (void) state;
   struct zs_pool_config config;
 
-  /* 1. A cell block (and a zspage) when only the reserve has room. */
+  /* 1. A cell block (and a zspage) when only the reserve has room.  The
+   * refill leaves a chunk of the limit to the data; a charge takes it.
+   */
   zs_pool_config_init (&config);
-  config.mem_limit = (2 << 20) + 2000;
+  config.mem_limit = (4 << 20) + 2000;
   config.reserve_bytes = 2 << 20;
   struct zs_pool *pool = zs_pool_create (&config);
   assert_non_null (pool);
   assert_int_equal (zs_pool_reserve_refill (pool), 2 << 20);
+  assert_int_equal (zs_pool_reserve_refill (pool), 0);
+  assert_int_equal (zs_pool_charge (pool, 2 << 20), 0);
   zs_handle_t h = zs_malloc (pool, 100);
   if (!h)
     fail_msg ("zs_malloc (100) refused with 2 MiB of limit in the reserve: %s",
               strerror (errno));
   zs_free (pool, h);
+  zs_pool_discharge (pool, 2 << 20);
   zs_pool_destroy (pool);
 
   /* 2. Fill to the limit while another thread refills the reserve:
@@ -2431,6 +2436,44 @@ test_resident_only (void **state)
                <= (uint64_t) (OBJECTS - 1 - 2 * READY) * PAGE);
   for (unsigned i = 0; i < OBJECTS; i++)
     zs_free (pool, big[i]);
+  zs_pool_destroy (pool);
+
+  /* Filled to the limit: a write that finds nothing resident, where the
+   * limit leaves no room for another reserve chunk, is refused with
+   * ENOSPC (a full device), never "not ready" for ever; the reserve's
+   * chunk is not given up to make room (it is what writes take).
+   */
+  config.mem_limit = 6 << 20;
+  config.reserve_bytes = 2 << 20;
+  pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  zs_pool_metadata_ready (pool, 16 << 20);
+  enum { FILL_MAX = 4096 };
+  zs_handle_t *fill = calloc (FILL_MAX, sizeof *fill);
+  assert_non_null (fill);
+  unsigned n = 0, not_ready_in_a_row = 0;
+  while (n < FILL_MAX) {
+    if ((fill[n] = zs_malloc (pool, PAGE))) {
+      n++;
+      not_ready_in_a_row = 0;
+      continue;
+    }
+    if (errno != EAGAIN || ++not_ready_in_a_row > 2)
+      break;
+    zs_pool_reserve_refill (pool);
+  }
+  assert_true (n < FILL_MAX);
+  if (errno != ENOSPC)
+    fail_msg ("filled to the limit with %u objects: refused with %s, not "
+              "ENOSPC", n, strerror (errno));
+  get_stats (pool, &st);
+  assert_true (st.limit_used <= st.mem_limit);
+  assert_true (n * (uint64_t) PAGE >= (3 << 20));
+  print_message ("resident_only: full at %u objects of 4 KiB, mem_limit "
+                 "6 MiB, refused with ENOSPC\n", n);
+  for (unsigned i = 0; i < n; i++)
+    zs_free (pool, fill[i]);
+  free (fill);
   zs_pool_destroy (pool);
 }
 

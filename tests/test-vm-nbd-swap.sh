@@ -53,6 +53,21 @@
 #   ZRAM_VM_FILLERS      in how many files, written at once (default 2)
 #   ZRAM_VM_TOUCH_MB     each anonymous toucher (default 192)
 #   ZRAM_VM_TOUCHERS     how many (default 2)
+#   ZRAM_VM_DATA         how well the pages compress: 7.5 (default:
+#                        8.1:1 with lz4, 9.1:1 with zstd), 1.5 (1.5:1
+#                        with both), or vmtouch's own "-r RAND -x TEXT"
+#   ZRAM_VM_EXPECT       ok (default): the run must end OK; recover (an
+#                        overfill cell: a device too small for the data,
+#                        or data that cannot fit in RAM at its ratio):
+#                        OK, or OOM - a workload process killed - with the
+#                        server alive, no page of the others wrong, and
+#                        the workload never stalled longer than
+#                        ZRAM_VM_RECOVER_S (default 30)
+#   ZRAM_VM_TOOL_CASES   1: before the workload, the swap tool's cases
+#                        with the real driver (SIGTERM at five points of
+#                        swap on, then swap off: nothing left; a killed
+#                        server whose PID went to another process: status
+#                        says gone, off does not signal it)
 #   ZRAM_VM_SMP          guest CPUs (default 2)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
 #   ZRAM_VM_STALL        the guest watchdog: seconds without progress
@@ -86,6 +101,18 @@ VM_SMP=${ZRAM_VM_SMP:-2}
 VM_TIMEOUT=${ZRAM_VM_TIMEOUT:-900}
 STALL=${ZRAM_VM_STALL:-120}
 HOST_STALL=${ZRAM_VM_HOST_STALL:-240}
+EXPECT=${ZRAM_VM_EXPECT:-ok}
+RECOVER_S=${ZRAM_VM_RECOVER_S:-30}
+case "${ZRAM_VM_DATA:-7.5}" in
+    7.5) DATA= ;;
+    1.5) DATA='-r 2048 -x 768' ;;
+    -*) DATA=$ZRAM_VM_DATA ;;
+    *) fail "ZRAM_VM_DATA=$ZRAM_VM_DATA: 7.5, 1.5 or vmtouch's options" ;;
+esac
+case "$EXPECT" in
+    ok|recover) ;;
+    *) fail "ZRAM_VM_EXPECT=$EXPECT: ok or recover" ;;
+esac
 case "$RT" in
     ''|0|no) RT= ;;
     1|yes) RT=50 ;;
@@ -170,6 +197,8 @@ DEADLINE_S='$((VM_TIMEOUT - 120))'
 HEARTBEAT_S=30
 NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
 NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
+DATA='$DATA'
+TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
 EOF
 bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" nbd \
@@ -346,11 +375,14 @@ knobs="swap=$SWAP_MODE"
 [ -z "$RT" ] || knobs+=" rt=SCHED_RR:$RT"
 [ -z "$MIN_FREE_KB" ] || knobs+=" min_free_kbytes=$MIN_FREE_KB"
 [ -z "${ZRAM_VM_EXTRA:-}" ] || knobs+=" $ZRAM_VM_EXTRA"
+[ -z "${ZRAM_VM_DATA:-}" ] || knobs+=" data=${ZRAM_VM_DATA// /}"
+stall_max=$(field "$result_line" stall_max_s)
+server=$(field "$result_line" server)
 
 cat <<EOF
 $TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs ($FILLERS files) + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
 EOF
-grep -a '^ZRAM-VM: \(booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
+grep -a '^ZRAM-VM: \(tool \|swap off with memory short\|booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
     sed 's/^ZRAM-VM: /  guest: /' || :
 [ -z "$hang_by" ] || echo "  hang detected by $hang_by"
 # At a hang the stats are the last the watchdog could read (the server's
@@ -371,13 +403,14 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "write_faults=$write_faults read_faults=$read_faults" \
     "stack_faults=${st[swap_stack_faults]:-?} metadata_misses=${st[reserve_metadata_misses]:-?}" \
     "oom_kills_asked=${st[swap_full_oom_kills]:-?}" \
+    "stall_max=${stall_max:-?}s server=${server:-?}" \
     "workload_time=${guest_time:-?}s qemu_time=$((t_end - t_boot))s"
 
 # ---- for a hang: who is stuck where ----------------------------------------
 # Each task of the sysrq dumps (w: blocked, l: on a CPU, t: all; only the
 # workload's, the server's, the client's, the watchdog's and reclaim's
 # threads) with the top of its stack, identical ones counted once.
-if [ "$result" != OK ]; then
+if [ "$result" != OK ] && ! [ "$result:$EXPECT" = OOM:recover ]; then
     echo "--- tasks in the sysrq dumps (count x dump: task state: frames) ---"
     awk '
         { sub(/^\[ *[0-9.]+\] /, "") }
@@ -415,13 +448,25 @@ if [ "$result" != OK ]; then
     echo "---"
 fi
 
-case "$result" in
-    OK)
+tool_failures=$(grep -ac '^ZRAM-VM: tool .*: FAIL' "$clean" || :)
+[ "${tool_failures:-0}" = 0 ] || fail "$tool_failures of the swap tool's cases failed"
+if [ "${ZRAM_VM_TOOL_CASES:-0}" != 0 ]; then
+    tool_ok=$(grep -ac '^ZRAM-VM: tool .*: ok$' "$clean" || :)
+    [ "$tool_ok" = 6 ] || fail "$tool_ok of the swap tool's 6 cases said ok"
+fi
+case "$result:$EXPECT" in
+    OOM:recover)
+        [ "$server" = alive ] || fail "RESULT OOM: the server is gone"
+        [ "$bad" = 0 ] || fail "RESULT OOM: $bad page checks failed"
+        [ -n "$stall_max" ] && [ "$stall_max" -le "$RECOVER_S" ] ||
+            fail "RESULT OOM, but the workload stalled for ${stall_max:-?} s (at most $RECOVER_S)"
+        echo "ok: comp=$COMP $knobs: full, recovered: a workload process killed, the server alive, the others' pages verified, never stalled more than $stall_max s" ;;
+    OK:*)
         [ "$bad" = 0 ] && [ "$verified" = $((pages * 2)) ] && [ "$pages" -gt 0 ] ||
             fail "RESULT OK but $verified of $((pages * 2)) page checks passed"
         [ "${swap_kib:-0}" -gt $((64 << 10)) ] ||
             fail "RESULT OK but the guest swapped only $(mib $(( ${swap_kib:-0} * 1024 ))) MiB (64 MiB at least): the workload is too small"
         echo "ok: comp=$COMP $knobs: swapped, every page verified twice" ;;
-    FAIL) fail "${reason:-the guest failed}" ;;
+    FAIL:*) fail "${reason:-the guest failed}" ;;
     *) fail "$result" ;;
 esac

@@ -16,7 +16,10 @@
  * file as a thread of its own last read it (every 5 s: reading it may
  * block once memory is gone, and must not block the watchdog) and
  * "ZRAM-VM: DUMPS-DONE", and waits to be killed.  It records the peak
- * swap use (KiB) in /tmp/swap_max and "hang" or "deadline" in
+ * swap use (KiB) in /tmp/swap_max, the longest time the workload did not
+ * move before it moved again (seconds, to the 2 s it samples at: how
+ * long a full device or the OOM killer kept the machine stalled) in
+ * /tmp/stall_max, and "hang" or "deadline" in
  * /tmp/hang.wd.
  *
  * Not a shell loop: a first version in busybox sh was itself swapped out
@@ -145,6 +148,8 @@ main (int argc, char **argv)
   pthread_t reader;
   char sig[1024], last_sig[1024] = "", line[1024], proc[64];
   long long swap_max = 0;
+  long stall_max = 0;
+  int stallmax_fd;
   struct sched_param sp = { .sched_priority = 99 };
 
   if (argc < 6) {
@@ -175,6 +180,7 @@ main (int argc, char **argv)
   swaps_fd = open ("/proc/swaps", O_RDONLY);
   sysrq_fd = open ("/proc/sysrq-trigger", O_WRONLY);
   swapmax_fd = open ("/tmp/swap_max", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  stallmax_fd = open ("/tmp/stall_max", O_WRONLY | O_CREAT | O_TRUNC, 0644);
   hang_fd = open ("/tmp/hang.wd", O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (vmstat_fd < 0 || swaps_fd < 0 || sysrq_fd < 0 || swapmax_fd < 0 ||
       hang_fd < 0) {
@@ -232,6 +238,12 @@ main (int argc, char **argv)
       if (pwrite (swapmax_fd, n, 21, 0) < 0) { /* best effort */ }
     }
     if (strcmp (sig, last_sig) != 0) {
+      if (now - last_change > stall_max) {
+        char n[32];
+        stall_max = now - last_change;
+        snprintf (n, sizeof n, "%-20ld\n", stall_max);
+        if (pwrite (stallmax_fd, n, 21, 0) < 0) { /* best effort */ }
+      }
       strcpy (last_sig, sig);
       last_change = now;
     }

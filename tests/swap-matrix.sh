@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# make check-swap-matrix: the nbd swap guest (tests/test-vm-nbd-swap.sh)
+# over machine sizes, how well the data compresses, and a device too
+# small for its data, each cell run SWAP_MATRIX_RUNS times (default 3),
+# then one table of what every run ended with.
+#
+# A cell: guest RAM, data (7.5: pages that compress about 8:1; 1.5: about
+# 1.5:1), the load (a tmpfs fill and two anonymous touchers, all at once,
+# as a multiple of RAM), the device and its mem_limit, what must happen:
+#   ok       every page swapped and verified, no OOM kill;
+#   recover  the device cannot hold what the kernel would swap (mem_limit
+#            half of what the data needs, or data at 1.5:1, where 2.25x
+#            RAM cannot fit in RAM at all): the machine recovers as it
+#            would without swap - a workload process killed by the OOM
+#            killer, the server alive, every page of the others verified,
+#            the workload never stalled more than 30 s.
+# The 256 MiB cell also runs the swap tool's own cases first (SIGTERM
+# during swap on, a reused PID), and every ok cell tries swap off with
+# the fill still swapped out (refused, naming what is short).
+#
+# Environment: SWAP_MATRIX_CELLS (names, default all), SWAP_MATRIX_RUNS,
+# and everything tests/test-vm-nbd-swap.sh reads.  Each run's guest
+# console is kept as test-vm-nbd-swap-matrix-CELL-RUN.log.  Exit status
+# 0 when every run of every cell passed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+# name ram_mib data fill_mib touch_mib mem_limit size comp expect extra-env
+cells=(
+    "r256-7.5     256  7.5  320  160  96M  1G lz4  ok      ZRAM_VM_TOOL_CASES=1"
+    "r384-7.5     384  7.5  480  192  160M 1G zstd ok      -"
+    "r1024-7.5    1024 7.5  1280 640  384M 4G lz4  ok      ZRAM_VM_TIMEOUT=2400"
+    "r256-1.5     256  1.5  288  144  96M  1G lz4  recover -"
+    "r384-1.5     384  1.5  432  216  160M 1G zstd recover -"
+    "r1024-1.5    1024 1.5  1152 576  384M 4G lz4  recover ZRAM_VM_TIMEOUT=2400"
+    "r384-overfill 384 7.5  480  192  64M  1G lz4  recover -"
+)
+runs=${SWAP_MATRIX_RUNS:-3}
+wanted=${SWAP_MATRIX_CELLS:-}
+
+table=$(mktemp)
+trap 'rm -f "$table"' EXIT
+rc=0
+for cell in "${cells[@]}"; do
+    read -r name ram data fill touch limit size comp expect extra <<< "$cell"
+    if [ -n "$wanted" ] && ! [[ " $wanted " == *" $name "* ]]; then
+        continue
+    fi
+    load=$(awk -v a=$((fill + 2 * touch)) -v b="$ram" 'BEGIN { printf "%.2fx", a / b }')
+    for run in $(seq 1 "$runs"); do
+        echo "=== swap matrix: $name, run $run of $runs: ${ram} MiB, data $data:1, load $load, mem_limit $limit, $comp, expect $expect"
+        out=$(mktemp)
+        env_extra=()
+        [ "$extra" = - ] || env_extra=($extra)
+        r=0
+        env "${env_extra[@]}" COMP="$comp" SWAP_MODE=on \
+            ZRAM_VM_MEM_MB="$ram" ZRAM_VM_DATA="$data" \
+            ZRAM_VM_FILL_MB="$fill" ZRAM_VM_TOUCH_MB="$touch" \
+            ZRAM_VM_MEM_LIMIT="$limit" ZRAM_VM_SIZE="$size" \
+            ZRAM_VM_EXPECT="$expect" ZRAM_VM_STALL=90 \
+            ZRAM_VM_LOG="$PWD/test-vm-nbd-swap-matrix-$name-$run.log" \
+            bash "$here/test-vm-nbd-swap.sh" > "$out" 2>&1 || r=$?
+        cat "$out"
+        line=$(grep -a '^RESULT: ' "$out" | tail -1)
+        val () { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$line"; }
+        verdict=$(awk '{ print $2 }' <<< "$line")
+        case $r in
+            0) pass=pass ;;
+            77) pass=skip; [ -z "${VM_REQUIRED:-}" ] || rc=1 ;;
+            *) pass=FAIL; rc=1 ;;
+        esac
+        printf '| %s | %s | %s MiB | %s:1 | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+            "$name" "$run" "$ram" "$data" "$load" "$limit" "${verdict:-?} ($pass)" \
+            "$(val swap_used)" "$(val verified)" "$(val failed_writes)" \
+            "$(val write_faults)" "$(val oom_kills_asked)" "$(val stall_max)" \
+            "$(val workload_time)" >> "$table"
+        rm -f "$out"
+    done
+done
+
+echo
+echo "| cell | run | RAM | data | load | mem_limit | result | swap used | pages verified | failed writes | faults in writes | OOM kills asked | longest stall | time |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+cat "$table"
+exit $rc
