@@ -143,10 +143,11 @@ swap_full_watch (uint64_t now_ns)
   uint64_t max = atomic_load (&kill_delay_max_ms);
   if (delay_ms > max)
     atomic_store (&kill_delay_max_ms, delay_ms);
-  nbdkit_error ("zram: the device is full (mem_limit reached: writes "
-                "refused for %" PRIu64 " ms) and memory is short: the "
-                "kernel's OOM killer was asked to act (sysrq f), as it "
-                "would without swap", delay_ms);
+  nbdkit_error ("zram: the device can take no more (writes refused for "
+                "%" PRIu64 " ms: mem_limit reached, or no memory left to "
+                "make ready) and memory is short: the kernel's OOM killer "
+                "was asked to act (sysrq f), as it would without swap",
+                delay_ms);
   last_kill_ns = now_ns;
   /* The victim's pages take a moment to leave: a new episode. */
   episode_start_ns = now_ns;
