@@ -400,12 +400,12 @@ list_chunk_to_ready (struct page_run_list *list)
 }
 
 uint64_t
-page_source_ready_runs (struct page_source *source, uint64_t most_pages)
+page_source_ready_runs (struct page_source *source)
 {
   uint64_t readied = 0;
   for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
     struct page_run_list *list = &source->lists[len];
-    while (readied + len <= most_pages) {
+    for (;;) {
       pthread_mutex_lock (&list->lock);
       struct page_chunk *chunk = list->dirty_count * len < PAGE_READY_RUNS_PAGES
         ? list_chunk_to_ready (list) : NULL;

@@ -160,8 +160,7 @@ extern int page_source_reserve_add (struct page_source *source);
  * kernel: never call it on the write path.  Returns the pages readied.
  */
 #define PAGE_READY_RUNS_PAGES (PAGE_DIRTY_MAX_PAGES / 2)
-extern uint64_t page_source_ready_runs (struct page_source *source,
-                                        uint64_t most_pages);
+extern uint64_t page_source_ready_runs (struct page_source *source);
 /* Give back one reserve chunk, or else the populated never-used runs of
  * one chunk taken from the reserve: false when there is neither.
  */

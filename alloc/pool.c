@@ -250,12 +250,6 @@ reserve_wanted (struct zs_pool *pool)
 uint64_t
 zs_pool_reserve_refill (struct zs_pool *pool)
 {
-  return zs_pool_reserve_refill_within (pool, UINT64_MAX);
-}
-
-uint64_t
-zs_pool_reserve_refill_within (struct zs_pool *pool, uint64_t most)
-{
   uint64_t added = 0, seen;
   reserve_settle (pool);
   /* Each chunk is counted and in transit while it is mapped and
@@ -267,7 +261,7 @@ zs_pool_reserve_refill_within (struct zs_pool *pool, uint64_t most)
    * resident_only, where the reserve is what the data takes.
    */
   uint64_t leave = pool->pages.resident_only ? 0 : PAGE_CHUNK_BYTES;
-  while (added + PAGE_CHUNK_BYTES <= most && reserve_wanted (pool)
+  while (reserve_wanted (pool)
          && limit_add_leaving (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, leave,
                                &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
@@ -282,9 +276,8 @@ zs_pool_reserve_refill_within (struct zs_pool *pool, uint64_t most)
   /* Freed space made resident again: not counted in the limit, as the
    * dirty runs it joins (at most PAGE_READY_RUNS_PAGES a run length).
    */
-  if (pool->pages.resident_only && most > added)
-    added += page_source_ready_runs (&pool->pages,
-                                     (most - added) / ZS_PAGE_SIZE) * ZS_PAGE_SIZE;
+  if (pool->pages.resident_only)
+    added += page_source_ready_runs (&pool->pages) * ZS_PAGE_SIZE;
   return added;
 }
 

@@ -225,11 +225,6 @@ extern uint64_t zs_pool_bytes (struct zs_pool *pool);
  * Returns the bytes added.  zs_pool_reserve_low says when to call it.
  */
 extern uint64_t zs_pool_reserve_refill (struct zs_pool *pool);
-/* The same, populating at most most bytes (a caller that knows how much
- * memory the system can give without reclaim).
- */
-extern uint64_t zs_pool_reserve_refill_within (struct zs_pool *pool,
-                                               uint64_t most);
 /* True when the reserve holds less than half its target (resident_only:
  * or its stack is empty, or less than half the metadata allowance is
  * left).

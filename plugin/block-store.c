@@ -965,9 +965,9 @@ store_keep_resident (struct block_store *store, unsigned threads)
 }
 
 uint64_t
-store_reserve_refill (struct block_store *store, uint64_t most)
+store_reserve_refill (struct block_store *store)
 {
-  return zs_pool_reserve_refill_within (store->pool, most);
+  return zs_pool_reserve_refill (store->pool);
 }
 
 bool

@@ -455,7 +455,7 @@ extern int store_class_stats (struct block_store *store, unsigned class_number,
 /* The allocator's reserve of populated pages (zs_pool_reserve_refill):
  * top it up; is it below half?
  */
-extern uint64_t store_reserve_refill (struct block_store *store, uint64_t most);
+extern uint64_t store_reserve_refill (struct block_store *store);
 extern bool store_reserve_low (struct block_store *store);
 /* Swap mode: the heap has bytes ready for the allocator's metadata
  * (zs_pool_metadata_ready).

@@ -139,13 +139,6 @@ compact_if_wasteful (void)
   }
 }
 
-/* What a refill may populate now (policy.populate_budget). */
-static uint64_t
-refill_budget (void)
-{
-  return policy.populate_budget ? policy.populate_budget () : UINT64_MAX;
-}
-
 static void
 housekeeping_round (bool last)
 {
@@ -162,7 +155,7 @@ housekeeping_round (bool last)
     if (!policy.reserve_always && store_reserve_release_if_empty (store))
       atomic_store (&reserve_active, false);
     else
-      store_reserve_refill (store, refill_budget ());
+      store_reserve_refill (store);
   }
   if ((stats_path || metrics_path) && stats_thread_running && !last) {
     pthread_mutex_lock (&lock);
@@ -199,7 +192,7 @@ reserve_keeper_main (void *arg)
   while (!stopping) {
     atomic_store (&refill_requested, false);
     pthread_mutex_unlock (&lock);
-    store_reserve_refill (store, refill_budget ());
+    store_reserve_refill (store);
     if (policy.reserve_tick)
       policy.reserve_tick (monotonic_ns ());
     pthread_mutex_lock (&lock);
@@ -241,7 +234,7 @@ housekeeper_main (void *arg)
       if (atomic_exchange (&refill_requested, false)) {
         atomic_store (&reserve_active, true);
         pthread_mutex_unlock (&lock);
-        store_reserve_refill (store, refill_budget ());
+        store_reserve_refill (store);
         pthread_mutex_lock (&lock);
         continue;
       }
@@ -282,7 +275,7 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   atomic_store (&refill_requested, false);
   atomic_store (&reserve_active, policy.reserve_always);
   if (policy.reserve_always)
-    store_reserve_refill (store, refill_budget ());
+    store_reserve_refill (store);
   stats_due = false;
   stats_thread_running = keeper_running = false;
   int err = 0;

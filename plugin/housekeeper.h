@@ -49,9 +49,6 @@ struct housekeeper_policy {
                                      reclaim never stops the refills; and
                                      the reserve is kept by a thread of
                                      its own, the reserve keeper */
-  uint64_t (*populate_budget) (void); /* the most bytes a refill may
-                                     populate now (swap-full.h), or NULL
-                                     for no bound */
   void (*reserve_tick) (uint64_t now_ns); /* with reserve_always: called
                                      by the reserve keeper after each
                                      refill, a few times a second

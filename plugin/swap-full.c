@@ -111,18 +111,6 @@ memory_short (void)
   return available < threshold;
 }
 
-uint64_t
-swap_populate_budget (void)
-{
-  char text[4096], number[32];
-  if (read_proc ("/proc/meminfo", text, sizeof text) == -1
-      || read_proc ("/proc/sys/vm/min_free_kbytes", number, sizeof number) == -1)
-    return UINT64_MAX;          /* cannot tell: as without the check */
-  int64_t free_kib = meminfo_kib (text, "MemFree:");
-  int64_t floor_kib = 2 * strtoll (number, NULL, 10);
-  return free_kib > floor_kib ? (uint64_t) (free_kib - floor_kib) * 1024 : 0;
-}
-
 void
 swap_full_watch (uint64_t now_ns)
 {

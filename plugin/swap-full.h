@@ -59,17 +59,6 @@ extern enum swap_full_action swap_full_action;
  */
 extern int swap_full_prepare (char *problem, size_t size);
 
-/* What the reserve keeper may populate now without the kernel reclaiming
- * for it: free memory above twice vm.min_free_kbytes (the low watermark,
- * where kswapd wakes, is a quarter above min).  A keeper that populated
- * past it went into direct reclaim - where a swap server's reclaim can
- * write nothing (an IO flusher), so it only scans, at real-time priority,
- * holding the process's mmap lock that every other mmap, madvise and
- * fault of the server waits for (seen: a hang at the first 16 MiB of a
- * 256 MiB guest).  Bytes; UINT64_MAX when it cannot tell.
- */
-extern uint64_t swap_populate_budget (void);
-
 /* A write was refused for lack of room (ENOSPC), or because no memory
  * was ready for it (EAGAIN: the reserve keeper cannot make any while the
  * machine has none, the same livelock).

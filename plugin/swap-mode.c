@@ -474,13 +474,13 @@ heap_populate (void)
 }
 
 size_t
-swap_mode_heap_ready (size_t wanted, uint64_t most)
+swap_mode_heap_ready (size_t wanted)
 {
   if (swap_mode == SWAP_OFF)
     return 0;
   wanted += HEAP_TOP_MARGIN;
   size_t top = mallinfo2 ().keepcost;
-  if (top < wanted && wanted - top + HEAP_GROW_PIECE <= most) {
+  if (top < wanted) {
     /* Carved from the top (or from free space below it), touched, and
      * freed: they merge into the top again, which is never trimmed
      * (swap_mode_prepare_heap), so it stays resident and locked.

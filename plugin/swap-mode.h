@@ -112,8 +112,7 @@ extern void swap_mode_request_done (bool stores, uint64_t start);
 /* For the reserve keeper (not the request path), in swap mode:
  *
  * swap_mode_heap_ready: grow the heap's free top, touched (so locked),
- * to at least wanted bytes beyond what other heap users need, if that
- * takes no more than most bytes of new memory; returns
+ * to at least wanted bytes beyond what other heap users need; returns
  * what it has ready for the allocator's metadata
  * (store_metadata_ready), which may be less when memory is short.
  *
@@ -125,7 +124,7 @@ extern void swap_mode_request_done (bool stores, uint64_t start);
  * made ready this time; a thread running at the call is tried again at
  * the next.
  */
-extern size_t swap_mode_heap_ready (size_t wanted, uint64_t most);
+extern size_t swap_mode_heap_ready (size_t wanted);
 extern unsigned swap_mode_ready_stacks (void);
 
 /* What the stats file's swap_* lines and the swap metrics say. */

@@ -630,9 +630,7 @@ metadata_headroom (void)
 static void
 swap_reserve_tick (uint64_t now_ns)
 {
-  store_metadata_ready (store,
-                        swap_mode_heap_ready (metadata_headroom (),
-                                              swap_populate_budget ()));
+  store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
   swap_mode_ready_stacks ();
   swap_full_watch (now_ns);
 }
@@ -663,10 +661,8 @@ zram_after_fork (void)
    */
   policy.reserve_always = swap_mode != SWAP_OFF;
   policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
-  policy.populate_budget = swap_mode != SWAP_OFF ? swap_populate_budget : NULL;
   if (swap_mode != SWAP_OFF)
-    store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom (),
-                                                       UINT64_MAX));
+    store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
   housekeeper_set_policy (&policy);
   if (housekeeper_start (store, stats_path, metrics_path,
                          config.pool.compact_before_refusal

@@ -83,9 +83,8 @@ store_writeback_until (struct block_store *store, uint64_t target,
 static atomic_int refills;
 
 uint64_t
-store_reserve_refill (struct block_store *store, uint64_t most)
+store_reserve_refill (struct block_store *store)
 {
-  (void) most;
   atomic_fetch_add (&refills, 1);
   return 0;
 }
