@@ -450,11 +450,34 @@ swap_mode_request_start (void)
 #define HEAP_GROW_PIECE (1 << 20)
 #define HEAP_GROW_PIECES_MAX 64
 
+/* Populate [start, end) for writing, keeping what is there, without
+ * taking the process's mmap lock for writing: MADV_POPULATE_WRITE (Linux
+ * 5.14) faults the pages in (and, under mlockall, locks them) holding it
+ * for reading.  Not mlock: it takes the lock for writing, and a waiting
+ * writer holds up every page fault of the process behind it - with one
+ * thread of the server in reclaim under pressure, the requests' faults
+ * too (seen: a 384 MiB guest hung, the keeper in mlock, a request thread
+ * in a fault behind it, another thread in reclaim).  Without
+ * MADV_POPULATE_WRITE: nothing (what is in use cannot be touched from
+ * here without racing its owner).
+ */
+static bool
+populate_for_write (uintptr_t start, uintptr_t end)
+{
+#ifdef MADV_POPULATE_WRITE
+  return madvise ((void *) start, end - start, MADV_POPULATE_WRITE) == 0;
+#else
+  (void) start, (void) end;
+  return false;
+#endif
+}
+
 /* Make the whole heap resident: free chunks below the top that no one
  * touched since they were carved (seen: 128 KiB holes every 256 KiB),
  * and the parts of live allocations their owners have not touched yet
- * (the compression libraries' workspaces).  mlock populates, whatever
- * MCL_ONFAULT says; on pages already there it only walks them.
+ * (the compression libraries' workspaces).  Only what grew since the
+ * last call: on pages already there the kernel only walks them, but
+ * there is no need to.
  */
 static void
 heap_populate (void)
@@ -464,10 +487,16 @@ heap_populate (void)
     return;
   char line[512];
   uintptr_t start, end;
+  static uintptr_t populated_start, populated_end; /* the keeper's own */
   while (fgets (line, sizeof line, maps))
     if (strstr (line, "[heap]")
         && sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2) {
-      mlock ((void *) start, end - start);
+      if (start != populated_start || end < populated_end)
+        populated_end = start;  /* a heap not seen before */
+      if (end > populated_end && populate_for_write (populated_end, end)) {
+        populated_start = start;
+        populated_end = end;
+      }
       break;
     }
   fclose (maps);
@@ -537,7 +566,7 @@ thread_stack_pointer (pid_t tid)
   return n >= 3 ? strtoull (fields[n - 2], NULL, 16) : 0;
 }
 
-/* Lock (so populate) STACK_READY_BYTES of the stack below sp, within the
+/* Populate (so lock) STACK_READY_BYTES of the stack below sp, within the
  * mapping that holds sp: what the thread's requests will reach.
  */
 static bool
@@ -558,7 +587,7 @@ stack_below_ready (uintptr_t sp)
   uintptr_t page = sp & ~(uintptr_t) 4095;
   uintptr_t low = page - start > STACK_READY_BYTES
     ? page - STACK_READY_BYTES : start;
-  return mlock ((void *) low, page + 4096 - low) == 0;
+  return populate_for_write (low, page + 4096);
 }
 
 static bool
