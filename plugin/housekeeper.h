@@ -51,8 +51,9 @@ struct housekeeper_policy {
                                      its own, the reserve keeper */
   void (*reserve_tick) (uint64_t now_ns); /* with reserve_always: called
                                      by the reserve keeper after each
-                                     refill, a few times a second
-                                     (swap-full.h's watch); or NULL */
+                                     refill, a few times a second (the
+                                     heap's and new threads' stacks'
+                                     readiness, zram.c); or NULL */
 };
 extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
 

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <time.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -62,6 +64,21 @@ swap_full_prepare (char *problem, size_t size)
   return -1;
 }
 
+/* Swap mode's stores in flight and done, for the stall check. */
+static _Atomic uint64_t stores_started, stores_done;
+
+void
+swap_full_store_start (void)
+{
+  atomic_fetch_add_explicit (&stores_started, 1, memory_order_relaxed);
+}
+
+void
+swap_full_store_done (void)
+{
+  atomic_fetch_add_explicit (&stores_done, 1, memory_order_relaxed);
+}
+
 void
 swap_full_note_refusal (void)
 {
@@ -115,7 +132,20 @@ void
 swap_full_watch (uint64_t now_ns)
 {
   uint64_t seen = atomic_load_explicit (&refusals, memory_order_relaxed);
-  if (seen != refusals_seen) {
+  /* Stalled: stores in flight, and none done for SWAP_FULL_PAUSE_MS (a
+   * slow store is no stall).
+   */
+  static uint64_t done_seen, stall_since_ns;
+  uint64_t done = atomic_load_explicit (&stores_done, memory_order_relaxed);
+  if (done != done_seen
+      || atomic_load_explicit (&stores_started, memory_order_relaxed) == done)
+    stall_since_ns = 0;
+  else if (!stall_since_ns)
+    stall_since_ns = now_ns;
+  done_seen = done;
+  bool stalled = stall_since_ns
+    && now_ns - stall_since_ns >= SWAP_FULL_PAUSE_MS * 1000000ull;
+  if (seen != refusals_seen || stalled) {
     refusals_seen = seen;
     last_refusal_ns = now_ns;
     if (!episode_start_ns)
@@ -151,6 +181,53 @@ swap_full_watch (uint64_t now_ns)
   last_kill_ns = now_ns;
   /* The victim's pages take a moment to leave: a new episode. */
   episode_start_ns = now_ns;
+}
+
+/* The watcher: a thread of its own, so that the way out does not wait
+ * on the thread that populates memory (the reserve keeper sat in the
+ * kernel's reclaim throttle through a whole hang).  It allocates
+ * nothing: the /proc reads go to its stack, touched at its start.
+ */
+static pthread_t watcher;
+static bool watcher_running;
+static atomic_bool watcher_stopping;
+
+static void *
+watcher_main (void *arg)
+{
+  (void) arg;
+  volatile unsigned char stack[64 << 10];
+  for (size_t offset = 0; offset < sizeof stack; offset += 4096)
+    stack[offset] = 0;
+  while (!atomic_load (&watcher_stopping)) {
+    struct timespec now, tick = { 0, SWAP_FULL_TICK_MS * 1000000l };
+    clock_gettime (CLOCK_MONOTONIC, &now);
+    swap_full_watch ((uint64_t) now.tv_sec * 1000000000ull + now.tv_nsec);
+    nanosleep (&tick, NULL);
+  }
+  return NULL;
+}
+
+int
+swap_full_start (void)
+{
+  int err = pthread_create (&watcher, NULL, watcher_main, NULL);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  watcher_running = true;
+  return 0;
+}
+
+void
+swap_full_stop (void)
+{
+  if (!watcher_running)
+    return;
+  atomic_store (&watcher_stopping, true);
+  pthread_join (watcher, NULL);
+  watcher_running = false;
 }
 
 void

@@ -27,10 +27,18 @@
  * killed.  After a kill, SWAP_FULL_SETTLE_MS pass before another, so
  * that the victim's memory and swap come back first.
  *
- * Threads: swap_full_note_refusal is called by any request thread (one
- * atomic add); swap_full_watch by one thread only (the housekeeper's
- * reserve keeper), every few hundred milliseconds; its state is that
- * thread's alone.  The sysrq file is opened in swap_full_prepare (before
+ * Or when stores have stayed in flight with none done for as long, with
+ * memory short: the server itself stuck behind the kernel's reclaim
+ * (seen: its reserve keeper throttled in reclaim while populating, other
+ * threads queued behind it on the mmap lock), which only memory coming
+ * back can free - the OOM killer's victim, whose memory the kernel's
+ * OOM reaper frees even while the victim is stuck.
+ *
+ * Threads: swap_full_note_refusal and the store counts are called by
+ * any request thread (one atomic add); swap_full_watch by one thread
+ * only, the watcher (swap_full_start), every SWAP_FULL_TICK_MS; its
+ * state is that thread's alone.  The watcher is not the reserve keeper,
+ * which may be the thread stuck.  The sysrq file is opened in swap_full_prepare (before
  * nbdkit drops privileges, before any request), so acting needs no
  * open, and no memory, under pressure.
  */
@@ -44,6 +52,7 @@
 #define SWAP_FULL_AFTER_MS 2000
 #define SWAP_FULL_PAUSE_MS 1000
 #define SWAP_FULL_SETTLE_MS 5000
+#define SWAP_FULL_TICK_MS 250
 
 enum swap_full_action {
   SWAP_FULL_OOM,                /* ask the kernel's OOM killer (default) */
@@ -58,6 +67,19 @@ extern enum swap_full_action swap_full_action;
  * why in problem.
  */
 extern int swap_full_prepare (char *problem, size_t size);
+
+/* Around each store in swap mode: the watch also takes stores that stay
+ * in flight with none done for as long as refusals (the server itself
+ * stuck behind reclaim: only memory coming back frees it).
+ */
+extern void swap_full_store_start (void);
+extern void swap_full_store_done (void);
+
+/* The watcher thread (swap mode), calling swap_full_watch every
+ * SWAP_FULL_TICK_MS: 0, or -1 with errno.  Stop joins it.
+ */
+extern int swap_full_start (void);
+extern void swap_full_stop (void);
 
 /* A write was refused for lack of room (ENOSPC), or because no memory
  * was ready for it (EAGAIN: the reserve keeper cannot make any while the

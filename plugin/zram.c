@@ -625,14 +625,15 @@ metadata_headroom (void)
 /* The reserve keeper's work beyond the pages (housekeeper.h,
  * reserve_tick), all of it what a swap write must find ready: the heap's
  * room for the allocator's metadata, the stacks of threads new since the
- * last tick; then the full-device watch.
+ * last tick.  (The full-device watch has a thread of its own,
+ * swap_full_start: the keeper may be the thread that is stuck.)
  */
 static void
 swap_reserve_tick (uint64_t now_ns)
 {
   store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
   swap_mode_ready_stacks ();
-  swap_full_watch (now_ns);
+  (void) now_ns;
 }
 
 /* Threads do not survive nbdkit's fork: start the housekeeper after it. */
@@ -670,6 +671,10 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
+  if (swap_mode != SWAP_OFF && swap_full_start () == -1) {
+    nbdkit_error ("cannot start the full-device watcher: %s", error_text (errno));
+    goto failed;
+  }
   struct store_stats stats;
   store_stats (store, &stats);
   swap_mode_report (stats.reserve_bytes,
@@ -690,6 +695,7 @@ zram_after_fork (void)
    * control socket behind.
    */
   control_stop ();
+  swap_full_stop ();
   housekeeper_stop ();
   return -1;
 }
@@ -698,6 +704,7 @@ static void
 zram_cleanup (void)
 {
   control_stop ();
+  swap_full_stop ();
   housekeeper_stop ();
   if (store) {
     char *text = NULL;
@@ -838,10 +845,14 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
  * the count of the thread's page faults (swap-mode.h).
  */
 static uint64_t
-request_begin (void)
+request_begin (bool stores)
 {
   server_check_request ();
-  return swap_mode != SWAP_OFF ? swap_mode_request_start () : 0;
+  if (swap_mode == SWAP_OFF)
+    return 0;
+  if (stores)
+    swap_full_store_start ();
+  return swap_mode_request_start ();
 }
 
 /* ... and ends here, with the store's answer r. */
@@ -850,8 +861,11 @@ request_end (int r, const char *what, bool stores, uint64_t faults,
              uint64_t count, uint64_t offset)
 {
   int err = errno;
-  if (swap_mode != SWAP_OFF)
+  if (swap_mode != SWAP_OFF) {
     swap_mode_request_done (stores, faults);
+    if (stores)
+      swap_full_store_done ();
+  }
   errno = err;
   return r == -1 ? request_failed (what, stores, count, offset) : 0;
 }
@@ -860,7 +874,7 @@ static int
 zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
             uint32_t flags)
 {
-  uint64_t faults = request_begin ();
+  uint64_t faults = request_begin (false);
   return request_end (store_read (store, buf, count, offset), "read", false,
                       faults, count, offset);
 }
@@ -869,7 +883,7 @@ static int
 zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
-  uint64_t faults = request_begin ();
+  uint64_t faults = request_begin (true);
   if (swap_mode != SWAP_OFF && store_reserve_low (store))
     housekeeper_wake ();
   return request_end (store_write (store, buf, count, offset), "write", true,
@@ -885,7 +899,7 @@ zram_flush (void *handle, uint32_t flags)
 static int
 zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  uint64_t faults = request_begin ();
+  uint64_t faults = request_begin (true);
   return request_end (store_trim (store, count, offset), "trim", true, faults,
                       count, offset);
 }
@@ -896,7 +910,7 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  uint64_t faults = request_begin ();
+  uint64_t faults = request_begin (true);
   return request_end (store_zero (store, count, offset,
                                   flags & NBDKIT_FLAG_MAY_TRIM),
                       "zero", true, faults, count, offset);
