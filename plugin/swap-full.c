@@ -108,6 +108,17 @@ read_proc (const char *path, char *buf, size_t size)
   return 0;
 }
 
+/* nr_writeback of /proc/vmstat: pages the kernel is writing out now. */
+static int64_t
+pages_under_writeback (void)
+{
+  char text[16384];
+  if (read_proc ("/proc/vmstat", text, sizeof text) == -1)
+    return 0;
+  const char *at = strstr (text, "\nnr_writeback ");
+  return at ? strtoll (at + strlen ("\nnr_writeback "), NULL, 10) : 0;
+}
+
 /* The machine is short of memory: MemAvailable below twice
  * vm.min_free_kbytes or a thirty-second of RAM.  Unknown: short.
  */
@@ -132,13 +143,22 @@ void
 swap_full_watch (uint64_t now_ns)
 {
   uint64_t seen = atomic_load_explicit (&refusals, memory_order_relaxed);
-  /* Stalled: stores in flight, and none done for SWAP_FULL_PAUSE_MS (a
-   * slow store is no stall).
+  /* Stalled: none done for SWAP_FULL_PAUSE_MS (a slow store is no
+   * stall) while stores are in flight here, or while the kernel has
+   * pages under writeback and this server was storing until lately - a
+   * request stuck in nbdkit before it reaches the plugin (reading its
+   * data into a buffer that faults) is in flight only there.
    */
-  static uint64_t done_seen, stall_since_ns;
+  static uint64_t done_seen, stall_since_ns, last_done_ns;
   uint64_t done = atomic_load_explicit (&stores_done, memory_order_relaxed);
-  if (done != done_seen
-      || atomic_load_explicit (&stores_started, memory_order_relaxed) == done)
+  bool waited_on = atomic_load_explicit (&stores_started, memory_order_relaxed) != done
+    || (now_ns - last_done_ns < SWAP_FULL_RECENT_MS * 1000000ull
+        && pages_under_writeback () > 0);
+  if (done != done_seen) {
+    last_done_ns = now_ns;
+    stall_since_ns = 0;
+  }
+  else if (!waited_on)
     stall_since_ns = 0;
   else if (!stall_since_ns)
     stall_since_ns = now_ns;

@@ -53,6 +53,7 @@
 #define SWAP_FULL_PAUSE_MS 1000
 #define SWAP_FULL_SETTLE_MS 5000
 #define SWAP_FULL_TICK_MS 250
+#define SWAP_FULL_RECENT_MS 30000
 
 enum swap_full_action {
   SWAP_FULL_OOM,                /* ask the kernel's OOM killer (default) */
