@@ -611,15 +611,16 @@ zram_get_ready (void)
 #define SWAP_SERVING_THREADS 18
 
 /* Swap mode: the heap room the reserve keeper keeps ready for the
- * allocator's metadata: an eighth of the reserve (a zspage of 4 KiB
- * objects takes about 100 bytes of descriptor and cells a page), at
- * least 2 MiB.
+ * allocator's metadata: a thirty-second of the reserve (a zspage of
+ * compressed 4 KiB pages takes about 100 bytes of descriptor and cells a
+ * page, 2.5%), at least 1 MiB.  Kept resident for good: what idle
+ * memory swap mode keeps beyond the reserve.
  */
 static size_t
 metadata_headroom (void)
 {
-  uint64_t headroom = config.pool.reserve_bytes / 8;
-  return headroom < (2 << 20) ? 2 << 20 : headroom;
+  uint64_t headroom = config.pool.reserve_bytes / 32;
+  return headroom < (1 << 20) ? 1 << 20 : headroom;
 }
 
 /* The reserve keeper's work beyond the pages (housekeeper.h,
