@@ -93,15 +93,28 @@ meminfo_kib (const char *text, const char *key)
   return at ? strtoll (at + strlen (key), NULL, 10) : -1;
 }
 
-/* A whole small /proc file into buf, with no allocation: 0, or -1. */
+/* The /proc files the watch reads, each opened once and read again from
+ * its start: an open allocates in the kernel, and under pressure that
+ * sent the watcher itself into reclaim.  Only the watcher's thread uses
+ * them (no lock).
+ */
+#define PROC_FILES 4
+static struct { const char *path; int fd; } proc_files[PROC_FILES];
+
+/* A whole small /proc file into buf: 0, or -1. */
 static int
 read_proc (const char *path, char *buf, size_t size)
 {
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  int fd = -1;
+  for (unsigned i = 0; i < PROC_FILES && fd == -1; i++)
+    if ((proc_files[i].path && strcmp (proc_files[i].path, path) == 0)
+        || (!proc_files[i].path
+            && (proc_files[i].fd = open (path, O_RDONLY | O_CLOEXEC)) != -1
+            && (proc_files[i].path = path)))
+      fd = proc_files[i].fd;
   if (fd == -1)
     return -1;
-  ssize_t n = read (fd, buf, size - 1);
-  close (fd);
+  ssize_t n = pread (fd, buf, size - 1, 0);
   if (n <= 0)
     return -1;
   buf[n] = '\0';
@@ -143,8 +156,9 @@ void
 swap_full_watch (uint64_t now_ns)
 {
   uint64_t seen = atomic_load_explicit (&refusals, memory_order_relaxed);
-  /* Stalled: none done for SWAP_FULL_PAUSE_MS (a slow store is no
-   * stall) while stores are in flight here, or while the kernel has
+  /* Stalled: none done for SWAP_FULL_STALL_MS (a slow server is no
+   * stuck one: with a second, a 384 MiB guest under TCG that swapped
+   * every page had a process killed) while stores are in flight here, or while the kernel has
    * pages under writeback and this server was storing until lately - a
    * request stuck in nbdkit before it reaches the plugin (reading its
    * data into a buffer that faults) is in flight only there.
@@ -164,7 +178,7 @@ swap_full_watch (uint64_t now_ns)
     stall_since_ns = now_ns;
   done_seen = done;
   bool stalled = stall_since_ns
-    && now_ns - stall_since_ns >= SWAP_FULL_PAUSE_MS * 1000000ull;
+    && now_ns - stall_since_ns >= SWAP_FULL_STALL_MS * 1000000ull;
   if (seen != refusals_seen || stalled) {
     refusals_seen = seen;
     last_refusal_ns = now_ns;

@@ -27,7 +27,8 @@
  * killed.  After a kill, SWAP_FULL_SETTLE_MS pass before another, so
  * that the victim's memory and swap come back first.
  *
- * Or when stores have stayed in flight with none done for as long, with
+ * Or when stores have stayed in flight with none done for
+ * SWAP_FULL_STALL_MS and then as long again, with
  * memory short: the server itself stuck behind the kernel's reclaim
  * (seen: its reserve keeper throttled in reclaim while populating, other
  * threads queued behind it on the mmap lock), which only memory coming
@@ -54,6 +55,7 @@
 #define SWAP_FULL_SETTLE_MS 5000
 #define SWAP_FULL_TICK_MS 250
 #define SWAP_FULL_RECENT_MS 30000
+#define SWAP_FULL_STALL_MS 10000
 
 enum swap_full_action {
   SWAP_FULL_OOM,                /* ask the kernel's OOM killer (default) */
