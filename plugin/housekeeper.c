@@ -194,7 +194,7 @@ reserve_keeper_main (void *arg)
     pthread_mutex_unlock (&lock);
     store_reserve_refill (store);
     if (policy.reserve_tick)
-      policy.reserve_tick (monotonic_ns ());
+      policy.reserve_tick ();
     pthread_mutex_lock (&lock);
     if (stopping || atomic_load (&refill_requested))
       continue;

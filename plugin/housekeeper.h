@@ -49,7 +49,7 @@ struct housekeeper_policy {
                                      reclaim never stops the refills; and
                                      the reserve is kept by a thread of
                                      its own, the reserve keeper */
-  void (*reserve_tick) (uint64_t now_ns); /* with reserve_always: called
+  void (*reserve_tick) (void);   /* with reserve_always: called
                                      by the reserve keeper after each
                                      refill, a few times a second (the
                                      heap's and new threads' stacks'

@@ -15,6 +15,7 @@
 #include <nbdkit-plugin.h>
 
 #include "error-text.h"
+#include "monotonic.h"
 #include "swap-full.h"
 
 #define SYSRQ_TRIGGER "/proc/sysrq-trigger"
@@ -234,9 +235,8 @@ watcher_main (void *arg)
   for (size_t offset = 0; offset < sizeof stack; offset += 4096)
     stack[offset] = 0;
   while (!atomic_load (&watcher_stopping)) {
-    struct timespec now, tick = { 0, SWAP_FULL_TICK_MS * 1000000l };
-    clock_gettime (CLOCK_MONOTONIC, &now);
-    swap_full_watch ((uint64_t) now.tv_sec * 1000000000ull + now.tv_nsec);
+    struct timespec tick = { 0, SWAP_FULL_TICK_MS * 1000000l };
+    swap_full_watch (monotonic_ns ());
     nanosleep (&tick, NULL);
   }
   return NULL;

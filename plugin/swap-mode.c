@@ -438,12 +438,12 @@ swap_mode_request_start (void)
 
 /* ---- kept by the reserve keeper ---------------------------------------- */
 
-/* What of the heap's free top is not offered to the allocator's
+/* What of the heap's free memory is not offered to the allocator's
  * metadata: room for everything else a request takes from the heap
  * (nbdkit's request buffers, which are freed again, the allocator's
  * chunk headers), and the top's own page.
  */
-#define HEAP_TOP_MARGIN (512 << 10)
+#define HEAP_FREE_MARGIN (512 << 10)
 /* The pieces the top is grown by: under the mmap threshold, so that
  * they come from the heap.
  */
@@ -507,7 +507,7 @@ swap_mode_heap_ready (size_t wanted)
 {
   if (swap_mode == SWAP_OFF)
     return 0;
-  wanted += HEAP_TOP_MARGIN;
+  wanted += HEAP_FREE_MARGIN;
   /* All the heap's free memory, not only its top: the whole heap is kept
    * resident (heap_populate), so a free chunk anywhere serves without a
    * fault.  (Counting the top alone starved the allocator when the free
@@ -533,7 +533,7 @@ swap_mode_heap_ready (size_t wanted)
     free_bytes = mallinfo2 ().fordblks;
   }
   heap_populate ();
-  return free_bytes > HEAP_TOP_MARGIN ? free_bytes - HEAP_TOP_MARGIN : 0;
+  return free_bytes > HEAP_FREE_MARGIN ? free_bytes - HEAP_FREE_MARGIN : 0;
 }
 
 /* The threads whose stacks swap_mode_ready_stacks made ready.  Only the

@@ -630,11 +630,10 @@ metadata_headroom (void)
  * swap_full_start: the keeper may be the thread that is stuck.)
  */
 static void
-swap_reserve_tick (uint64_t now_ns)
+swap_reserve_tick (void)
 {
   store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
   swap_mode_ready_stacks ();
-  (void) now_ns;
 }
 
 /* Threads do not survive nbdkit's fork: start the housekeeper after it. */
