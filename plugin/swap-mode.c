@@ -514,7 +514,13 @@ swap_mode_heap_ready (size_t wanted)
    * memory sat in chunks below it - nbdkit's freed request buffers: 3.5
    * million writes refused in a row, CI's check-vm.)
    */
-  size_t free_bytes = mallinfo2 ().fordblks;
+  struct mallinfo2 info = mallinfo2 ();
+  if (info.arena == 0)
+    /* Not the C library's allocator (a sanitizer's replaces it, and
+     * reports nothing): no heap to make ready, no bound to give.
+     */
+    return SIZE_MAX / 4;
+  size_t free_bytes = info.fordblks;
   if (free_bytes < wanted) {
     /* Carved from free space and then from the top, touched, and freed:
      * what came from the top merges into it again, which is never
