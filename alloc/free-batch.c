@@ -138,7 +138,11 @@ zs_pool_flush (struct zs_pool *pool)
     batch_drain (pool, batch);
     pthread_mutex_unlock (&batch->lock);
   }
-  page_source_purge (&pool->pages);
+  /* resident_only: the reserve's refill purges, and nothing else does
+   * (RESIDENT ONLY in page-source.h): this may be a write.
+   */
+  if (!pool->pages.resident_only)
+    page_source_purge (&pool->pages);
 }
 
 /* Deferred frees waiting in batches right now. */

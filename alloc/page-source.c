@@ -33,10 +33,21 @@ range_give_back (unsigned char *start, size_t length, bool *unlocked)
   return madvise (start, length, MADV_DONTNEED) == 0;
 }
 
+/* Give back a range that is never handed out (a chunk's tail): locked or
+ * not, and without splitting the mapping (an older kernel keeps it).
+ */
+static void
+range_give_back_unlocked (unsigned char *start, size_t length)
+{
+  if (madvise (start, length, MADV_DONTNEED) == -1 && errno == EINVAL)
+    madvise (start, length, MADV_DONTNEED_LOCKED);
+}
+
 void
 page_source_init (struct page_source *source)
 {
   atomic_init (&source->pages_returned, 0);
+  pthread_mutex_init (&source->purge_lock, NULL);
   pthread_mutex_init (&source->reserve_lock, NULL);
   source->reserve = NULL;
   atomic_init (&source->reserve_chunks, 0);
@@ -111,6 +122,7 @@ page_source_destroy (struct page_source *source)
   while ((base = reserve_take (source, 0)))
     munmap (base, PAGE_CHUNK_BYTES);
   pthread_mutex_destroy (&source->reserve_lock);
+  pthread_mutex_destroy (&source->purge_lock);
 }
 
 /* A chunk's worth of fresh address space. */
@@ -209,12 +221,18 @@ chunk_map (struct page_source *source, unsigned run_pages)
     return NULL;
   void *base = reserve_take (source, (uint64_t) runs * run_pages);
   chunk->from_reserve = base != NULL;
+  chunk->tail_resident = false;
   if (base) {
-    /* The tail no run covers is never used: give it back now. */
+    /* The tail no run covers is never used: give it back now, or in
+     * resident_only at the next purge (no memory-map call on the write
+     * path: RESIDENT ONLY).
+     */
     size_t used = (size_t) runs * run_pages * ZS_PAGE_SIZE;
-    if (used < PAGE_CHUNK_BYTES)
-      madvise ((unsigned char *) base + used, PAGE_CHUNK_BYTES - used,
-               MADV_DONTNEED_LOCKED);
+    if (used < PAGE_CHUNK_BYTES && source->resident_only)
+      chunk->tail_resident = true;
+    else if (used < PAGE_CHUNK_BYTES)
+      range_give_back_unlocked ((unsigned char *) base + used,
+                                PAGE_CHUNK_BYTES - used);
   }
   else {
     if (source->reserve_target)
@@ -531,7 +549,8 @@ page_run_free (struct page_source *source, struct page_chunk *chunk, void *run)
   dirty->chunk = chunk;
   dirty->next = list->dirty;
   list->dirty = dirty;
-  if (++list->dirty_count > limit) {
+  /* resident_only: the purge is the refilling thread's (RESIDENT ONLY). */
+  if (++list->dirty_count > limit && !source->resident_only) {
     /* Keep the newest half resident for reuse; purge the rest. */
     struct dirty_run *last_kept = list->dirty;
     for (unsigned i = 1; i < limit / 2; i++)
@@ -546,27 +565,74 @@ page_run_free (struct page_source *source, struct page_chunk *chunk, void *run)
     purge_runs (source, list, chunk->run_pages, older);
 }
 
+/* Give back the never-used tails of the chunks of a list that resident_only
+ * left resident (chunk_map).  purge_lock is held: in resident_only only
+ * its holder unmaps chunks, so they stay mapped while their tails are
+ * given back outside the list's lock.
+ */
+static void
+tails_give_back (struct page_run_list *list, unsigned run_pages)
+{
+  size_t used = (size_t) (PAGE_CHUNK_PAGES / run_pages) * run_pages
+    * ZS_PAGE_SIZE;
+  if (used == PAGE_CHUNK_BYTES)
+    return;
+  for (;;) {
+    unsigned char *tails[16];
+    unsigned n = 0;
+    pthread_mutex_lock (&list->lock);
+    for (struct page_chunk *chunk = list->all; chunk && n < 16;
+         chunk = chunk->all_next)
+      if (chunk->tail_resident) {
+        chunk->tail_resident = false;
+        tails[n++] = chunk->base + used;
+      }
+    pthread_mutex_unlock (&list->lock);
+    for (unsigned i = 0; i < n; i++)
+      range_give_back_unlocked (tails[i], PAGE_CHUNK_BYTES - used);
+    if (n < 16)
+      return;
+  }
+}
+
 void
 page_source_purge (struct page_source *source)
 {
+  pthread_mutex_lock (&source->purge_lock);
   for (unsigned len = 1; len <= ZS_CHAIN_MAX; len++) {
     struct page_run_list *list = &source->lists[len];
     /* resident_only: the runs made ready for writes stay (RESIDENT ONLY),
-     * at most PAGE_READY_RUNS_PAGES pages of them.
+     * at most PAGE_READY_RUNS_PAGES pages of them; the dirty stack may
+     * have grown past PAGE_DIRTY_MAX_PAGES since the last purge, so it is
+     * purged in slices that purge_runs can hold.
      */
     unsigned keep = source->resident_only ? PAGE_READY_RUNS_PAGES / len : 0;
-    pthread_mutex_lock (&list->lock);
-    struct dirty_run *chain = NULL;
-    if (list->dirty_count > keep) {
-      struct dirty_run **link = &list->dirty;
-      for (unsigned i = 0; i < keep; i++)
-        link = &(*link)->next;
-      chain = *link;
-      *link = NULL;
-      list->dirty_count = keep;
-    }
-    pthread_mutex_unlock (&list->lock);
-    if (chain)
+    unsigned slice = PAGE_DIRTY_MAX_PAGES / len;
+    for (;;) {
+      pthread_mutex_lock (&list->lock);
+      struct dirty_run *chain = NULL;
+      if (list->dirty_count > keep) {
+        struct dirty_run **link = &list->dirty;
+        for (unsigned i = 0; i < keep; i++)
+          link = &(*link)->next;
+        chain = *link;
+        unsigned taken = 1;
+        struct dirty_run *last = chain;
+        while (taken < slice && last->next) {
+          last = last->next;
+          taken++;
+        }
+        *link = last->next;
+        last->next = NULL;
+        list->dirty_count -= taken;
+      }
+      pthread_mutex_unlock (&list->lock);
+      if (!chain)
+        break;
       purge_runs (source, list, len, chain);
+    }
+    if (source->resident_only)
+      tails_give_back (list, len);
   }
+  pthread_mutex_unlock (&source->purge_lock);
 }

@@ -61,6 +61,18 @@
  *   (page_source_ready_runs): it takes free-stack runs, populates them
  *   (it may wait on reclaim: it is not on the write path) and puts them
  *   on the dirty stack, and it tops the reserve up.
+ *
+ *   Nor does a write make any memory-map call (mmap, munmap, madvise):
+ *   each takes the process's mmap lock, and a thread of the server that
+ *   holds it for reading while in reclaim, with another queued to take
+ *   it for writing, would hold every such call behind them - the swap
+ *   writes that reclaim waits for included.  So with resident_only a
+ *   free never purges (its run joins the dirty stack, however long),
+ *   a reserve chunk's tail is given back later, and only the refilling
+ *   thread purges (page_source_purge, which then also gives the tails
+ *   back): it is the only thread that unmaps a chunk.  Between two
+ *   refills the dirty runs may exceed PAGE_DIRTY_MAX_PAGES; they are the
+ *   first pages the next writes take.
  */
 
 #ifndef ZSALLOC_PAGE_SOURCE_H
@@ -89,6 +101,9 @@ struct page_chunk {
   unsigned free_top;              /* entries in free_stack */
   bool locked;                    /* a purge found its pages locked: lock
                                      runs again when handing them out */
+  bool tail_resident;             /* resident_only: the tail no run covers
+                                     is still populated (the next purge
+                                     gives it back) */
   bool from_reserve;              /* its never-used runs are populated
                                      (a reserve chunk): they count as
                                      reserve_spare_pages */
@@ -123,6 +138,10 @@ struct reserve_chunk {
 struct page_source {
   struct page_run_list lists[ZS_CHAIN_MAX + 1]; /* index = run length */
   _Atomic uint64_t pages_returned; /* given back to the OS, ever */
+  pthread_mutex_t purge_lock;     /* one page_source_purge at a time: in
+                                     resident_only, the only thread that
+                                     unmaps chunks; taken before any run
+                                     list's lock */
   pthread_mutex_t reserve_lock;   /* guards reserve; a leaf, taken under a
                                      run list's lock by chunk_map */
   struct reserve_chunk *reserve;  /* populated chunk mappings, newest first */
@@ -149,7 +168,8 @@ extern void *page_run_alloc (struct page_source *source, unsigned run_pages,
 extern void page_run_free (struct page_source *source, struct page_chunk *chunk,
                            void *run);
 /* Give every dirty run back to the operating system now (resident_only:
- * all but PAGE_READY_RUNS_PAGES pages of each run length, kept ready).
+ * all but PAGE_READY_RUNS_PAGES pages of each run length, kept ready, and
+ * only ever from the refilling thread).
  */
 extern void page_source_purge (struct page_source *source);
 /* Map and populate one chunk onto the reserve: 0, or -1 with errno. */

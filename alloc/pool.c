@@ -276,8 +276,10 @@ zs_pool_reserve_refill (struct zs_pool *pool)
   /* Freed space made resident again: not counted in the limit, as the
    * dirty runs it joins (at most PAGE_READY_RUNS_PAGES a run length).
    */
-  if (pool->pages.resident_only)
+  if (pool->pages.resident_only) {
+    page_source_purge (&pool->pages);
     added += page_source_ready_runs (&pool->pages) * ZS_PAGE_SIZE;
+  }
   return added;
 }
 
@@ -334,7 +336,10 @@ zs_pool_charge (struct zs_pool *pool, size_t bytes)
 {
   if (limit_charge (pool, bytes))
     return 0;
-  while (reserve_give_up_one (pool))
+  /* Not in resident_only: the reserve is the only memory its writes may
+   * take, and dropping it is a memory-map call on the write path.
+   */
+  while (!pool->pages.resident_only && reserve_give_up_one (pool))
     if (limit_charge (pool, bytes))
       return 0;
   /* Pending frees may hold what is missing. */

@@ -173,6 +173,9 @@
  *                              list, in-use count, group, pinned flag and
  *                              back pointers, the class's counters and its
  *                              cell blocks.
+ *   page_source->purge_lock    one purge at a time (page_source_purge):
+ *                              in resident_only its holder is the only
+ *                              thread that unmaps chunks.
  *   page_source->lock          the chunk lists of one run length.
  *   pool->limit_lock           read: a charge's check of the limit and its
  *                              swap of the account; write: a change of
@@ -184,8 +187,9 @@
  *   free_batch->lock -> size_class->lock.  No path holds two move locks,
  *   a move lock and a batch lock, or two batch locks; a mover holds no
  *   other lock while it waits for a move lock.
- *   page_source locks are leaves and are never taken while a class lock
- *   is held (zspages are created and released outside the class lock).
+ *   page_source locks are never taken while a class lock is held
+ *   (zspages are created and released outside the class lock); among
+ *   them: purge_lock -> a run list's lock -> reserve_lock.
  *   No path holds two class locks.  Pool-wide counters are atomics.
  */
 

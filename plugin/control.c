@@ -814,6 +814,7 @@ control_start (struct block_store *the_store, const struct control_info *the_inf
     errno = err;
     return -1;
   }
+  pthread_setname_np (thread, "zram-control");
   running = true;
   return 0;
 }

@@ -231,7 +231,7 @@ housekeeper_main (void *arg)
        * flag is looked at under the lock before each wait, so a wake
        * that comes during a round is not lost.
        */
-      if (atomic_exchange (&refill_requested, false)) {
+      if (!keeper_running && atomic_exchange (&refill_requested, false)) {
         atomic_store (&reserve_active, true);
         pthread_mutex_unlock (&lock);
         store_reserve_refill (store);
@@ -283,14 +283,20 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
     if ((err = pthread_create (&stats_thread, NULL, stats_writer_main, NULL)))
       goto failed;
     stats_thread_running = true;
+    pthread_setname_np (stats_thread, "zram-stats");
   }
   if (policy.reserve_always) {
     if ((err = pthread_create (&keeper_thread, NULL, reserve_keeper_main, NULL)))
       goto failed;
     keeper_running = true;
+    pthread_setname_np (keeper_thread, "zram-reserve");
   }
   if ((err = pthread_create (&thread, NULL, housekeeper_main, NULL)))
     goto failed;
+  /* Named, so that ps -L, perf and the kernel's traces tell them from
+   * nbdkit's serving threads.
+   */
+  pthread_setname_np (thread, "zram-housekeep");
   running = true;
   return 0;
 

@@ -17,6 +17,7 @@
 #include "error-text.h"
 #include "monotonic.h"
 #include "swap-full.h"
+#include "swap-mode.h"
 
 #define SYSRQ_TRIGGER "/proc/sysrq-trigger"
 
@@ -84,14 +85,6 @@ void
 swap_full_note_refusal (void)
 {
   atomic_fetch_add_explicit (&refusals, 1, memory_order_relaxed);
-}
-
-/* A "Key:   N kB" of /proc/meminfo from a buffer, in KiB, or -1. */
-static int64_t
-meminfo_kib (const char *text, const char *key)
-{
-  const char *at = strstr (text, key);
-  return at ? strtoll (at + strlen (key), NULL, 10) : -1;
 }
 
 /* The /proc files the watch reads, each opened once and read again from
@@ -223,6 +216,7 @@ swap_full_watch (uint64_t now_ns)
  * kernel's reclaim throttle through a whole hang).  It allocates
  * nothing: the /proc reads go to its stack, touched at its start.
  */
+#define WATCHER_STACK_BYTES (64 << 10)
 static pthread_t watcher;
 static bool watcher_running;
 static atomic_bool watcher_stopping;
@@ -231,9 +225,7 @@ static void *
 watcher_main (void *arg)
 {
   (void) arg;
-  volatile unsigned char stack[64 << 10];
-  for (size_t offset = 0; offset < sizeof stack; offset += 4096)
-    stack[offset] = 0;
+  swap_mode_touch_stack (WATCHER_STACK_BYTES);
   while (!atomic_load (&watcher_stopping)) {
     struct timespec tick = { 0, SWAP_FULL_TICK_MS * 1000000l };
     swap_full_watch (monotonic_ns ());
@@ -250,6 +242,7 @@ swap_full_start (void)
     errno = err;
     return -1;
   }
+  pthread_setname_np (watcher, "zram-full-watch");
   watcher_running = true;
   return 0;
 }

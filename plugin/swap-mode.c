@@ -1,5 +1,6 @@
 /* Swap mode: see swap-mode.h. */
 
+#include <alloca.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -271,6 +272,13 @@ swap_mode_lock (void)
   return 0;
 }
 
+int64_t
+meminfo_kib (const char *text, const char *key)
+{
+  const char *at = strstr (text, key);
+  return at ? strtoll (at + strlen (key), NULL, 10) : -1;
+}
+
 /* The default reserve: a thirty-second of RAM, within SWAP_RESERVE_MIN
  * and SWAP_RESERVE_MAX, at most an eighth of mem_limit, in whole
  * reserve_unit bytes (and at least one).  What it must cover is the
@@ -283,14 +291,14 @@ swap_mode_lock (void)
 uint64_t
 swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
 {
-  uint64_t ram = 0;
+  char text[4096];
   FILE *fp = fopen ("/proc/meminfo", "r");
-  if (fp) {
-    if (fscanf (fp, "MemTotal: %" SCNu64, &ram) != 1)
-      ram = 0;
+  size_t length = fp ? fread (text, 1, sizeof text - 1, fp) : 0;
+  if (fp)
     fclose (fp);
-  }
-  uint64_t reserve = ram * 1024 / 32;
+  text[length] = '\0';
+  int64_t ram_kib = meminfo_kib (text, "MemTotal:");
+  uint64_t reserve = ram_kib > 0 ? (uint64_t) ram_kib * 1024 / 32 : 0;
   if (reserve < SWAP_RESERVE_MIN)
     reserve = SWAP_RESERVE_MIN;
   if (reserve > SWAP_RESERVE_MAX)
@@ -393,11 +401,11 @@ swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
 #define STACK_TOUCH_BYTES (192 << 10)
 #define STACK_READY_BYTES (256 << 10)
 
-static __attribute__ ((noinline)) void
-touch_stack (void)
+__attribute__ ((noinline)) void
+swap_mode_touch_stack (size_t bytes)
 {
-  volatile unsigned char stack[STACK_TOUCH_BYTES];
-  for (size_t offset = 0; offset < sizeof stack; offset += 4096)
+  volatile unsigned char *stack = alloca (bytes);
+  for (size_t offset = 0; offset < bytes; offset += 4096)
     stack[offset] = 0;
 }
 
@@ -421,7 +429,7 @@ swap_mode_request_start (void)
   uint64_t faults = thread_faults ();
   if (!thread_ready) {
     thread_ready = true;
-    touch_stack ();
+    swap_mode_touch_stack (STACK_TOUCH_BYTES);
     uint64_t touched = thread_faults () - faults;
     if (touched)
       atomic_fetch_add_explicit (&stack_touch_faults, touched,
@@ -472,34 +480,79 @@ populate_for_write (uintptr_t start, uintptr_t end)
 #endif
 }
 
+/* The span of the process's mappings (/proc/self/maps) named name (the
+ * first's start to the last's end), or with name NULL the mapping that
+ * holds address: false if there is none.
+ */
+static bool
+mappings_find (const char *name, uintptr_t address, uintptr_t *start,
+               uintptr_t *end)
+{
+  FILE *maps = fopen ("/proc/self/maps", "r");
+  if (!maps)
+    return false;
+  char line[512];
+  uintptr_t low, high;
+  bool found = false;
+  while (fgets (line, sizeof line, maps))
+    if (sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &low, &high) == 2
+        && (name ? strstr (line, name) != NULL
+            : low <= address && address < high)) {
+      if (!found)
+        *start = low;
+      *end = high;
+      found = true;
+      if (!name)
+        break;
+    }
+  fclose (maps);
+  return found;
+}
+
 /* Make the whole heap resident: free chunks below the top that no one
  * touched since they were carved (seen: 128 KiB holes every 256 KiB),
  * and the parts of live allocations their owners have not touched yet
- * (the compression libraries' workspaces).  Only what grew since the
+ * (the compression libraries' workspaces).  The heap may be more than
+ * one mapping (seen: split where mlockall found it, and the part grown
+ * later never populated - 600 faults inside swap writes): all of them,
+ * from the first's start to the last's end.  Only what grew since the
  * last call: on pages already there the kernel only walks them, but
  * there is no need to.
  */
 static void
 heap_populate (void)
 {
-  FILE *maps = fopen ("/proc/self/maps", "r");
-  if (!maps)
-    return;
-  char line[512];
-  uintptr_t start, end;
+  uintptr_t heap_start, heap_end;
   static uintptr_t populated_start, populated_end; /* the keeper's own */
-  while (fgets (line, sizeof line, maps))
-    if (strstr (line, "[heap]")
-        && sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2) {
-      if (start != populated_start || end < populated_end)
-        populated_end = start;  /* a heap not seen before */
-      if (end > populated_end && populate_for_write (populated_end, end)) {
-        populated_start = start;
-        populated_end = end;
-      }
+  if (!mappings_find ("[heap]", 0, &heap_start, &heap_end))
+    return;
+  if (heap_start != populated_start || heap_end < populated_end)
+    populated_end = heap_start; /* a heap not seen before */
+  if (heap_end > populated_end && populate_for_write (populated_end, heap_end)) {
+    populated_start = heap_start;
+    populated_end = heap_end;
+  }
+}
+
+/* Grow the heap's top by at least bytes: pieces carved (from free space
+ * big enough, then from the top, which moves the break), touched, and
+ * freed again - what came from the top merges into it, which is never
+ * trimmed (swap_mode_prepare_heap), so it stays resident and locked.
+ * sbrk (0) only reads where the break is.
+ */
+static void
+heap_top_grow (size_t bytes)
+{
+  uintptr_t target = (uintptr_t) sbrk (0) + bytes;
+  void *pieces[HEAP_GROW_PIECES_MAX];
+  unsigned n = 0;
+  while (n < HEAP_GROW_PIECES_MAX && (uintptr_t) sbrk (0) < target) {
+    if (!(pieces[n] = malloc (HEAP_GROW_PIECE)))
       break;
-    }
-  fclose (maps);
+    memset (pieces[n++], 0, HEAP_GROW_PIECE);
+  }
+  while (n > 0)
+    free (pieces[--n]);
 }
 
 size_t
@@ -508,37 +561,29 @@ swap_mode_heap_ready (size_t wanted)
   if (swap_mode == SWAP_OFF)
     return 0;
   wanted += HEAP_FREE_MARGIN;
-  /* All the heap's free memory, not only its top: the whole heap is kept
-   * resident (heap_populate), so a free chunk anywhere serves without a
-   * fault.  (Counting the top alone starved the allocator when the free
-   * memory sat in chunks below it - nbdkit's freed request buffers: 3.5
-   * million writes refused in a row, CI's check-vm.)
-   */
   struct mallinfo2 info = mallinfo2 ();
   if (info.arena == 0)
     /* Not the C library's allocator (a sanitizer's replaces it, and
      * reports nothing): no heap to make ready, no bound to give.
      */
     return SIZE_MAX / 4;
-  size_t free_bytes = info.fordblks;
-  if (free_bytes < wanted) {
-    /* Carved from free space and then from the top, touched, and freed:
-     * what came from the top merges into it again, which is never
-     * trimmed (swap_mode_prepare_heap), so it stays resident and locked.
-     */
-    void *pieces[HEAP_GROW_PIECES_MAX];
-    unsigned n = 0;
-    for (size_t grown = 0; grown < wanted - free_bytes + HEAP_GROW_PIECE
-           && n < HEAP_GROW_PIECES_MAX; grown += HEAP_GROW_PIECE) {
-      if (!(pieces[n] = malloc (HEAP_GROW_PIECE)))
-        break;
-      memset (pieces[n++], 0, HEAP_GROW_PIECE);
-    }
-    while (n > 0)
-      free (pieces[--n]);
-    free_bytes = mallinfo2 ().fordblks;
-  }
+  /* The room is kept at the top (keepcost: the top chunk), in one piece:
+   * a request's buffer or a burst of metadata that fits no free chunk
+   * below is carved from it, where it would otherwise move the break - a
+   * memory-map call, and new pages faulted in, on the write path (seen:
+   * the only faults left inside swap writes, the heap's fresh top).
+   */
+  if (info.keepcost < wanted)
+    heap_top_grow (wanted - info.keepcost);
   heap_populate ();
+  /* What the allocator's metadata may take: all the heap's free memory,
+   * not only the top - the whole heap is resident (heap_populate), so a
+   * free chunk anywhere serves without a fault.  (Counting the top alone
+   * starved the allocator when the free memory sat in chunks below it -
+   * nbdkit's freed request buffers: 3.5 million writes refused in a row,
+   * CI's check-vm.)
+   */
+  size_t free_bytes = mallinfo2 ().fordblks;
   return free_bytes > HEAP_FREE_MARGIN ? free_bytes - HEAP_FREE_MARGIN : 0;
 }
 
@@ -584,17 +629,8 @@ thread_stack_pointer (pid_t tid)
 static bool
 stack_below_ready (uintptr_t sp)
 {
-  FILE *maps = fopen ("/proc/self/maps", "r");
-  if (!maps)
-    return false;
-  char line[512];
-  uintptr_t start = 0, end = 0;
-  bool found = false;
-  while (!found && fgets (line, sizeof line, maps))
-    found = sscanf (line, "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2
-      && start <= sp && sp < end;
-  fclose (maps);
-  if (!found)
+  uintptr_t start, end;
+  if (!mappings_find (NULL, sp, &start, &end))
     return false;
   uintptr_t page = sp & ~(uintptr_t) 4095;
   uintptr_t low = page - start > STACK_READY_BYTES

@@ -58,6 +58,7 @@
 #define ZRAM_SWAP_MODE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -80,6 +81,16 @@ extern int swap_mode_prepare (void);
  * nbdkit --swap's lock to lock-on-fault.
  */
 extern int swap_mode_lock (void);
+
+/* A "Key:   N kB" line's number from /proc/meminfo's text, in KiB, or
+ * -1 when the key is missing.
+ */
+extern int64_t meminfo_kib (const char *text, const char *key);
+
+/* Touch bytes of the calling thread's stack below its caller, so that
+ * they are resident (and, under mlockall, locked) before they are needed.
+ */
+extern void swap_mode_touch_stack (size_t bytes);
 
 /* The reserve swap mode keeps when swap_reserve= is not given. */
 extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,

@@ -68,6 +68,10 @@
 #                        swap on, then swap off: nothing left; a killed
 #                        server whose PID went to another process: status
 #                        says gone, off does not signal it)
+#   ZRAM_VM_TRACE_FAULTS 1: trace the server's page faults during the
+#                        workload (the kernel's page_fault_user event) and
+#                        print them grouped by thread and by code address,
+#                        with the server's mappings to resolve them
 #   ZRAM_VM_SMP          guest CPUs (default 2)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
 #   ZRAM_VM_STALL        the guest watchdog: seconds without progress
@@ -199,6 +203,7 @@ NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
 NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
 DATA='$DATA'
 TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
+TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 EOF
 bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" nbd \
