@@ -44,7 +44,7 @@ range_give_back_unlocked (unsigned char *start, size_t length)
 }
 
 void
-page_source_init (struct page_source *source)
+page_source_init (struct page_source *source, bool resident_only)
 {
   atomic_init (&source->pages_returned, 0);
   pthread_mutex_init (&source->purge_lock, NULL);
@@ -54,7 +54,10 @@ page_source_init (struct page_source *source)
   atomic_init (&source->reserve_misses, 0);
   atomic_init (&source->reserve_spare_pages, 0);
   source->reserve_target = 0;
-  source->resident_only = false;
+  source->resident_only = resident_only;
+  source->chunk_pages = resident_only ? PAGE_CHUNK_PAGES_RESIDENT
+    : PAGE_CHUNK_PAGES_DEFAULT;
+  source->chunk_bytes = (size_t) source->chunk_pages * ZS_PAGE_SIZE;
   atomic_init (&source->runs_readied, 0);
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
     pthread_mutex_init (&source->lists[len].lock, NULL);
@@ -82,7 +85,7 @@ static void
 chunk_unmap (struct page_source *source, struct page_chunk *chunk)
 {
   atomic_fetch_sub (&source->reserve_spare_pages, chunk_spare_pages (chunk));
-  munmap (chunk->base, PAGE_CHUNK_BYTES);
+  munmap (chunk->base, source->chunk_bytes);
   free (chunk);
 }
 
@@ -120,23 +123,23 @@ page_source_destroy (struct page_source *source)
   /* The reserve's chunks (the spare runs went with their chunks). */
   void *base;
   while ((base = reserve_take (source, 0)))
-    munmap (base, PAGE_CHUNK_BYTES);
+    munmap (base, source->chunk_bytes);
   pthread_mutex_destroy (&source->reserve_lock);
   pthread_mutex_destroy (&source->purge_lock);
 }
 
 /* A chunk's worth of fresh address space. */
 static void *
-chunk_mapping (void)
+chunk_mapping (struct page_source *source)
 {
-  void *base = mmap (NULL, PAGE_CHUNK_BYTES, PROT_READ | PROT_WRITE,
+  void *base = mmap (NULL, source->chunk_bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     errno = ENOMEM;
     return NULL;
   }
 #ifdef MADV_NOHUGEPAGE
-  madvise (base, PAGE_CHUNK_BYTES, MADV_NOHUGEPAGE);
+  madvise (base, source->chunk_bytes, MADV_NOHUGEPAGE);
 #endif
   return base;
 }
@@ -144,13 +147,13 @@ chunk_mapping (void)
 int
 page_source_reserve_add (struct page_source *source)
 {
-  void *base = chunk_mapping ();
+  void *base = chunk_mapping (source);
   if (!base)
     return -1;
 #ifdef MADV_POPULATE_WRITE
-  if (madvise (base, PAGE_CHUNK_BYTES, MADV_POPULATE_WRITE) == -1)
+  if (madvise (base, source->chunk_bytes, MADV_POPULATE_WRITE) == -1)
 #endif
-    memset (base, 0, PAGE_CHUNK_BYTES);   /* an older kernel: fault it in */
+    memset (base, 0, source->chunk_bytes);   /* an older kernel: fault it in */
   struct reserve_chunk *chunk = base;
   pthread_mutex_lock (&source->reserve_lock);
   chunk->next = source->reserve;
@@ -163,7 +166,7 @@ page_source_reserve_add (struct page_source *source)
 uint64_t
 page_source_reserve_pages (struct page_source *source)
 {
-  return atomic_load (&source->reserve_chunks) * PAGE_CHUNK_PAGES
+  return atomic_load (&source->reserve_chunks) * source->chunk_pages
     + atomic_load (&source->reserve_spare_pages);
 }
 
@@ -203,7 +206,7 @@ page_source_reserve_drop (struct page_source *source)
 {
   void *base = reserve_take (source, 0);
   if (base) {
-    munmap (base, PAGE_CHUNK_BYTES);
+    munmap (base, source->chunk_bytes);
     return true;
   }
   return reserve_spare_drop (source);
@@ -215,7 +218,7 @@ page_source_reserve_drop (struct page_source *source)
 static struct page_chunk *
 chunk_map (struct page_source *source, unsigned run_pages)
 {
-  unsigned runs = PAGE_CHUNK_PAGES / run_pages;
+  unsigned runs = source->chunk_pages / run_pages;
   struct page_chunk *chunk = malloc (sizeof *chunk + runs * sizeof (uint16_t));
   if (!chunk)
     return NULL;
@@ -228,11 +231,11 @@ chunk_map (struct page_source *source, unsigned run_pages)
      * path: RESIDENT ONLY).
      */
     size_t used = (size_t) runs * run_pages * ZS_PAGE_SIZE;
-    if (used < PAGE_CHUNK_BYTES && source->resident_only)
+    if (used < source->chunk_bytes && source->resident_only)
       chunk->tail_resident = true;
-    else if (used < PAGE_CHUNK_BYTES)
+    else if (used < source->chunk_bytes)
       range_give_back_unlocked ((unsigned char *) base + used,
-                                PAGE_CHUNK_BYTES - used);
+                                source->chunk_bytes - used);
   }
   else {
     if (source->reserve_target)
@@ -242,7 +245,7 @@ chunk_map (struct page_source *source, unsigned run_pages)
       errno = EAGAIN;
       return NULL;
     }
-    base = chunk_mapping ();
+    base = chunk_mapping (source);
   }
   if (!base) {
     free (chunk);
@@ -571,11 +574,12 @@ page_run_free (struct page_source *source, struct page_chunk *chunk, void *run)
  * given back outside the list's lock.
  */
 static void
-tails_give_back (struct page_run_list *list, unsigned run_pages)
+tails_give_back (struct page_source *source, struct page_run_list *list,
+                 unsigned run_pages)
 {
-  size_t used = (size_t) (PAGE_CHUNK_PAGES / run_pages) * run_pages
+  size_t used = (size_t) (source->chunk_pages / run_pages) * run_pages
     * ZS_PAGE_SIZE;
-  if (used == PAGE_CHUNK_BYTES)
+  if (used == source->chunk_bytes)
     return;
   for (;;) {
     unsigned char *tails[16];
@@ -589,7 +593,7 @@ tails_give_back (struct page_run_list *list, unsigned run_pages)
       }
     pthread_mutex_unlock (&list->lock);
     for (unsigned i = 0; i < n; i++)
-      range_give_back_unlocked (tails[i], PAGE_CHUNK_BYTES - used);
+      range_give_back_unlocked (tails[i], source->chunk_bytes - used);
     if (n < 16)
       return;
   }
@@ -632,7 +636,7 @@ page_source_purge (struct page_source *source)
       purge_runs (source, list, len, chain);
     }
     if (source->resident_only)
-      tails_give_back (list, len);
+      tails_give_back (source, list, len);
   }
   pthread_mutex_unlock (&source->purge_lock);
 }

@@ -1,6 +1,6 @@
 /* The page source: runs of 1..ZS_CHAIN_MAX contiguous pages for zspages.
  *
- * Memory is mapped in chunks of PAGE_CHUNK_BYTES, each chunk cut into runs
+ * Memory is mapped in chunks (2 MiB; resident_only: 512 KiB), each cut into runs
  * of one length only (a chunk for 3-page runs holds 170 of them), so a run
  * is found and freed in O(1) with no coalescing.  Chunks are mapped
  * MADV_NOHUGEPAGE so one live 4 KiB run cannot pin a 2 MiB huge page.
@@ -85,8 +85,13 @@
 
 #include "zsalloc.h"
 
-#define PAGE_CHUNK_BYTES (2u << 20)
-#define PAGE_CHUNK_PAGES (PAGE_CHUNK_BYTES / ZS_PAGE_SIZE)
+/* A chunk's size: 2 MiB; in resident_only a quarter of that, as each run
+ * length takes a chunk of its own from the reserve and its never-used
+ * runs stay populated, counted against the limit: up to a chunk per
+ * length (16 MiB of 96M on a 256 MiB machine, with 2 MiB chunks).
+ */
+#define PAGE_CHUNK_PAGES_DEFAULT 512
+#define PAGE_CHUNK_PAGES_RESIDENT 128
 #define PAGE_DIRTY_MAX_PAGES 256
 
 /* A mapped chunk; all fields guarded by its run list's lock. */
@@ -151,12 +156,15 @@ struct page_source {
                                            from the reserve: populated */
   unsigned reserve_target;        /* chunks to keep; 0: no reserve */
   bool resident_only;             /* hand out resident runs only (RESIDENT
-                                     ONLY); set before any allocation */
+                                     ONLY); set by page_source_init */
+  unsigned chunk_pages;           /* pages a chunk maps: PAGE_CHUNK_PAGES_
+                                     DEFAULT or _RESIDENT; fixed */
+  size_t chunk_bytes;             /* the same in bytes */
   _Atomic uint64_t runs_readied;  /* free runs made resident again by
                                      page_source_ready_runs, ever */
 };
 
-extern void page_source_init (struct page_source *source);
+extern void page_source_init (struct page_source *source, bool resident_only);
 /* Unmap every chunk, whether or not its runs were freed. */
 extern void page_source_destroy (struct page_source *source);
 /* A run of run_pages pages, or NULL with errno ENOMEM (resident_only:

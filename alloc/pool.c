@@ -57,10 +57,10 @@ zs_pool_create (const struct zs_pool_config *config)
 #endif
   pthread_rwlock_init (&pool->limit_lock, &attr);
   pthread_rwlockattr_destroy (&attr);
-  page_source_init (&pool->pages);
-  pool->pages.reserve_target = (pool->config.reserve_bytes + PAGE_CHUNK_BYTES - 1)
-    / PAGE_CHUNK_BYTES;
-  pool->pages.resident_only = pool->config.resident_only;
+  page_source_init (&pool->pages, pool->config.resident_only);
+  size_t chunk_bytes = pool->pages.chunk_bytes;
+  pool->pages.reserve_target = (pool->config.reserve_bytes + chunk_bytes - 1)
+    / chunk_bytes;
   pthread_mutex_init (&pool->pool_lock, NULL);
   if (size_classes_init (pool) == -1)
     goto fail_classes;
@@ -144,7 +144,7 @@ refill_blocked_by_limit (struct zs_pool *pool)
 {
   uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
   return limit
-    && account_bytes (atomic_load (&pool->limit_account)) + PAGE_CHUNK_BYTES > limit;
+    && account_bytes (atomic_load (&pool->limit_account)) + pool->pages.chunk_bytes > limit;
 }
 
 /* Give the limit back what reserve pages taken (or dropped) since the
@@ -244,7 +244,7 @@ reserve_wanted (struct zs_pool *pool)
       && atomic_load (&pool->pages.reserve_chunks)
          < (target < RESERVE_STACK_MIN ? target : RESERVE_STACK_MIN))
     return true;
-  return page_source_reserve_pages (&pool->pages) < target * PAGE_CHUNK_PAGES;
+  return page_source_reserve_pages (&pool->pages) < target * pool->pages.chunk_pages;
 }
 
 uint64_t
@@ -260,18 +260,18 @@ zs_pool_reserve_refill (struct zs_pool *pool)
    * round (seen: a writer and a refiller in a loop for minutes).  Not in
    * resident_only, where the reserve is what the data takes.
    */
-  uint64_t leave = pool->pages.resident_only ? 0 : PAGE_CHUNK_BYTES;
+  uint64_t leave = pool->pages.resident_only ? 0 : pool->pages.chunk_bytes;
   while (reserve_wanted (pool)
-         && limit_add_leaving (pool, PAGE_CHUNK_BYTES + LIMIT_TRANSIT, leave,
+         && limit_add_leaving (pool, pool->pages.chunk_bytes + LIMIT_TRANSIT, leave,
                                &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
-      atomic_fetch_sub (&pool->limit_account, PAGE_CHUNK_BYTES + LIMIT_TRANSIT);
+      atomic_fetch_sub (&pool->limit_account, pool->pages.chunk_bytes + LIMIT_TRANSIT);
       break;
     }
-    atomic_fetch_add (&pool->reserve_charged, PAGE_CHUNK_PAGES);
+    atomic_fetch_add (&pool->reserve_charged, pool->pages.chunk_pages);
     atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
     atomic_fetch_add (&pool->reserve_refills, 1);
-    added += PAGE_CHUNK_BYTES;
+    added += pool->pages.chunk_bytes;
   }
   /* Freed space made resident again: not counted in the limit, as the
    * dirty runs it joins (at most PAGE_READY_RUNS_PAGES a run length).
@@ -328,7 +328,7 @@ zs_pool_reserve_low (struct zs_pool *pool)
   if (pool->pages.resident_only && atomic_load (&pool->pages.reserve_chunks) == 0)
     return pool->pages.reserve_target > 0;
   return page_source_reserve_pages (&pool->pages) * 2
-    < (uint64_t) pool->pages.reserve_target * PAGE_CHUNK_PAGES;
+    < (uint64_t) pool->pages.reserve_target * pool->pages.chunk_pages;
 }
 
 int

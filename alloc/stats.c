@@ -40,7 +40,7 @@ zs_pool_stats (struct zs_pool *pool, struct zs_pool_stats *stats)
   stats->frees_pending = free_batches_pending (pool);
   stats->pages_compacted = atomic_load (&pool->pages_compacted);
   stats->reserve_bytes = page_source_reserve_pages (&pool->pages) * ZS_PAGE_SIZE;
-  stats->reserve_refills = atomic_load (&pool->reserve_refills) * PAGE_CHUNK_BYTES;
+  stats->reserve_refills = atomic_load (&pool->reserve_refills) * pool->pages.chunk_bytes;
   stats->reserve_misses = atomic_load (&pool->pages.reserve_misses);
   stats->metadata_misses = atomic_load (&pool->metadata_misses);
 }
