@@ -47,11 +47,10 @@ refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
     refused "swap on: needs root" on --mem-limit 64M
 else
-    # Compressed pages that would leave programs less than a quarter of
-    # RAM: refused, with what would fit; and a device whose table alone
-    # is too big.
+    # More than half of RAM for the compressed pages: refused, with what
+    # would fit; and a device whose table alone is too big.
     ram_kib=$(awk '$1 == "MemTotal:" { print $2 }' /proc/meminfo)
-    refused "--mem-limit: .* leaves less than a quarter of this machine's .* of RAM.*at most" \
+    refused "--mem-limit: .* is more than half of this machine's .* of RAM.*at most" \
         on --mem-limit "$((ram_kib * 3 / 4 / 1024))M"
     refused "does not fit this machine's .* make the device smaller" \
         on --mem-limit 16M --size "$((ram_kib * 256 / 1024 / 1024 + 1))T"
