@@ -13,7 +13,11 @@
 #            RAM cannot fit in RAM at all): the machine recovers as it
 #            would without swap - a workload process killed by the OOM
 #            killer, the server alive, every page of the others verified,
-#            the workload never stalled more than 30 s.
+#            the workload never stalled more than 30 s.  There the fill's
+#            files are unlinked once open, so that a killed filler's pages
+#            go with it: files left on a tmpfs past RAM and the device
+#            leave nothing the OOM killer can free, with swap or without
+#            (so it hung 3 runs of 7 before).
 # At 256 MiB (203 MiB usable) 96M is the most mem_limit `swap on`
 # accepts, and 2.25x RAM at 8:1 needs more (measured: 88 MiB of zspages
 # at the peak, plus the reserve and the table): that cell is a full

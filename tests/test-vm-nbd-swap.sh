@@ -62,7 +62,12 @@
 #                        OK, or OOM - a workload process killed - with the
 #                        server alive, no page of the others wrong, and
 #                        the workload never stalled longer than
-#                        ZRAM_VM_RECOVER_S (default 30)
+#                        ZRAM_VM_RECOVER_S (default 30).  The fill's
+#                        files are unlinked once open: a killed filler's
+#                        pages go with it.  (Files left on the tmpfs
+#                        outlive every process the OOM killer can kill:
+#                        past RAM and the device, no machine, with swap
+#                        or without, recovers from them.)
 #   ZRAM_VM_TOOL_CASES   1: before the workload, the swap tool's cases
 #                        with the real driver (SIGTERM at five points of
 #                        swap on, then swap off: nothing left; a killed
@@ -203,6 +208,7 @@ NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
 NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
 DATA='$DATA'
 TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
+FILL_UNLINK='$([ "$EXPECT" = recover ] && echo 1 || echo 0)'
 TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 EOF
 bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
@@ -218,9 +224,15 @@ bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "/bin/nbdkit-zram-swap=$BUILDDIR/tools/nbdkit-zram-swap"
 
 # ---- the guest -------------------------------------------------------------
-log="$tmp/console.log"
+# The guest's own lines come on its second serial port (log), apart from
+# the kernel's console (kernel_log: a kernel message can land in the
+# middle of a console line); once QEMU is gone the kernel's console is
+# added to log, whose lines this script then reads.
+log="$tmp/guest.log"
+kernel_log="$tmp/console.log"
 host_log="$tmp/host.log"
 : > "$log"
+: > "$kernel_log"
 : > "$host_log"
 has () { grep -aq "^ZRAM-VM: $1" "$log"; }
 # A note of this script's, kept apart from the console (QEMU writes the
@@ -262,7 +274,7 @@ run_guest ()
     qemu-system-x86_64 \
         -accel tcg -cpu max -smp "$VM_SMP" -m "$VM_MEM_MB" \
         -nodefaults -no-user-config -display none -no-reboot \
-        -serial "file:$log" \
+        -serial "file:$kernel_log" -serial "file:$log" \
         -chardev "pipe,id=mon0,path=$tmp/mon" -mon chardev=mon0,mode=readline \
         -kernel "$kernel" -initrd "$tmp/initramfs.cpio" -append "$append" \
         </dev/null >"$tmp/qemu.log" 2>&1 &
@@ -310,6 +322,8 @@ run_guest ()
     wait "$qemu_job" 2>/dev/null || :
     [ -z "$hang_by" ] || note "hang detected by $hang_by"
     cat "$host_log" >> "$log"
+    echo "ZRAM-VM-HOST: the kernel's console (the guest's ttyS0) follows" >> "$log"
+    cat "$kernel_log" >> "$log"
 }
 
 t_boot=$SECONDS
@@ -448,8 +462,11 @@ if [ "$result" != OK ] && ! [ "$result:$EXPECT" = OOM:recover ]; then
         }
         END { for (k in count) printf "%3d x %s\n", count[k], k }
     ' "$clean" | sort -k3,3 -k4,4 | head -60
-    echo "--- guest console (last 30 lines) ---"
-    grep -av '^ZRAM-VM: touch .*MiB$' "$clean" | tail -30
+    marker="^ZRAM-VM-HOST: the kernel's console"
+    echo "--- the guest's lines (last 20) ---"
+    sed "/$marker/,\$d" "$clean" | grep -av '^ZRAM-VM: touch .*MiB$' | tail -20
+    echo "--- the guest's kernel console (last 30 lines) ---"
+    sed "1,/$marker/d" "$clean" | tail -30
     echo "---"
 fi
 

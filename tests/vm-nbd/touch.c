@@ -3,12 +3,15 @@
  *
  *   cc -static -O2 -o touch tests/vm-nbd/touch.c
  *
- * Usage: touch [-f FILE] [-p PROGRESS] [-n NAME] [-r RAND] [-x TEXT] MIB SEED
+ * Usage: touch [-f FILE [-u]] [-p PROGRESS] [-n NAME] [-r RAND] [-x TEXT]
+ *              MIB SEED
  *        touch -d MIB SEED        (write the pages to stdout: to measure
  *                                  how they compress, on the host)
  *
  * Maps MIB MiB (anonymous, or with -f a file of that size mapped shared:
- * on a tmpfs its pages are the tmpfs's), fills every page with a pattern
+ * on a tmpfs its pages are the tmpfs's; with -u the file is unlinked once
+ * open, so that its pages, swapped out or not, die with the process, as
+ * the OOM killer needs to make room), fills every page with a pattern
  * made from (SEED, page index), then reads every page back and checks it
  * against the pattern, twice.  Exits 0 when every page matched, 1 on any
  * mismatch, 2 on a usage or system error.
@@ -147,19 +150,20 @@ int
 main (int argc, char **argv)
 {
   const char *file = NULL, *progress_file = NULL, *name = NULL;
-  int dump = 0, c;
+  int dump = 0, unlink_file = 0, c;
   uint64_t mib, seed, pages, i, bad = 0, verified = 0;
   uint8_t *mem, expect[PAGE];
   double t0, t1, t2;
   int pass;
 
-  while ((c = getopt (argc, argv, "df:n:p:r:x:")) != -1) {
+  while ((c = getopt (argc, argv, "df:n:p:r:ux:")) != -1) {
     switch (c) {
     case 'd': dump = 1; break;
     case 'f': file = optarg; break;
     case 'n': name = optarg; break;
     case 'p': progress_file = optarg; break;
     case 'r': rand_bytes = strtoul (optarg, NULL, 0); break;
+    case 'u': unlink_file = 1; break;
     case 'x': text_bytes = strtoul (optarg, NULL, 0); break;
     default: usage ();
     }
@@ -195,7 +199,8 @@ main (int argc, char **argv)
 
   if (file) {
     int fd = open (file, O_RDWR | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ftruncate (fd, mib << 20) < 0) {
+    if (fd < 0 || ftruncate (fd, mib << 20) < 0
+        || (unlink_file && unlink (file) < 0)) {
       fprintf (stderr, "touch: %s: %m\n", file);
       return 2;
     }
