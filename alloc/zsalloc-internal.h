@@ -86,7 +86,8 @@
  *     where the object is by then.
  *   - malloc, free (immediate or a batch's drain) and zs_resize take only
  *     the class lock and re-read the cell under it, so a deferred free
- *     frees wherever the object lives by then (design-hazards.md #1);
+ *     frees wherever the object lives by then (never where it lived when
+ *     the free was queued: compaction may have moved it since);
  *   - the class is found from the cell's size bits, which a move never
  *     changes, before any lock is taken.
  *   zs_malloc compacts the pool once before it refuses for the limit.
@@ -114,8 +115,8 @@
  *   page chunks, from zs_pool_create to zs_pool_destroy.  Threads own
  *   nothing of it: no pthread key, no thread-exit hook, so a thread that
  *   exits after zs_pool_destroy - or after the program that holds the
- *   allocator has been unloaded (nbdkit's detached connection threads,
- *   design-hazards.md #11) - runs no allocator code.  The only
+ *   allocator has been unloaded (nbdkit's connection threads are
+ *   detached and may outlive .unload) - runs no allocator code.  The only
  *   thread-local is the batch hint, a plain integer.
  *
  * MEMORY LIMIT

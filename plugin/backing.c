@@ -1,5 +1,6 @@
 /* The backing store of writeback: see backing.h. */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -70,6 +71,26 @@ struct backing {
   size_t release_count[2], release_capacity[2];
   bool draining;                /* epoch - 1's runs wait for its readers */
   unsigned timeout_ms;           /* each NBD request or connection */
+
+  /* ABANDONED REQUESTS (backing.h): the extents that a write or trim
+   * given up on may still reach, merged where they overlap; their
+   * sectors never go back to the map.
+   */
+  struct run *abandoned;        /* guarded by map_lock, as are the two
+                                   below */
+  size_t abandoned_count, abandoned_capacity;
+  uint64_t quarantined_bytes;   /* the extents' bytes, in whole sectors */
+  atomic_bool quarantine_full_logged;
+  atomic_bool cancelled;        /* backing_cancel: every request fails */
+  _Atomic uint64_t abandoned_requests;
+
+  /* The store's own failures, logged through log (rate-limited). */
+  backing_log_function *log;
+  _Atomic int64_t log_second;   /* the second whose lines are counted */
+  _Atomic unsigned log_lines;   /* lines logged in it */
+  _Atomic uint64_t log_missed;  /* lines not logged since the last one */
+  _Atomic uint64_t errors_nospace;
+  _Atomic uint64_t errors_io;
   _Atomic uint64_t failed;
   _Atomic uint64_t reconnects;
   _Atomic uint64_t timeouts;
@@ -77,6 +98,8 @@ struct backing {
 };
 
 static int map_init (struct backing *backing, uint64_t sectors);
+static void log_line (struct backing *backing, const char *format, ...)
+  __attribute__ ((format (printf, 2, 3)));
 
 bool
 backing_is_uri (const char *target)
@@ -104,7 +127,8 @@ message (const char *format, ...)
  * and never answers costs the deadline, never more.
  */
 static int
-nbd_wait (struct nbd_handle *handle, uint64_t deadline_ms,
+nbd_wait (struct backing *backing, struct nbd_handle *handle,
+          uint64_t deadline_ms,
           int (*done) (struct nbd_handle *handle, int64_t cookie),
           int64_t cookie)
 {
@@ -113,10 +137,11 @@ nbd_wait (struct nbd_handle *handle, uint64_t deadline_ms,
     if (r != 0)
       return r;
     uint64_t now = monotonic_ms ();
-    if (now >= deadline_ms)
+    if (now >= deadline_ms || atomic_load (&backing->cancelled))
       return 0;
+    /* Slices of 100 ms: backing_cancel is seen that soon. */
     uint64_t left = deadline_ms - now;
-    if (nbd_poll (handle, left > 1000 ? 1000 : (int) left) == -1)
+    if (nbd_poll (handle, left > 100 ? 100 : (int) left) == -1)
       return -1;
   }
 }
@@ -137,22 +162,27 @@ completed (struct nbd_handle *handle, int64_t cookie)
 }
 
 /* A connected handle, or NULL with a message in *error: connecting takes
- * timeout_ms at most.
+ * the timeout at most, and never goes past deadline_ms (0: none).
  */
 static struct nbd_handle *
-nbd_connect (const char *uri, unsigned timeout_ms, char **error)
+nbd_connect (struct backing *backing, uint64_t deadline_ms, char **error)
 {
+  const char *uri = backing->uri;
   struct nbd_handle *handle = nbd_create ();
   if (!handle) {
     *error = message ("backing: %s", nbd_get_error ());
     return NULL;
   }
   int r = nbd_aio_connect_uri (handle, uri);
+  uint64_t until = monotonic_ms () + backing->timeout_ms;
+  if (deadline_ms && deadline_ms < until)
+    until = deadline_ms;
   if (r == 0)
-    r = nbd_wait (handle, monotonic_ms () + timeout_ms, connected, 0);
+    r = nbd_wait (backing, handle, until, connected, 0);
   if (r != 1) {
     *error = r == 0
-      ? message ("backing: %s: no answer within %u s", uri, timeout_ms / 1000)
+      ? message ("backing: %s: no answer within %u s", uri,
+                 backing->timeout_ms / 1000)
       : message ("backing: %s: %s", uri, nbd_get_error ());
     nbd_close (handle);
     return NULL;
@@ -163,8 +193,7 @@ nbd_connect (const char *uri, unsigned timeout_ms, char **error)
 static int
 open_nbd (struct backing *backing, uint64_t *capacity, char **error)
 {
-  struct nbd_handle *first = nbd_connect (backing->uri, backing->timeout_ms,
-                                          error);
+  struct nbd_handle *first = nbd_connect (backing, 0, error);
   if (!first)
     return -1;
   int64_t size = nbd_get_size (first);
@@ -184,8 +213,7 @@ open_nbd (struct backing *backing, uint64_t *capacity, char **error)
   if (nbd_can_multi_conn (first) == 1) {
     for (unsigned i = 1; i < BACKING_CONNECTIONS; i++) {
       char *ignored = NULL;
-      struct nbd_handle *more = nbd_connect (backing->uri, backing->timeout_ms,
-                                             &ignored);
+      struct nbd_handle *more = nbd_connect (backing, 0, &ignored);
       free (ignored);
       if (!more)
         break;
@@ -194,6 +222,89 @@ open_nbd (struct backing *backing, uint64_t *capacity, char **error)
     }
   }
   return 0;
+}
+
+/* The process holding an open file description lock on the file whose
+ * device and inode are st's: a descriptor of it with an OFDLCK line in
+ * its fdinfo.  (The lock itself does not say: F_OFD_GETLK and
+ * /proc/locks give -1 for an OFD lock's process.)  0 if none is seen,
+ * in a process this one may not look into, say.
+ */
+static pid_t
+lock_holder (const struct stat *st)
+{
+  DIR *processes = opendir ("/proc");
+  if (!processes)
+    return 0;
+  pid_t holder = 0;
+  struct dirent *process;
+  while (!holder && (process = readdir (processes))) {
+    pid_t pid = atoi (process->d_name);
+    if (pid <= 0 || pid == getpid ())
+      continue;
+    char path[64];
+    snprintf (path, sizeof path, "/proc/%d/fd", pid);
+    DIR *fds = opendir (path);
+    if (!fds)
+      continue;
+    struct dirent *fd;
+    while (!holder && (fd = readdir (fds))) {
+      struct stat target;
+      snprintf (path, sizeof path, "/proc/%d/fd/%.16s", pid, fd->d_name);
+      if (fd->d_name[0] == '.' || stat (path, &target) == -1
+          || target.st_dev != st->st_dev || target.st_ino != st->st_ino)
+        continue;
+      snprintf (path, sizeof path, "/proc/%d/fdinfo/%.16s", pid, fd->d_name);
+      FILE *fp = fopen (path, "r");
+      char line[256];
+      while (fp && fgets (line, sizeof line, fp))
+        if (strncmp (line, "lock:", 5) == 0 && strstr (line, "OFDLCK"))
+          holder = pid;
+      if (fp)
+        fclose (fp);
+    }
+    closedir (fds);
+  }
+  closedir (processes);
+  return holder;
+}
+
+/* Lock all of the open file (an OFD write lock, released when it is
+ * closed): one server per backing file.  A message in *error if another
+ * holds it.
+ */
+static int
+lock_file (int fd, const char *path, char **error)
+{
+  struct flock whole = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+  if (fcntl (fd, F_OFD_SETLK, &whole) == 0)
+    return 0;
+  if (errno != EAGAIN && errno != EACCES) {
+    *error = message ("backing: %s: cannot lock it: %s", path, strerror (errno));
+    return -1;
+  }
+  struct stat st;
+  pid_t holder = fstat (fd, &st) == 0 ? lock_holder (&st) : 0;
+  char comm[64] = "";
+  if (holder) {
+    char comm_path[64];
+    snprintf (comm_path, sizeof comm_path, "/proc/%d/comm", holder);
+    FILE *fp = fopen (comm_path, "r");
+    if (fp && fgets (comm, sizeof comm, fp))
+      comm[strcspn (comm, "\n")] = '\0';
+    if (fp)
+      fclose (fp);
+  }
+  if (holder)
+    *error = message ("backing: %s is in use by another server (process %d, "
+                      "%s): two servers writing back to one file would "
+                      "overwrite each other's blocks", path, (int) holder,
+                      comm[0] ? comm : "?");
+  else
+    *error = message ("backing: %s is in use by another server (it holds a "
+                      "lock on it): two servers writing back to one file "
+                      "would overwrite each other's blocks", path);
+  return -1;
 }
 
 static int
@@ -225,6 +336,8 @@ open_file (struct backing *backing, const char *path, uint64_t capacity,
     *error = message ("backing: %s: %s", path, strerror (errno));
     return -1;
   }
+  if (lock_file (backing->fd, path, error) == -1)
+    return -1;
   struct stat st;
   if (fstat (backing->fd, &st) == 0 && S_ISREG (st.st_mode)
       && (uint64_t) st.st_size < capacity
@@ -297,6 +410,7 @@ backing_close (struct backing *backing)
   pthread_mutex_destroy (&backing->release_lock);
   free (backing->releases[0]);
   free (backing->releases[1]);
+  free (backing->abandoned);
   for (uint64_t i = 0; backing->leaves && i < backing->leaf_count; i++)
     free (backing->leaves[i]);
   free (backing->leaves);
@@ -537,8 +651,19 @@ backing_allocate (struct backing *backing, size_t bytes)
   uint32_t start = 0;
   errno = ENOSPC;
   pthread_mutex_lock (&backing->map_lock);
-  uint64_t leaf = map_take (backing, count, &start);
+  /* A quarter of the store lost to abandoned requests: stop. */
+  bool stopped = backing->quarantined_bytes
+    > backing->sectors * BACKING_SECTOR / 4;
+  uint64_t leaf = stopped ? backing->leaf_count
+    : map_take (backing, count, &start);
+  uint64_t quarantined_bytes = backing->quarantined_bytes;
   pthread_mutex_unlock (&backing->map_lock);
+  if (stopped && !atomic_exchange (&backing->quarantine_full_logged, true))
+    log_line (backing, "backing: writeback stopped: %" PRIu64 " bytes of "
+              "the store are quarantined behind writes and trims that were "
+              "given up on and may still land (a slow or wedged store; see "
+              "backing_timeout); blocks stay in RAM; restarting the server "
+              "gives the space back", quarantined_bytes);
   if (leaf == backing->leaf_count)
     return -1;                  /* errno ENOSPC, or ENOMEM */
   return (int64_t) ((leaf * LEAF_SECTORS + start) * BACKING_SECTOR);
@@ -612,13 +737,13 @@ backing_checksum_set (struct backing *backing, uint64_t offset,
 }
 
 static int request (struct backing *backing, char op, void *buf, size_t bytes,
-                    uint64_t offset);
+                    uint64_t offset, uint64_t deadline_ms);
 
 int
 backing_read_block (struct backing *backing, void *buf, size_t length,
                     uint64_t offset)
 {
-  if (request (backing, 'r', buf, length, offset) == -1)
+  if (request (backing, 'r', buf, length, offset, 0) == -1)
     return -1;
   pthread_mutex_lock (&backing->map_lock);
   uint32_t *slot = sum_slot (backing, offset);
@@ -649,32 +774,105 @@ connection_drop (struct connection *connection)
     ? BACKOFF_LAST_MS : connection->backoff_ms * 2;
 }
 
+/* A write or trim of [offset, offset + bytes) was sent and given up on:
+ * quarantine its extent (backing.h, ABANDONED REQUESTS), merged with the
+ * extents it overlaps or touches.
+ */
+static void
+abandon (struct backing *backing, uint64_t offset, size_t bytes)
+{
+  uint64_t first = offset / BACKING_SECTOR * BACKING_SECTOR;
+  uint64_t end = (offset + bytes + BACKING_SECTOR - 1)
+    / BACKING_SECTOR * BACKING_SECTOR;
+  atomic_fetch_add (&backing->abandoned_requests, 1);
+  pthread_mutex_lock (&backing->map_lock);
+  for (size_t i = 0; i < backing->abandoned_count;) {
+    struct run *extent = &backing->abandoned[i];
+    if (extent->offset <= end && first <= extent->offset + extent->bytes) {
+      first = first < extent->offset ? first : extent->offset;
+      end = end > extent->offset + extent->bytes
+        ? end : extent->offset + extent->bytes;
+      backing->quarantined_bytes -= extent->bytes;
+      *extent = backing->abandoned[--backing->abandoned_count];
+      continue;
+    }
+    i++;
+  }
+  if (backing->abandoned_count == backing->abandoned_capacity) {
+    size_t capacity = backing->abandoned_capacity * 2 + 16;
+    struct run *extents = realloc (backing->abandoned,
+                                   capacity * sizeof *extents);
+    if (!extents) {
+      /* Unrecorded, the extent could be handed out again: keep every
+       * run from now on instead (space lost, never data).
+       */
+      first = 0;
+      end = backing->sectors * BACKING_SECTOR;
+      backing->quarantined_bytes = 0;
+      backing->abandoned_count = 0;
+    }
+    else {
+      backing->abandoned = extents;
+      backing->abandoned_capacity = capacity;
+    }
+  }
+  backing->abandoned[backing->abandoned_count++]
+    = (struct run) { first, end - first };
+  backing->quarantined_bytes += end - first;
+  pthread_mutex_unlock (&backing->map_lock);
+}
+
+/* Does [offset, offset + bytes) meet a quarantined extent?  map_lock
+ * held.
+ */
+static bool
+quarantined (const struct backing *backing, uint64_t offset, size_t bytes)
+{
+  for (size_t i = 0; i < backing->abandoned_count; i++) {
+    const struct run *extent = &backing->abandoned[i];
+    if (extent->offset < offset + bytes
+        && offset < extent->offset + extent->bytes)
+      return true;
+  }
+  return false;
+}
+
 /* Run one request on a connection, reconnecting a dead one (with
  * backoff) and retrying once.  Each attempt, connecting included, takes
- * the timeout at most: a request not answered by then fails and its
- * connection is dropped (nbd_close: libnbd lets go of buf).  op: 'r',
- * 'w', 't' (trim), 'f' (flush).
+ * the timeout at most, and none waits past deadline_ms (0: none): a
+ * request not answered by then fails and its connection is dropped
+ * (nbd_close: libnbd lets go of buf); a write or trim that was sent and
+ * not answered is abandoned (its extent quarantined).  op: 'r', 'w',
+ * 't' (trim), 'f' (flush).  -1 with errno ETIMEDOUT (no answer in time),
+ * ECANCELED (backing_cancel), the server's error, or EIO (no connection).
  */
 static int
 nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
-             uint64_t offset)
+             uint64_t offset, uint64_t deadline_ms)
 {
   unsigned n = atomic_fetch_add (&backing->next_connection, 1)
     % backing->connection_count;
   struct connection *connection = &backing->connections[n];
-  int r = -1;
-  pthread_mutex_lock (&connection->lock);
+  int r = -1, err = EIO;
+  bool abandoned = false;
+  if (mutex_lock_until (&connection->lock, deadline_ms) != 0) {
+    errno = ETIMEDOUT;
+    return -1;
+  }
   for (int attempt = 0; attempt < 2 && r == -1; attempt++) {
+    if (atomic_load (&backing->cancelled)) {
+      err = ECANCELED;
+      break;
+    }
     if (connection->handle
         && (nbd_aio_is_dead (connection->handle) == 1
             || nbd_aio_is_closed (connection->handle) == 1))
       connection_drop (connection);
     if (!connection->handle) {
       if (monotonic_ms () < connection->retry_at_ms)
-        break;                  /* backing off */
+        break;                  /* backing off: EIO */
       char *error = NULL;
-      connection->handle = nbd_connect (backing->uri, backing->timeout_ms,
-                                        &error);
+      connection->handle = nbd_connect (backing, deadline_ms, &error);
       free (error);
       if (!connection->handle) {
         connection_drop (connection);
@@ -700,42 +898,66 @@ nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
                              NBD_NULL_COMPLETION, 0);
       break;
     }
+    uint64_t until = monotonic_ms () + backing->timeout_ms;
+    if (deadline_ms && deadline_ms < until)
+      until = deadline_ms;
     int done = cookie == -1 ? -1
-      : nbd_wait (connection->handle, monotonic_ms () + backing->timeout_ms,
-                  completed, cookie);
+      : nbd_wait (backing, connection->handle, until, completed, cookie);
     if (done == 1) {
       r = 0;
       connection->backoff_ms = BACKOFF_FIRST_MS;
       break;
     }
+    bool lost = done == 0 || nbd_aio_is_dead (connection->handle) == 1
+      || nbd_aio_is_closed (connection->handle) == 1;
+    if (cookie != -1 && lost && (op == 'w' || op == 't'))
+      abandoned = true;
     if (done == 0) {
       /* No answer in time: this connection is wedged; no second try. */
-      atomic_fetch_add (&backing->timeouts, 1);
+      err = ETIMEDOUT;
+      if (atomic_load (&backing->cancelled))
+        err = ECANCELED;
+      else
+        atomic_fetch_add (&backing->timeouts, 1);
       connection_drop (connection);
       break;
     }
-    /* Only a dead connection is worth a second try. */
-    if (nbd_aio_is_dead (connection->handle) != 1
-        && nbd_aio_is_closed (connection->handle) != 1)
+    if (!lost) {
+      /* The server's answer: an error that is what it says. */
+      err = nbd_get_errno ();
+      if (err == 0)
+        err = EIO;
       break;
+    }
+    /* Only a dead connection is worth a second try. */
   }
   pthread_mutex_unlock (&connection->lock);
+  /* Recorded before this returns: only the caller releases the run. */
+  if (abandoned)
+    abandon (backing, offset, bytes);
+  if (r == -1)
+    errno = err;
   return r;
 }
 
-/* pread or pwrite in full on the file (through an aligned bounce buffer
- * with O_DIRECT, in whole sectors).
+/* pread, pwrite (in full) or fdatasync on the file (through an aligned
+ * bounce buffer with O_DIRECT, in whole sectors).  -1 with errno.
  */
 static int
 file_request (struct backing *backing, char op, void *buf, size_t bytes,
               uint64_t offset)
 {
+  if (op == 'f')
+    return fdatasync (backing->fd);
   void *io = buf;
   size_t length = bytes;
   if (backing->odirect) {
     length = (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR * BACKING_SECTOR;
-    if (posix_memalign (&io, 4096, length) != 0)
+    int err = posix_memalign (&io, 4096, length);
+    if (err != 0) {
+      errno = err;
       return -1;
+    }
     if (op == 'w') {
       memcpy (io, buf, bytes);
       memset ((char *) io + bytes, 0, length - bytes);
@@ -750,55 +972,145 @@ file_request (struct backing *backing, char op, void *buf, size_t bytes,
     if (n <= 0) {
       if (n == -1 && errno == EINTR)
         continue;
+      if (n == 0)
+        errno = EIO;            /* the file ends early: truncated */
       r = -1;
       break;
     }
     done += n;
   }
   if (io != buf) {
+    int saved = errno;
     if (r == 0 && op == 'r')
       memcpy (buf, io, bytes);
     free (io);
+    errno = saved;
   }
   return r;
+}
+
+/* Log a line about the store, ten a second at most (the rest counted,
+ * and said with the next line logged).
+ */
+#define LOG_LINES_PER_SECOND 10
+
+static void
+log_line (struct backing *backing, const char *format, ...)
+{
+  if (!backing->log)
+    return;
+  int64_t second = monotonic_ms () / 1000;
+  int64_t counted = atomic_load (&backing->log_second);
+  if (second != counted
+      && atomic_compare_exchange_strong (&backing->log_second, &counted,
+                                         second))
+    atomic_store (&backing->log_lines, 0);
+  if (atomic_fetch_add (&backing->log_lines, 1) >= LOG_LINES_PER_SECOND) {
+    atomic_fetch_add (&backing->log_missed, 1);
+    return;
+  }
+  va_list args;
+  char *text = NULL;
+  va_start (args, format);
+  int r = vasprintf (&text, format, args);
+  va_end (args);
+  if (r == -1)
+    return;
+  uint64_t missed = atomic_exchange (&backing->log_missed, 0);
+  char *line = NULL;
+  if (missed == 0
+      || asprintf (&line, "%s (and %" PRIu64 " more lines about the backing "
+                   "store not logged)", text, missed) == -1)
+    line = NULL;
+  backing->log (line ? line : text);
+  free (line);
+  free (text);
+}
+
+static const char *
+op_name (char op)
+{
+  switch (op) {
+  case 'r': return "read";
+  case 'w': return "write";
+  case 'f': return "flush";
+  default: return "trim";
+  }
+}
+
+/* A request failed with err: count it, log it as what it is, and give
+ * the caller ENOSPC (the store is full) or EIO (anything else).
+ */
+static void
+request_failed (struct backing *backing, char op, size_t bytes,
+                uint64_t offset, int err)
+{
+  atomic_fetch_add (&backing->failed, 1);
+  const char *where = backing->uri ? backing->uri : "the backing file";
+  bool full = err == ENOSPC || err == EDQUOT || err == EFBIG;
+  if (full) {
+    atomic_fetch_add (&backing->errors_nospace, 1);
+    log_line (backing, "backing: %s of %zu bytes at %" PRIu64 " on %s: the "
+              "store is full (%s)", op_name (op), bytes, offset, where,
+              strerror (err));
+  }
+  else {
+    atomic_fetch_add (&backing->errors_io, 1);
+    if (err == ETIMEDOUT)
+      log_line (backing, "backing: %s of %zu bytes at %" PRIu64 " on %s: no "
+                "answer in time (backing_timeout=%u)", op_name (op), bytes,
+                offset, where, backing->timeout_ms / 1000);
+    else if (err != ECANCELED)   /* the server is stopping: not news */
+      log_line (backing, "backing: %s of %zu bytes at %" PRIu64 " on %s: %s",
+                op_name (op), bytes, offset, where, strerror (err));
+  }
+  errno = full ? ENOSPC : EIO;
 }
 
 static int
 request (struct backing *backing, char op, void *buf, size_t bytes,
-         uint64_t offset)
+         uint64_t offset, uint64_t deadline_ms)
 {
-  int r = backing->uri ? nbd_request (backing, op, buf, bytes, offset)
+  int r = backing->uri
+    ? nbd_request (backing, op, buf, bytes, offset, deadline_ms)
     : file_request (backing, op, buf, bytes, offset);
-  if (r == -1) {
-    atomic_fetch_add (&backing->failed, 1);
-    errno = EIO;
-  }
+  if (r == -1)
+    request_failed (backing, op, bytes, offset, errno);
   return r;
 }
 
 int
-backing_sync (struct backing *backing)
+backing_sync (struct backing *backing, uint64_t deadline_ms)
 {
-  int r;
-  if (backing->uri)
-    /* One flush: more than one connection is used only where the export
-     * offers multi-conn, whose flush covers the writes of them all.
-     */
-    r = nbd_request (backing, 'f', NULL, 0, 0);
-  else
-    r = fdatasync (backing->fd);
-  if (r == -1) {
-    atomic_fetch_add (&backing->failed, 1);
-    errno = EIO;
-  }
-  return r;
+  /* One flush: more than one connection is used only where the export
+   * offers multi-conn, whose flush covers the writes of them all.
+   */
+  return request (backing, 'f', NULL, 0, 0, deadline_ms);
 }
 
 int
 backing_write (struct backing *backing, const void *buf, size_t bytes,
-               uint64_t offset)
+               uint64_t offset, uint64_t deadline_ms)
 {
-  return request (backing, 'w', (void *) buf, bytes, offset);
+  return request (backing, 'w', (void *) buf, bytes, offset, deadline_ms);
+}
+
+void
+backing_set_log (struct backing *backing, backing_log_function *log)
+{
+  backing->log = log;
+}
+
+void
+backing_cancel (struct backing *backing)
+{
+  atomic_store (&backing->cancelled, true);
+}
+
+unsigned
+backing_timeout_ms (const struct backing *backing)
+{
+  return backing->timeout_ms;
 }
 
 unsigned
@@ -908,14 +1220,23 @@ run_free (struct backing *backing, uint64_t offset, size_t bytes)
 {
   uint64_t first = offset / BACKING_SECTOR;
   uint64_t count = (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR;
+  /* A quarantined run stays allocated, untrimmed (ABANDONED REQUESTS). */
+  pthread_mutex_lock (&backing->map_lock);
+  bool kept = quarantined (backing, first * BACKING_SECTOR,
+                           count * BACKING_SECTOR);
+  pthread_mutex_unlock (&backing->map_lock);
+  if (kept)
+    return;
   /* Trim first, while the run is still allocated: trimmed after it was
    * freed, it could be a new block's run by then, and lose that block.
-   * Best effort: the run is free in the map whatever the store says.
+   * A trim that fails is only space not given back: the run is free in
+   * the map whatever the store says, unless the trim was abandoned and
+   * may still land (quarantined, below).
    */
   if (atomic_load (&backing->can_trim)) {
     int saved = errno;
     if (backing->uri)
-      nbd_request (backing, 't', NULL, count * BACKING_SECTOR, offset);
+      request (backing, 't', NULL, count * BACKING_SECTOR, offset, 0);
     else if (fallocate (backing->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                         offset, count * BACKING_SECTOR) == -1
              && (errno == EOPNOTSUPP || errno == ENODEV))
@@ -923,6 +1244,8 @@ run_free (struct backing *backing, uint64_t offset, size_t bytes)
     errno = saved;
   }
   pthread_mutex_lock (&backing->map_lock);
+  if (quarantined (backing, first * BACKING_SECTOR, count * BACKING_SECTOR))
+    count = 0;                  /* the trim was abandoned: kept */
   while (count > 0 && first < backing->sectors) {
     uint64_t leaf = first / LEAF_SECTORS;
     uint32_t at = first % LEAF_SECTORS, n = leaf_sectors (backing, leaf);
@@ -966,9 +1289,13 @@ backing_stats (struct backing *backing, struct backing_stats *stats)
   stats->capacity = backing->sectors * BACKING_SECTOR;
   stats->used = (backing->sectors - backing->free_sectors) * BACKING_SECTOR;
   stats->map_bytes = backing->map_bytes;
-  pthread_mutex_unlock (&backing->map_lock);
   stats->failed = atomic_load (&backing->failed);
   stats->reconnects = atomic_load (&backing->reconnects);
+  stats->quarantined_bytes = backing->quarantined_bytes;
+  pthread_mutex_unlock (&backing->map_lock);
   stats->timeouts = atomic_load (&backing->timeouts);
+  stats->abandoned = atomic_load (&backing->abandoned_requests);
+  stats->errors_nospace = atomic_load (&backing->errors_nospace);
+  stats->errors_io = atomic_load (&backing->errors_io);
   stats->corrupt = atomic_load (&backing->corrupt);
 }

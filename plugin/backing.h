@@ -8,18 +8,19 @@
  * one run and one write.  A freed run is trimmed on the store too.
  *
  * The space map costs RAM in proportion to what is written back: a bit
- * per sector, in leaves of BACKING_MAP_LEAF_SECTORS sectors (16 MiB of
- * the store, 4 KiB of bitmap), each allocated when a run first lands in
- * it and freed when its last run goes, plus, for the whole capacity (the
- * device's size at most, since no more can ever be written back), 14 to
- * 18 bytes per leaf (a pointer, a count and search tree nodes): 896
- * bytes per GiB of capacity (896 KiB for 1 TiB; it was a bitmap of the
- * whole capacity, 256 KiB per GiB).  Runs are handed out first fit (the
- * lowest leaf with room, found through the tree in log time, then its
- * first run that fits), so they pack at the start of the store and
- * leaves stay few and full: 4 KiB per 16 MiB of the store in use, i.e.
- * 256 KiB per GiB of compressed data written back (padded to sectors).
- * backing_stats' map_bytes says what it takes now.
+ * and a 4-byte checksum per sector, in leaves of BACKING_MAP_LEAF_SECTORS
+ * sectors (16 MiB of the store; BACKING_MAP_LEAF_BYTES: 4 KiB of bitmap
+ * and 128 KiB of checksums, 132 KiB), each allocated when a run first
+ * lands in it and freed when its last run goes, plus, for the whole
+ * capacity (the device's size at most, since no more can ever be written
+ * back), 14 to 18 bytes per leaf (a pointer, a count and search tree
+ * nodes): 896 bytes per GiB of capacity (896 KiB for 1 TiB; it was a
+ * bitmap of the whole capacity, 256 KiB per GiB).  Runs are handed out
+ * first fit (the lowest leaf with room, found through the tree in log
+ * time, then its first run that fits), so they pack at the start of the
+ * store and leaves stay few and full: 132 KiB per 16 MiB of the store in
+ * use, i.e. 64 leaves, 8.25 MiB, per GiB of compressed data written back
+ * (padded to sectors).  backing_stats' map_bytes says what it takes now.
  *
  * An NBD store is reached through one connection, or several when the
  * server offers multi-conn (up to BACKING_CONNECTIONS), each used by one
@@ -27,13 +28,45 @@
  * server went away) reconnects it, at most once a second per connection,
  * and retries once; until a reconnection works, requests fail with EIO.
  *
+ * ABANDONED REQUESTS.  NBD has no cancel, and nothing orders a request
+ * of a closed connection against those of another: a server finishes
+ * what it read from a connection after the client has gone (nbdkit's
+ * connection thread waits for its requests in flight and runs them;
+ * qemu-nbd's coroutines run on), and a flush on a new connection covers
+ * only writes that were answered.  So a write or trim that was sent and
+ * given up on (no answer within its deadline, the connection died under
+ * it, or backing_cancel) may still land at any later time.  Its extent
+ * is quarantined: whatever run lies in it stays allocated in the space
+ * map when released (not trimmed, never handed out again) for the life
+ * of the process, counted in quarantined_bytes.  Blocks already there
+ * keep their checksums, and a block read from a quarantined run that a
+ * late write changed fails with EIO, never wrong bytes.  A quarantine
+ * past a quarter of the store stops writeback (backing_allocate gives
+ * ENOSPC) with a log line: the store is being eaten by requests that
+ * never finish, and a restart gives the space back.  A file store's
+ * requests are system calls, never abandoned.
+ *
+ * ERRORS.  The store's own failures are counted by kind (no space: a
+ * full file system or an export that says ENOSPC; timeouts; other I/O
+ * errors) and logged through backing_set_log's function, ten lines a
+ * second at most, with a count of those left out.
+ *
+ * ONE OWNER.  A backing file is locked (an open file description lock
+ * on all of it) while the server has it open: a second server naming
+ * the same file fails to start, with a message naming the holder.
+ *
  * LOCKS (leaves: no other lock is taken while one is held).
- *   map_lock          the space map: leaves, tree, free count, map_bytes.
+ *   map_lock          the space map: leaves, tree, free count, map_bytes;
+ *                     and the quarantine (abandoned extents, their bytes).
+ *   release_lock      the queue of runs released while reads were on.
  *   connection lock   one per NBD connection: its handle, for one request
- *                     or a reconnection.
+ *                     or a reconnection (an abandoned request is recorded
+ *                     after it is dropped).
  * A caller may hold a stripe lock of the block store (block-store.h)
- * while it calls any function here: reads of written-back blocks run
- * under the block's stripe lock.
+ * while it calls the space map's functions (backing_allocate,
+ * backing_release, backing_read_begin, backing_checksum_set), never
+ * while a request runs: reads of written-back blocks drop the stripe
+ * lock first (READS AND RELEASES), and writeback writes with none held.
  */
 
 #ifndef ZRAM_BACKING_H
@@ -55,6 +88,11 @@
 
 struct backing;
 
+/* Where the backing store's failures are logged (nbdkit_error in the
+ * plugin): one line, without a newline.
+ */
+typedef void backing_log_function (const char *line);
+
 /* Open target (a path or an NBD URI) for capacity bytes at most (a file
  * is extended to it; an NBD export must offer at least the space map's
  * first sector, and the capacity is cut to its size).  odirect: open a
@@ -67,6 +105,15 @@ extern struct backing *backing_open (const char *target, uint64_t capacity,
                                      bool odirect, unsigned timeout_s,
                                      char **error);
 extern void backing_close (struct backing *backing);
+extern void backing_set_log (struct backing *backing, backing_log_function *log);
+
+/* From now on every NBD request (in progress too) fails within 100 ms
+ * (abandoned, see ABANDONED REQUESTS): for a server that is stopping.
+ */
+extern void backing_cancel (struct backing *backing);
+
+/* The deadline of one NBD request (backing_timeout=), in milliseconds. */
+extern unsigned backing_timeout_ms (const struct backing *backing);
 
 /* Whether target names an NBD export rather than a file. */
 extern bool backing_is_uri (const char *target);
@@ -117,15 +164,17 @@ extern int backing_read_block (struct backing *backing, void *buf,
 
 /* Make what backing_write wrote durable (an NBD flush, fdatasync for a
  * file): 0, or -1 with errno EIO.  Writeback calls it before a block's
- * RAM copy goes, unless sync is off (backing_sync=false).
+ * RAM copy goes, unless sync is off (backing_sync=false).  deadline_ms
+ * (monotonic, 0: none) cuts an NBD request short of its own timeout.
  */
-extern int backing_sync (struct backing *backing);
+extern int backing_sync (struct backing *backing, uint64_t deadline_ms);
 
-/* A whole request: 0, or -1 with errno EIO (ENOMEM, ...).  (Reads go
- * through backing_read_block, which checks what comes back.)
+/* A whole request: 0, or -1 with errno ENOSPC (the store is full) or EIO
+ * (any other failure, a timeout too).  deadline_ms as for backing_sync.
+ * (Reads go through backing_read_block, which checks what comes back.)
  */
 extern int backing_write (struct backing *backing, const void *buf,
-                          size_t bytes, uint64_t offset);
+                          size_t bytes, uint64_t offset, uint64_t deadline_ms);
 
 struct backing_stats {
   uint64_t capacity;            /* bytes the space map covers */
@@ -133,6 +182,11 @@ struct backing_stats {
   uint64_t failed;              /* requests that failed */
   uint64_t reconnects;          /* NBD connections made again */
   uint64_t timeouts;            /* NBD requests not answered in time */
+  uint64_t abandoned;           /* writes and trims given up on after
+                                   they were sent (ABANDONED REQUESTS) */
+  uint64_t quarantined_bytes;   /* the store they may still reach */
+  uint64_t errors_nospace;      /* requests the store refused for space */
+  uint64_t errors_io;           /* other failed requests, timeouts too */
   uint64_t corrupt;             /* blocks read back that failed their
                                    checksum */
   uint64_t map_bytes;           /* RAM the space map takes now (its

@@ -161,7 +161,8 @@ batch_encode (struct block_store *store, const unsigned char *in, unsigned n,
 
 int
 blocks_write_batch (struct block_store *store, uint64_t first,
-                    const unsigned char *in, unsigned n)
+                    const unsigned char *in, unsigned n,
+                    uint64_t *room_deadline_ms)
 {
   struct block_content contents[STORE_WRITE_BATCH_MAX];
   bool stored[STORE_WRITE_BATCH_MAX];
@@ -201,7 +202,7 @@ blocks_write_batch (struct block_store *store, uint64_t first,
     if (!stored[i]
         && block_write_piece (store, first + i,
                               in + (size_t) i * STORE_BLOCK_SIZE,
-                              0, STORE_BLOCK_SIZE) == -1)
+                              0, STORE_BLOCK_SIZE, room_deadline_ms) == -1)
       return -1;
   return 0;
 }

@@ -47,9 +47,15 @@ struct pack_unit {
 
 /* A decoded unit, or the first blocks of one, kept for the next read of
  * one of its blocks (the decode cache: decode_cache= bytes of them).
- * Owned by the store (no thread-local buffers: design-hazards.md #11);
+ * Owned by the store (no thread-local buffers: a thread that exits after
+ * the plugin is unloaded must run none of its code);
  * a reader that finds a unit's two slots busy decodes into a buffer of
- * its own.
+ * its own.  A slot's data is charged to the pool (mem_limit) and kept
+ * only for a live unit: freed when the unit goes (unit_destroy), when a
+ * decode into it fails, when not read for a housekeeping round
+ * (store_decode_cache_sweep; kept while the store is to stay resident),
+ * and given up to writes and to a lower mem_limit (decode_cache_trim).
+ * Whenever its lock is free, data != NULL means id names a live unit.
  */
 struct unit_cache {
   pthread_mutex_t lock;           /* guards blocks and data, and changes of
@@ -59,8 +65,8 @@ struct unit_cache {
                                      readers looking for their unit */
   unsigned blocks;                /* of the unit decoded, from its first */
   unsigned char *data;            /* pack_blocks blocks, made (and charged
-                                     to the pool) on first use, freed by
-                                     decode_cache_trim */
+                                     to the pool) on first use, freed as
+                                     said above */
   _Atomic unsigned wanted;        /* blocks of unit id that readers waiting
                                      for the lock want decoded: a decode
                                      in progress goes on through them */
@@ -124,6 +130,8 @@ struct block_store {
   struct unit_cache *unit_cache;
   unsigned unit_cache_count;      /* slots: decode_cache / a unit's bytes */
   _Atomic uint64_t unit_cache_clock;
+  _Atomic uint64_t unit_cache_swept; /* unit_cache_clock at the last
+                                     store_decode_cache_sweep */
   _Atomic uint64_t decode_cache_bytes;
   _Atomic uint64_t decode_cache_hits, decode_cache_misses;
   _Atomic uint64_t unit_ids;
@@ -308,11 +316,12 @@ extern int block_install_swap (struct block_store *store, uint64_t block,
                                struct block_content *old);
 /* Write one piece of a block (a whole block, or part of one), making
  * room by writeback and trying again when memory is short: 0, or -1
- * with errno.
+ * with errno.  *room_deadline_ms: 0 before a request's first wait for
+ * room, then when its waits end (writeback_for_room): one per request.
  */
 extern int block_write_piece (struct block_store *store, uint64_t block,
                               const unsigned char *in, uint64_t from,
-                              uint64_t length);
+                              uint64_t length, uint64_t *room_deadline_ms);
 
 /* ---- block-batch.c ----------------------------------------------------- */
 
@@ -322,12 +331,13 @@ extern int block_write_piece (struct block_store *store, uint64_t block,
  * block by block (each under its own stripe lock only: a reader waits
  * for one block's install, never for the batch), the old objects freed
  * as one batch (zs_free_many).  A block that the batch could not store
- * (memory short, no scratch slot free) goes through block_write_piece.
- * 0, or -1 with errno: then each block holds its old content or its new
+ * (memory short, no scratch slot free) goes through block_write_piece
+ * (with room_deadline_ms).  0, or -1 with errno: then each block holds its old content or its new
  * one, never a mix.
  */
 extern int blocks_write_batch (struct block_store *store, uint64_t first,
-                               const unsigned char *in, unsigned n);
+                               const unsigned char *in, unsigned n,
+                               uint64_t *room_deadline_ms);
 extern int write_scratch_prepare (struct block_store *store);
 extern void write_scratch_free (struct block_store *store);
 /* Free the scratch of every slot no batch is using (made again on next
@@ -414,8 +424,24 @@ extern int candidates_walk (struct block_store *store,
 extern int unit_decode (struct block_store *store,
                         const struct block_content *content,
                         unsigned char *block, unsigned ahead);
+/* One block of a unit for writeback (under its stripe lock, the entry
+ * claimed), without taking memory for the decode cache: through a slot
+ * that holds the unit already, or one of the unit's places whose memory
+ * is made and free, else decoded into a buffer of its own.  So writeback
+ * to make room never grows what mem_limit counts.  Not a read: the hit
+ * and miss counters stay.
+ */
+extern int unit_decode_uncached (struct block_store *store,
+                                 const struct block_content *content,
+                                 unsigned char *block);
 /* Free the decode cache's slots no read is using; returns the bytes. */
 extern size_t decode_cache_trim (struct block_store *store);
+/* A housekeeping round's (housekeeper.c): free the slots that hold no
+ * unit, and, unless the store is to stay resident, those not read since
+ * the last call (the first call only starts the count).  The bytes
+ * freed.
+ */
+extern size_t store_decode_cache_sweep (struct block_store *store);
 /* Free a unit: its last block moved out. */
 extern void unit_destroy (struct block_store *store, struct pack_unit *unit);
 /* Free every unit's descriptor (store_destroy; the pool had the parts). */
@@ -425,9 +451,12 @@ extern void units_free_all (struct block_store *store);
 
 /* A write refused for memory (errno ENOSPC) with a backing store: write
  * back the coldest blocks and let the write try again (0), or -1 with
- * errno as it was when there is nothing to gain.  No lock held.
+ * errno as it was when there is nothing to gain or *deadline_ms passed
+ * (0 on a write's first call: set to one backing_timeout from then; it
+ * bounds the write's whole wait).  No lock held.
  */
-extern int writeback_for_room (struct block_store *store);
+extern int writeback_for_room (struct block_store *store,
+                               uint64_t *deadline_ms);
 /* Charge the pool for the backing store's space map as it is now (it
  * grows and shrinks with what is written back): with writeback_lock
  * held (locked), or taking it if free (a run in progress settles at its

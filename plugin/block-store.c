@@ -659,23 +659,25 @@ store_read (struct block_store *store, void *buf, uint64_t count,
 
 /* A write refused for memory (errno ENOSPC): give up the decode cache's
  * slots no read is using (reads make them again: data comes first),
- * else write back for room (writeback_for_room).  0: try the write
- * again; -1 with errno as it was when there is nothing to gain.
+ * else write back for room (writeback_for_room, within the request's
+ * *room_deadline_ms).  0: try the write again; -1 with errno as it was
+ * when there is nothing to gain.
  */
 static int
-make_room (struct block_store *store)
+make_room (struct block_store *store, uint64_t *room_deadline_ms)
 {
   int err = errno;
   if (err == ENOSPC && decode_cache_trim (store) > 0) {
     errno = err;
     return 0;
   }
-  return writeback_for_room (store);
+  return writeback_for_room (store, room_deadline_ms);
 }
 
 int
 block_write_piece (struct block_store *store, uint64_t block,
-                   const unsigned char *in, uint64_t from, uint64_t length)
+                   const unsigned char *in, uint64_t from, uint64_t length,
+                   uint64_t *room_deadline_ms)
 {
   int r;
   for (unsigned attempt = 0; ; attempt++) {
@@ -688,7 +690,7 @@ block_write_piece (struct block_store *store, uint64_t block,
     else
       r = block_patch (store, block, in, from, length);
     if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-        || make_room (store) == -1)
+        || make_room (store, room_deadline_ms) == -1)
       return r;
   }
 }
@@ -698,6 +700,7 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
              uint64_t offset)
 {
   const unsigned char *in = buf;
+  uint64_t room_deadline_ms = 0;
 
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     /* Whole blocks, two or more: a batch (block-batch.c), and length
@@ -708,12 +711,13 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
     unsigned n = whole < store->write_batch ? whole : store->write_batch;
     int r;
     if (n >= 2) {
-      r = blocks_write_batch (store, block, in, n);
+      r = blocks_write_batch (store, block, in, n, &room_deadline_ms);
       length = (uint64_t) n * STORE_BLOCK_SIZE;
     }
     else {
       n = 1;
-      r = block_write_piece (store, block, in, from, length);
+      r = block_write_piece (store, block, in, from, length,
+                             &room_deadline_ms);
     }
     if (r == -1) {
       counter_add (&store->failed_writes, 1);
@@ -754,6 +758,7 @@ int
 store_zero (struct block_store *store, uint64_t count, uint64_t offset,
             bool may_trim)
 {
+  uint64_t room_deadline_ms = 0;
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
     if (piece_is_whole_block (store, block, from, length)) {
@@ -765,7 +770,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
       for (unsigned attempt = 0; ; attempt++) {
         r = block_patch (store, block, NULL, from, length);
         if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-            || make_room (store) == -1)
+            || make_room (store, &room_deadline_ms) == -1)
           break;
       }
     }
@@ -853,7 +858,16 @@ store_set_mem_limit (struct block_store *store, uint64_t limit,
                      uint64_t *held)
 {
   uint64_t ignored;
-  return zs_pool_set_mem_limit_held (store->pool, limit, held ? held : &ignored);
+  if (zs_pool_set_mem_limit_held (store->pool, limit,
+                                  held ? held : &ignored) == 0)
+    return 0;
+  /* Refused: the decode cache's slots no read is using give way first
+   * (reads make them again), as they do to a write.
+   */
+  if (errno != ENOSPC || decode_cache_trim (store) == 0)
+    return -1;                  /* decode_cache_trim keeps errno */
+  return zs_pool_set_mem_limit_held (store->pool, limit,
+                                     held ? held : &ignored);
 }
 
 void
@@ -1061,6 +1075,10 @@ store_stats (struct block_store *store, struct store_stats *stats)
     stats->backing_reconnects = backing.reconnects;
     stats->backing_timeouts = backing.timeouts;
     stats->backing_corrupt = backing.corrupt;
+    stats->backing_abandoned = backing.abandoned;
+    stats->backing_quarantined_bytes = backing.quarantined_bytes;
+    stats->backing_errors_nospace = backing.errors_nospace;
+    stats->backing_errors_io = backing.errors_io;
   }
   stats->writeback_limit_left = atomic_load (&store->writeback_limit);
 }

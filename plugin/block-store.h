@@ -33,7 +33,10 @@
  *                stripe lock; the unit's parts are read and decoded under
  *                it).  A reader waits for it only while the slot holds or
  *                decodes the reader's own unit; else it tries it and
- *                decodes alone if it is busy.
+ *                decodes alone if it is busy.  unit_destroy waits for
+ *                the slot of the unit it frees (only a decode of another
+ *                unit or a trim can hold it then: no read can reach a
+ *                unit whose last block went).
  *   writeback_lock  one writeback run at a time, and the writeback
  *                limit's changes; held for a whole run.
  *   backing locks  the backing store's space map (map_lock), its queue
@@ -50,7 +53,8 @@
  *   takes each in turn for its grace period).  Full-block writes
  *   compress and allocate before taking the stripe lock and hold it only
  *   to look up and swap the entry; every write frees the old object after
- *   dropping it (design-hazards.md #2, #3).
+ *   dropping it (a free can take a class lock and drain a batch: never
+ *   under a stripe lock, which readers of the block wait on).
  *
  * MOVING A BLOCK: claim, then commit only if the claim holds
  *   Packing, dissolving, recompression, writeback and readback move a
@@ -100,8 +104,7 @@
  *   context for its own length, frees go to the pool's batches, and no
  *   pthread key or thread-exit hook exists.  So nbdkit's threads may exit
  *   at any time, even after .unload destroyed the store and the plugin
- *   was unmapped, without running any of its code (design-hazards.md
- *   #11).  store_destroy requires that no call is running.
+ *   was unmapped, without running any of its code.  store_destroy requires that no call is running.
  */
 
 #ifndef ZRAM_BLOCK_STORE_H
@@ -215,6 +218,12 @@ struct store_stats {
   uint64_t backing_timeouts;      /* NBD requests not answered in time */
   uint64_t backing_corrupt;       /* blocks read back that failed their
                                      checksum */
+  uint64_t backing_abandoned;     /* writes and trims given up on once
+                                     sent: they may still land */
+  uint64_t backing_quarantined_bytes; /* the store they may reach, never
+                                     used again (backing.h) */
+  uint64_t backing_errors_nospace; /* requests the store refused: full */
+  uint64_t backing_errors_io;     /* its other failures, timeouts too */
   uint64_t writeback_limit_left;  /* bytes writeback may still write
                                      (UINT64_MAX: no limit) */
 };
@@ -379,6 +388,16 @@ extern int store_writeback_until (struct block_store *store, uint64_t target,
                                   void *opaque,
                                   struct store_writeback_result *result);
 extern bool store_has_backing (const struct block_store *store);
+/* The server is stopping: every backing request, in progress or later,
+ * fails within 100 ms (backing_cancel), so that no writeback holds up
+ * the exit.  Blocks not written back stay where they are.
+ */
+extern void store_cancel_backing_io (struct block_store *store);
+/* Why the calling thread's last write refused for memory could not make
+ * room by writeback ("the backing store is full", ...), or NULL: for
+ * its log line.
+ */
+extern const char *store_room_failure (void);
 /* zram's writeback_limit at run time: from now on writeback may write
  * bytes more (limited), or any amount (!limited).  -1 with errno ENODEV
  * without a backing store.  Waits for a writeback run in progress.

@@ -1,6 +1,7 @@
 /* The block table: one 16-byte entry per written 4 KiB block, in a radix
  * tree whose nodes exist only where blocks are stored, so a 2^63-1 byte
- * device costs nothing until used (design-hazards.md #9).
+ * device costs nothing until used (a flat array would cost 16 bytes per
+ * 4 KiB of the device's size up front).
  *
  * Leaves hold BLOCK_TABLE_FANOUT entries (8 KiB, covering 2 MiB of the
  * device) and count the entries that are not empty; inner nodes hold

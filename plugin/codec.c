@@ -45,7 +45,7 @@ struct codec {
 
 /* The slot this thread borrowed from last: a hint shared by every codec,
  * a plain thread-local with no destructor (a thread's exit runs no
- * plugin code, design-hazards.md #11).
+ * plugin code).
  */
 static __thread unsigned preferred_context;
 

@@ -2,10 +2,11 @@
  *
  * Each call borrows a context of its own from the codec, which owns them
  * all from their creation to codec_destroy: compressions never wait on
- * each other or on a lock (design-hazards.md #5), contexts number the
+ * each other or on a lock (one shared context would serialise every
+ * writer), contexts number the
  * calls that ever ran at once (not the threads that ever existed), and no
  * thread-exit hook exists, so a thread that exits after the plugin is
- * unloaded runs none of its code (design-hazards.md #11).  zstd contexts
+ * unloaded runs none of its code.  zstd contexts
  * are sized for 4 KiB inputs by compressing with a known source size, made
  * on a context's first call that needs them, and freed again by
  * codec_trim while no call uses them.  codec_memory() reports what all

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,11 @@
 #define CONTROL_CLIENTS_MAX 8
 /* A client that sends nothing for this long is closed. */
 #define CONTROL_IDLE_MS (60 * 1000)
+/* A line must be whole this long after its first byte came, else its
+ * client is closed: a client that trickles bytes holds its place only
+ * that long.
+ */
+#define CONTROL_LINE_DEADLINE_MS 2000
 /* A reply its client does not read for this long: the client is dropped
  * (the command's effect stays; its log line says so).
  */
@@ -51,18 +57,61 @@ static struct block_store *store;
 static struct control_info info;
 
 /* A connected client: what it sent that is not a whole line yet, and
- * the reply being built for it.  Owned by the control thread.
+ * the reply being built for it.  Owned by the control thread, except
+ * while its command runs on the worker (on_worker): then the worker owns
+ * gone, out, reply and the line being run, and the control thread
+ * leaves the whole client alone (does not poll, read, close or evict
+ * it) until it has joined the worker.
  */
 struct client {
   int fd;                       /* non-blocking; -1: a free slot */
   bool gone;                    /* hung up, a send failed or timed out */
+  bool on_worker;               /* its current line runs on the worker */
   char *reply;                  /* open_memstream buffer */
   size_t reply_length;
   FILE *out;
   char line[CONTROL_LINE_MAX];
   size_t used;                  /* bytes in line */
   uint64_t last_heard_ms;       /* when it last sent something */
+  uint64_t last_line_ms;        /* when it last finished a line (or
+                                   connected): who gives up its place */
+  uint64_t line_started_ms;     /* when the first byte of the line not
+                                   yet finished came; 0: none */
 };
+
+/* THE WORKER.  A command that may wait for the backing store runs on a
+ * thread of its own, started for it by the control thread and joined by
+ * it, so that a wedged store never stops the channel: one such command
+ * at a time (job.client set), a second is answered "busy".
+ *
+ * job is written by the control thread before it starts the worker and
+ * read by it after the join; meanwhile the worker reads it and writes
+ * result (pthread_create and pthread_join order the two).
+ */
+static struct worker_job {
+  struct client *client;        /* NULL: no command on the worker */
+  const struct command *command;
+  int argc;
+  char *argv[CONTROL_WORDS_MAX + 1];  /* words of client->line */
+  size_t line_bytes;            /* the line with its newline: removed
+                                   from client->line once it is done */
+  int result;                   /* what command->run returned */
+} job;
+static pthread_t worker_thread;
+/* The worker writes a byte here when its command is done; the control
+ * thread polls the other end.
+ */
+static int worker_done_pipe[2] = { -1, -1 };
+/* worker_lock guards worker_running, and the setting of stopping: so
+ * that control_stop either sees a worker that started and cuts its
+ * backing I/O short, or no worker starts after it.
+ */
+static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool worker_running;
+/* Set once by control_stop: every long command stops at its next
+ * keep_going question; also read without worker_lock.
+ */
+static atomic_bool stopping;
 
 /* ---- the socket ------------------------------------------------------ */
 
@@ -182,36 +231,56 @@ reply_error (struct client *client, const char *format, ...)
 }
 
 /* True while the client is connected and the server is not stopping:
- * asked between pieces of a long command.
+ * asked between pieces of a long command, on the control thread or on
+ * the worker (which then owns client->gone).
  */
 static bool
 client_still_there (void *opaque)
 {
   struct client *client = opaque;
-  struct pollfd fds[] = {
-    { .fd = client->fd, .events = 0 },
-    { .fd = wake_pipe[0], .events = POLLIN },
-  };
-  if (poll (fds, 2, 0) > 0
-      && ((fds[0].revents & (POLLHUP | POLLERR)) || fds[1].revents))
+  struct pollfd fds[] = { { .fd = client->fd, .events = 0 } };
+  if (atomic_load (&stopping)
+      || (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR))))
     client->gone = true;
   return !client->gone;
 }
 
 /* ---- commands ------------------------------------------------------ */
 
-/* A size as nbdkit_parse_size reads it (512M, 4G), or -1.  Text with
- * anything but letters, digits and a point is refused here, so that
- * nbdkit_parse_size, which logs what it cannot read, never writes a
- * client's control bytes into the server's log.
+/* A size as nbdkit_parse_size reads it: decimal digits, then at most
+ * one suffix, b (bytes), k m g t p e (powers of 1024) or s (512-byte
+ * sectors), either case (512M, 4G).  -1 for anything else, or a size
+ * past INT64_MAX.  Not nbdkit_parse_size itself: it logs what it cannot
+ * read, and a client's text must never reach the server's log (the
+ * caller replies the error to the client alone).
  */
 static int64_t
 parse_size (const char *text)
 {
-  if (!*text || text[strspn (text, "0123456789.abcdefghijklmnopqrstuvwxyz"
-                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ")])
+  static const char suffixes[] = "bkmgtpe";
+  uint64_t number = 0;
+  const char *p = text;
+  if (*p < '0' || *p > '9')
     return -1;
-  return nbdkit_parse_size (text);
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
+      return -1;
+    number = number * 10 + (*p - '0');
+  }
+  uint64_t scale = 1;
+  if (*p) {
+    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
+    if (p[1] || (!suffix && (*p | 0x20) != 's'))
+      return -1;
+    if (suffix)
+      for (const char *k = suffixes; k < suffix; k++)
+        scale *= 1024;
+    else
+      scale = 512;
+  }
+  if (number > (uint64_t) INT64_MAX / scale)
+    return -1;
+  return (int64_t) (number * scale);
 }
 
 static int
@@ -582,28 +651,37 @@ static const struct command {
   int min_words, max_words;     /* with the name */
   const char *usage;
   int (*run) (struct client *client, int argc, char **argv);
+  /* With this many words or more (the name too) the command may wait for
+   * the backing store, or for a writeback run that waits for it: it runs
+   * on the worker (THE WORKER).  0: always on the control thread.
+   */
+  int worker_words;
 } commands[] = {
-  { "info", 1, 1, "info", command_info },
-  { "mm_stat", 1, 1, "mm_stat", command_zram_file },
-  { "io_stat", 1, 1, "io_stat", command_zram_file },
-  { "bd_stat", 1, 1, "bd_stat", command_zram_file },
-  { "stats", 1, 1, "stats", command_stats },
-  { "metrics", 1, 1, "metrics", command_metrics },
-  { "classes", 1, 1, "classes", command_classes },
-  { "compact", 1, 1, "compact", command_compact },
-  { "idle", 2, 2, "idle all|SECONDS", command_idle },
-  { "mem_limit", 2, 2, "mem_limit SIZE", command_mem_limit },
-  { "mem_used_max", 2, 2, "mem_used_max 0", command_mem_used_max },
-  { "block_state", 3, 3, "block_state START COUNT", command_block_state },
+  { "info", 1, 1, "info", command_info, 0 },
+  { "mm_stat", 1, 1, "mm_stat", command_zram_file, 0 },
+  { "io_stat", 1, 1, "io_stat", command_zram_file, 0 },
+  { "bd_stat", 1, 1, "bd_stat", command_zram_file, 0 },
+  { "stats", 1, 1, "stats", command_stats, 0 },
+  { "metrics", 1, 1, "metrics", command_metrics, 0 },
+  { "classes", 1, 1, "classes", command_classes, 0 },
+  { "compact", 1, 1, "compact", command_compact, 0 },
+  { "idle", 2, 2, "idle all|SECONDS", command_idle, 0 },
+  { "mem_limit", 2, 2, "mem_limit SIZE", command_mem_limit, 0 },
+  { "mem_used_max", 2, 2, "mem_used_max 0", command_mem_used_max, 0 },
+  { "block_state", 3, 3, "block_state START COUNT", command_block_state, 0 },
   { "recompress", 2, 5, "recompress type=idle|huge|huge_idle [threshold=BYTES] "
-    "[max_pages=N] [algo=NAME|priority=N]", command_recompress },
-  { "pack", 1, 3, "pack [type=idle] [max_pages=N]", command_pack },
-  { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve },
+    "[max_pages=N] [algo=NAME|priority=N]", command_recompress, 0 },
+  { "pack", 1, 3, "pack [type=idle] [max_pages=N]", command_pack, 0 },
+  { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve, 0 },
   { "writeback", 2, 3, "writeback idle|huge|huge_idle|incompressible|"
-    "page_index=N|page_indexes=A-B [max_pages=N]", command_writeback },
+    "page_index=N|page_indexes=A-B [max_pages=N]", command_writeback,
+    2 },
+  /* Setting the limit waits for a writeback run in progress (the
+   * automatic policy's too); reading it does not.
+   */
   { "writeback_limit", 1, 2, "writeback_limit [SIZE|off]",
-    command_writeback_limit },
-  { "help", 1, 1, "help", command_help },
+    command_writeback_limit, 2 },
+  { "help", 1, 1, "help", command_help, 0 },
 };
 
 static int
@@ -614,9 +692,79 @@ command_help (struct client *client, int argc, char **argv)
   return 0;
 }
 
-/* Run one line; the reply ends with ok or error. */
-static void
-run_line (struct client *client, char *line)
+static void *
+worker_main (void *arg)
+{
+  job.result = job.command->run (job.client, job.argc, job.argv);
+  char byte = 0;
+  ssize_t written = write (worker_done_pipe[1], &byte, 1);
+  (void) written;               /* a pipe with room: one byte per job */
+  return NULL;
+}
+
+/* Start command on the worker for client's line (line_bytes long, with
+ * its newline): 0, or -1 after an error reply (busy, stopping, no
+ * thread).
+ */
+static int
+worker_start (struct client *client, const struct command *command,
+              int argc, char **argv, size_t line_bytes)
+{
+  if (job.client)
+    return reply_error (client, "busy: '%s' is running (one command that "
+                        "waits for the backing store at a time); try again "
+                        "when it is done", job.command->name);
+  pthread_mutex_lock (&worker_lock);
+  bool refused = atomic_load (&stopping);
+  worker_running = !refused;
+  pthread_mutex_unlock (&worker_lock);
+  if (refused)
+    return reply_error (client, "%s: the server is stopping", command->name);
+
+  job.client = client;
+  job.command = command;
+  job.argc = argc;
+  memcpy (job.argv, argv, argc * sizeof *argv);
+  job.argv[argc] = NULL;
+  job.line_bytes = line_bytes;
+  client->on_worker = true;
+  int err = pthread_create (&worker_thread, NULL, worker_main, NULL);
+  if (err) {
+    client->on_worker = false;
+    job.client = NULL;
+    pthread_mutex_lock (&worker_lock);
+    worker_running = false;
+    pthread_mutex_unlock (&worker_lock);
+    return reply_error (client, "%s: cannot start its thread: %s",
+                        command->name, error_text (err));
+  }
+  pthread_setname_np (worker_thread, "zram-ctl-work");
+  return 0;
+}
+
+/* Wait for the worker to end (it has, or was told to stop), and forget
+ * its job: the client it served, for the caller to finish with.
+ */
+static struct client *
+worker_join (void)
+{
+  pthread_join (worker_thread, NULL);
+  pthread_mutex_lock (&worker_lock);
+  worker_running = false;
+  pthread_mutex_unlock (&worker_lock);
+  struct client *client = job.client;
+  client->on_worker = false;
+  job.client = NULL;
+  return client;
+}
+
+enum line_outcome { LINE_ANSWERED, LINE_ON_WORKER };
+
+/* Run one line (line_bytes long with its newline): its reply, ending
+ * with ok or error, is sent now, or once the worker has run it.
+ */
+static enum line_outcome
+run_line (struct client *client, char *line, size_t line_bytes)
 {
   char *argv[CONTROL_WORDS_MAX + 1];
   int argc = 0;
@@ -629,7 +777,7 @@ run_line (struct client *client, char *line)
   if (argc == 0) {
     fprintf (client->out, "ok\n"); /* an empty line: nothing to do */
     reply_flush (client);
-    return;
+    return LINE_ANSWERED;
   }
 
   int r = -1;
@@ -643,16 +791,65 @@ run_line (struct client *client, char *line)
     reply_error (client, "unknown command '%s' (try help)", argv[0]);
   else if (argc < commands[i].min_words || argc > commands[i].max_words)
     reply_error (client, "usage: %s", commands[i].usage);
+  else if (commands[i].worker_words && argc >= commands[i].worker_words) {
+    if (worker_start (client, &commands[i], argc, argv, line_bytes) == 0)
+      return LINE_ON_WORKER;
+  }
   else
     r = commands[i].run (client, argc, argv);
   if (r == 0)
     fprintf (client->out, "ok\n");
   reply_flush (client);
+  return LINE_ANSWERED;
 }
 
 /* ---- the thread ------------------------------------------------------ */
 
-/* Run the whole lines the client sent: true while it stays. */
+/* Drop the line just run (bytes long, with its newline) from the
+ * client's buffer.  The clock of the line after it, if some of it came,
+ * starts now: the client could not know when the line before would end.
+ */
+static void
+line_consume (struct client *client, size_t bytes)
+{
+  client->used -= bytes;
+  memmove (client->line, client->line + bytes, client->used);
+  client->line_started_ms = client->used ? monotonic_ms () : 0;
+}
+
+/* Run the whole lines in the client's buffer, until none is left or one
+ * went to the worker (the rest wait for it): true while the client
+ * stays.
+ */
+static bool
+client_run_lines (struct client *client)
+{
+  char *end;
+  while (!client->gone && !client->on_worker
+         && (end = memchr (client->line, '\n', client->used))) {
+    size_t length = end - client->line;
+    *end = '\0';
+    client->last_line_ms = monotonic_ms ();
+    /* A NUL would cut the line short unseen: refuse it, and answer. */
+    if (memchr (client->line, '\0', length)) {
+      reply_error (client, "the line holds a NUL byte");
+      reply_flush (client);
+    }
+    else if (run_line (client, client->line, length + 1) == LINE_ON_WORKER)
+      return true;              /* the line stays till the worker is done */
+    line_consume (client, length + 1);
+  }
+  if (!client->on_worker && client->used == sizeof client->line) {
+    reply_error (client, "line too long (%d bytes at most)", CONTROL_LINE_MAX);
+    reply_flush (client);
+    return false;
+  }
+  return !client->gone;
+}
+
+/* Take what the client sent and run the whole lines: true while it
+ * stays.
+ */
 static bool
 client_read (struct client *client)
 {
@@ -662,28 +859,12 @@ client_read (struct client *client)
     return true;
   if (n <= 0)
     return false;
+  uint64_t now = monotonic_ms ();
+  if (client->used == 0)
+    client->line_started_ms = now;
   client->used += n;
-  client->last_heard_ms = monotonic_ms ();
-  char *end;
-  while (!client->gone && (end = memchr (client->line, '\n', client->used))) {
-    size_t length = end - client->line;
-    *end = '\0';
-    /* A NUL would cut the line short unseen: refuse it, and answer. */
-    if (memchr (client->line, '\0', length)) {
-      reply_error (client, "the line holds a NUL byte");
-      reply_flush (client);
-    }
-    else
-      run_line (client, client->line);
-    client->used -= length + 1;
-    memmove (client->line, end + 1, client->used);
-  }
-  if (client->used == sizeof client->line) {
-    reply_error (client, "line too long (%d bytes at most)", CONTROL_LINE_MAX);
-    reply_flush (client);
-    return false;
-  }
-  return !client->gone;
+  client->last_heard_ms = now;
+  return client_run_lines (client);
 }
 
 static struct client clients[CONTROL_CLIENTS_MAX];
@@ -697,9 +878,33 @@ client_close (struct client *client)
   client->fd = -1;
 }
 
-/* A new connection: a free slot; else the slot of the client silent the
- * longest, if for a second or more (silent connections, however many,
- * never lock out the next client that talks); else a short refusal.
+/* The worker is done: join it, send its client the reply, then run the
+ * lines that client sent meanwhile.
+ */
+static void
+worker_finish (void)
+{
+  char byte;
+  ssize_t got = read (worker_done_pipe[0], &byte, 1);
+  (void) got;                   /* readable: the worker wrote its byte */
+  int result = job.result;
+  size_t line_bytes = job.line_bytes;
+  struct client *client = worker_join ();
+  /* It waited for its reply: neither silent nor slow. */
+  client->last_heard_ms = client->last_line_ms = monotonic_ms ();
+  if (result == 0)
+    fprintf (client->out, "ok\n");
+  reply_flush (client);
+  line_consume (client, line_bytes);
+  if (!client_run_lines (client))
+    client_close (client);
+}
+
+/* A new connection: a free slot; else the slot of the client that has
+ * gone longest without finishing a line (it may have just connected,
+ * or be trickling bytes: however many such clients there are, they
+ * never lock out the next client that talks), never the one whose
+ * command is on the worker; else a short refusal.
  */
 static void
 client_accept (int fd)
@@ -709,10 +914,9 @@ client_accept (int fd)
     if (clients[i].fd == -1)
       slot = &clients[i];
   if (!slot) {
-    uint64_t now = monotonic_ms ();
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
-      if (now - clients[i].last_heard_ms >= 1000
-          && (!slot || clients[i].last_heard_ms < slot->last_heard_ms))
+      if (!clients[i].on_worker
+          && (!slot || clients[i].last_line_ms < slot->last_line_ms))
         slot = &clients[i];
     if (slot)
       client_close (slot);
@@ -727,7 +931,10 @@ client_accept (int fd)
     close (fd);
     return;
   }
-  *slot = (struct client) { .fd = fd, .last_heard_ms = monotonic_ms () };
+  uint64_t now = monotonic_ms ();
+  *slot = (struct client) {
+    .fd = fd, .last_heard_ms = now, .last_line_ms = now,
+  };
   /* gcc 12's -fanalyzer takes the stream for a leak: it is kept in the
    * static clients array, and client_close (also at the stop) closes it.
    */
@@ -746,11 +953,64 @@ client_accept (int fd)
 #pragma GCC diagnostic pop
 #endif
 
+/* Close the clients past a deadline: silent for CONTROL_IDLE_MS, or a
+ * line not finished CONTROL_LINE_DEADLINE_MS after its first byte (told
+ * so, if its socket has room).  Returns the milliseconds till the next
+ * deadline, 1000 at most: the poll's timeout.
+ */
+static int
+clients_expire (void)
+{
+  static const char too_slow[] = "error: the line was not finished within "
+    "2 s of its first byte\n";
+  _Static_assert (CONTROL_LINE_DEADLINE_MS == 2000, "the error names it");
+  uint64_t next = monotonic_ms () + 1000;
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++) {
+    struct client *client = &clients[i];
+    if (client->fd == -1 || client->on_worker)
+      continue;
+    uint64_t now = monotonic_ms ();
+    if (client->line_started_ms
+        && now >= client->line_started_ms + CONTROL_LINE_DEADLINE_MS) {
+      /* The rest of the line may have come while this thread was busy
+       * with another client's command: take it before judging.
+       */
+      if (!client_read (client)) {
+        client_close (client);
+        continue;
+      }
+      if (!client->on_worker && client->line_started_ms
+          && now >= client->line_started_ms + CONTROL_LINE_DEADLINE_MS) {
+        ssize_t sent = send (client->fd, too_slow, sizeof too_slow - 1,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void) sent;
+        client_close (client);
+        continue;
+      }
+    }
+    if (client->fd == -1 || client->on_worker)
+      continue;
+    if (now >= client->last_heard_ms + CONTROL_IDLE_MS) {
+      client_close (client);
+      continue;
+    }
+    if (client->last_heard_ms + CONTROL_IDLE_MS < next)
+      next = client->last_heard_ms + CONTROL_IDLE_MS;
+    if (client->line_started_ms
+        && client->line_started_ms + CONTROL_LINE_DEADLINE_MS < next)
+      next = client->line_started_ms + CONTROL_LINE_DEADLINE_MS;
+  }
+  uint64_t now = monotonic_ms ();
+  return next > now ? (int) (next - now) : 0;
+}
+
 /* One thread serves every client: it waits for any of them to send, runs
  * the lines that came, and closes clients that hang up, stay silent for
- * CONTROL_IDLE_MS, or do not read their replies (client_send).  A
- * silent or stuck client never holds up the others for long, and the
- * wake pipe stops the thread in any wait.
+ * CONTROL_IDLE_MS, trickle a line for CONTROL_LINE_DEADLINE_MS, or do
+ * not read their replies (client_send).  A command that may wait for the
+ * backing store goes to the worker, whose end the thread hears on
+ * worker_done_pipe.  A silent or stuck client never holds up the others
+ * for long, and the wake pipe stops the thread in any wait.
  */
 static void *
 control_main (void *arg)
@@ -758,28 +1018,29 @@ control_main (void *arg)
   for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
     clients[i].fd = -1;
   for (;;) {
-    struct pollfd fds[2 + CONTROL_CLIENTS_MAX];
+    int timeout_ms = clients_expire ();
+    struct pollfd fds[3 + CONTROL_CLIENTS_MAX];
     struct client *polled[CONTROL_CLIENTS_MAX];
-    nfds_t count = 2;
+    nfds_t count = 3;
     fds[0] = (struct pollfd) { .fd = wake_pipe[0], .events = POLLIN };
     fds[1] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
+    fds[2] = (struct pollfd) { .fd = worker_done_pipe[0], .events = POLLIN };
+    /* The worker's client is the worker's to watch (keep_going). */
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
-      if (clients[i].fd != -1) {
-        polled[count - 2] = &clients[i];
+      if (clients[i].fd != -1 && !clients[i].on_worker) {
+        polled[count - 3] = &clients[i];
         fds[count++] = (struct pollfd) { .fd = clients[i].fd, .events = POLLIN };
       }
-    int ready = poll (fds, count, 1000);
+    int ready = poll (fds, count, timeout_ms);
     if (ready == -1 && errno != EINTR)
       break;
     if (ready > 0 && fds[0].revents)
       break;                    /* stopping */
-    for (nfds_t k = 2; ready > 0 && k < count; k++)
-      if (fds[k].revents && !client_read (polled[k - 2]))
-        client_close (polled[k - 2]);
-    uint64_t now = monotonic_ms ();
-    for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
-      if (clients[i].fd != -1 && now - clients[i].last_heard_ms > CONTROL_IDLE_MS)
-        client_close (&clients[i]);
+    if (ready > 0 && fds[2].revents)
+      worker_finish ();
+    for (nfds_t k = 3; ready > 0 && k < count; k++)
+      if (fds[k].revents && !client_read (polled[k - 3]))
+        client_close (polled[k - 3]);
     if (ready > 0 && fds[1].revents) {
       int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd != -1)
@@ -794,6 +1055,11 @@ control_main (void *arg)
       }
     }
   }
+  /* control_stop told the worker to stop and cut its backing I/O short:
+   * it ends within a backing request's cancellation.
+   */
+  if (job.client)
+    worker_join ();
   for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
     if (clients[i].fd != -1)
       client_close (&clients[i]);
@@ -807,7 +1073,9 @@ control_start (struct block_store *the_store, const struct control_info *the_inf
     return 0;
   store = the_store;
   info = *the_info;
-  if (pipe2 (wake_pipe, O_CLOEXEC) == -1)
+  atomic_store (&stopping, false);
+  if (pipe2 (wake_pipe, O_CLOEXEC) == -1
+      || pipe2 (worker_done_pipe, O_CLOEXEC) == -1)
     return -1;
   int err = pthread_create (&thread, NULL, control_main, NULL);
   if (err) {
@@ -823,17 +1091,32 @@ void
 control_stop (void)
 {
   if (running) {
+    /* A command on the worker stops at its next keep_going question;
+     * one inside a backing request (a wedged store: up to
+     * backing_timeout, and a writeback makes many) is cut short.
+     */
+    pthread_mutex_lock (&worker_lock);
+    atomic_store (&stopping, true);
+    bool cancel = worker_running;
+    pthread_mutex_unlock (&worker_lock);
+    if (cancel)
+      store_cancel_backing_io (store);
     char byte = 0;
     ssize_t written = write (wake_pipe[1], &byte, 1);
     (void) written;
     pthread_join (thread, NULL);
     running = false;
   }
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 2; i++) {
     if (wake_pipe[i] != -1) {
       close (wake_pipe[i]);
       wake_pipe[i] = -1;
     }
+    if (worker_done_pipe[i] != -1) {
+      close (worker_done_pipe[i]);
+      worker_done_pipe[i] = -1;
+    }
+  }
   if (listen_fd != -1) {
     close (listen_fd);
     listen_fd = -1;

@@ -16,19 +16,34 @@
  *   mem_used_max 0         restart the high-water mark
  *   block_state START COUNT   zram's debugfs block_state lines
  *   recompress type=... [threshold=] [max_pages=] [algo=|priority=]
+ *   pack [type=idle] [max_pages=N] | dissolve PERCENT   cold packing
+ *   writeback TYPE [max_pages=N]   write blocks back (on the worker)
+ *   writeback_limit [SIZE|off]     (setting it: on the worker)
+ *   metrics                the metrics file's text
  *   help
  *
  * THREADS.  One control thread (started in .after_fork, stopped in
  * .cleanup) serves up to 8 clients at once, beside nbdkit's threads:
- * commands use the store's thread-safe calls only.  No client can wedge
- * it: sockets are non-blocking; a client silent for 60 s is closed, and
- * when all 8 places are taken a new client takes the place of one silent
- * for a second or more, else it is told "too many" and closed; a reply
- * its client reads nothing of for 2 s drops the client (the command's
- * effect stays; the log says so); every wait also watches the wake pipe,
- * so control_stop returns within a poll.  A command that walks the
- * device stops early when its client hangs up.  Client bytes never reach
- * the server's log.
+ * commands use the store's thread-safe calls only.  A command that may
+ * wait for the backing store (writeback, and writeback_limit SIZE|off,
+ * which waits for a writeback run) runs on a worker thread instead, one
+ * at a time: the control thread goes on serving the other clients, a
+ * second such command meanwhile is answered "error: busy: ...", and the
+ * issuing client gets its reply when the worker is done (its next lines
+ * wait till then).
+ *
+ * No client can wedge the channel: sockets are non-blocking; a client
+ * silent for 60 s is closed, and so is one that does not finish a line
+ * within 2 s of its first byte; when all 8 places are taken a new client
+ * takes the place of the one that has gone longest without finishing a
+ * line (never the one whose command is on the worker); a reply its
+ * client reads nothing of for 2 s drops the client (the command's effect
+ * stays; the log says so); every wait also watches the wake pipe.  A
+ * command that walks the device stops early when its client hangs up.
+ * control_stop returns within about a second even while the worker is
+ * inside a backing request: it tells the worker to stop and cuts the
+ * backing I/O short (store_cancel_backing_io), then joins it.  Client
+ * bytes never reach the server's log.
  */
 #ifndef ZRAM_CONTROL_H
 #define ZRAM_CONTROL_H

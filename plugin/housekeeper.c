@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "housekeeper.h"
+#include "block-store-internal.h"   /* store_decode_cache_sweep */
 #include "monotonic.h"
 #include "stats-file.h"
 
@@ -143,8 +144,14 @@ static void
 housekeeping_round (bool last)
 {
   store_flush (store);          /* first: pending frees are waste too */
-  if (!last)
+  /* The decode cache is charged to mem_limit and serves runs of reads:
+   * a slot not read for a round goes (kept in swap mode), and one left
+   * holding no unit goes in any case.
+   */
+  if (!last) {
+    store_decode_cache_sweep (store);
     policy_round ();
+  }
   if (compact_threshold >= 0)
     compact_if_wasteful ();
   /* Swap mode's reserve: kept while the store holds data, given back

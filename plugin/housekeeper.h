@@ -1,15 +1,18 @@
 /* The housekeeper: one background thread that, every second, frees the
  * block table's empty leaves and drains the allocator's deferred frees
  * and resident free pages (store_flush), so memory comes back within a
- * second of being freed even when no request arrives, compacts the pool
- * when enough of it is waste (compact=auto), runs the automatic idle and
+ * second of being freed even when no request arrives, frees the decode
+ * cache's slots not read since the last round (store_decode_cache_sweep;
+ * kept in swap mode), compacts the pool when enough of it is waste
+ * (compact=auto), runs the automatic idle and
  * recompression policy (housekeeper_set_policy), tops up the swap reserve
  * (swap mode), then rewrites the stats= file when there is one.  A
  * request that finds the reserve below half wakes it early
  * (housekeeper_wake).
  *
  * Threads do not survive nbdkit's fork: start it in .after_fork, stop it
- * in .cleanup (design-hazards.md #8).
+ * in .cleanup (a thread started in .config_complete is lost when
+ * nbdkit forks into the background).
  */
 
 #ifndef ZRAM_HOUSEKEEPER_H

@@ -128,6 +128,16 @@ static const struct field_metric fields[] = {
     "NBD backing requests past their deadline (backing_timeout)." },
   { "nbdkit_zram_backing_corrupt_total", COUNTER, STORE (backing_corrupt), 0,
     "Written-back blocks whose checksum did not match." },
+  { "nbdkit_zram_backing_abandoned_total", COUNTER, STORE (backing_abandoned), 0,
+    "Backing writes and trims given up on after they were sent." },
+  { "nbdkit_zram_backing_quarantined_bytes", GAUGE,
+    STORE (backing_quarantined_bytes), 0,
+    "Bytes of the backing store kept from reuse: abandoned requests may land there." },
+  { "nbdkit_zram_backing_errors_nospace_total", COUNTER,
+    STORE (backing_errors_nospace), 0,
+    "Backing requests refused for space (the store is full)." },
+  { "nbdkit_zram_backing_errors_io_total", COUNTER, STORE (backing_errors_io), 0,
+    "Backing requests that failed otherwise (I/O errors, timeouts)." },
 };
 
 int

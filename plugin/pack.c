@@ -77,9 +77,11 @@ unit_decode_prefix (struct block_store *store, const struct pack_unit *unit,
 }
 
 /* A cache slot's data, made (and charged to the pool) on first use.
- * The slot (in the store's array) owns it until decode_cache_trim or
- * store_destroy frees it: gcc's analyzer cannot follow a pointer stored
- * in an array element, so its leak check is off here.
+ * The slot (in the store's array) owns it until cache_slot_free (its
+ * unit went, a decode into it failed, decode_cache_trim,
+ * store_decode_cache_sweep) or store_destroy frees it: gcc's analyzer
+ * cannot follow a pointer stored in an array element, so its leak check
+ * is off here.
  */
 #if __GNUC__ >= 10 && !defined (__clang__)
 #pragma GCC diagnostic push
@@ -104,6 +106,26 @@ cache_slot_make (struct block_store *store, struct unit_cache *slot)
 #pragma GCC diagnostic pop
 #endif
 
+/* Empty a slot (its lock held) and give its data back: the bytes freed.
+ * errno is kept (a failed decode's).
+ */
+static size_t
+cache_slot_free (struct block_store *store, struct unit_cache *slot)
+{
+  atomic_store (&slot->id, 0);
+  slot->blocks = 0;
+  if (!slot->data)
+    return 0;
+  int err = errno;
+  size_t bytes = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+  free (slot->data);
+  slot->data = NULL;
+  zs_pool_discharge (store->pool, bytes);
+  counter_add (&store->decode_cache_bytes, -(int64_t) bytes);
+  errno = err;
+  return bytes;
+}
+
 static void
 atomic_raise (_Atomic unsigned *value, unsigned to)
 {
@@ -112,20 +134,30 @@ atomic_raise (_Atomic unsigned *value, unsigned to)
     ;
 }
 
+/* The two places of the cache where unit id may be kept. */
+static void
+cache_places (struct block_store *store, uint64_t id,
+              struct unit_cache *place[2])
+{
+  unsigned n = store->unit_cache_count;
+  place[0] = &store->unit_cache[(id * 0x9E3779B97F4A7C15u >> 32) % n];
+  place[1] = &store->unit_cache[(place[0] - store->unit_cache + 1) % n];
+}
+
 /* The cache slot for unit id, locked: the one of its two places that
  * holds the unit or is decoding it (waiting for that decode, after
  * asking it to go on through block through), else the least recently
  * used of them that is free (made to hold nothing of the unit yet: the
- * caller decodes into it).  NULL if both hold other units and are busy:
- * a reader never waits for another unit's decode.
+ * caller decodes into it); with make false, only one whose data is made
+ * already (no memory is taken).  NULL if there is none: a reader never
+ * waits for another unit's decode.
  */
 static struct unit_cache *
-cache_slot_lock (struct block_store *store, uint64_t id, unsigned through)
+cache_slot_lock (struct block_store *store, uint64_t id, unsigned through,
+                 bool make)
 {
-  unsigned n = store->unit_cache_count;
   struct unit_cache *place[2];
-  place[0] = &store->unit_cache[(id * 0x9E3779B97F4A7C15u >> 32) % n];
-  place[1] = &store->unit_cache[(place[0] - store->unit_cache + 1) % n];
+  cache_places (store, id, place);
   for (unsigned i = 0; i < 2; i++)
     if (atomic_load (&place[i]->id) == id) {
       atomic_raise (&place[i]->wanted, through);
@@ -142,6 +174,10 @@ cache_slot_lock (struct block_store *store, uint64_t id, unsigned through)
   for (unsigned i = 0; i < 2; i++)
     if (pthread_mutex_trylock (&place[i]->lock) == 0) {
       if (atomic_load (&place[i]->id) != id) {
+        if (!make && !place[i]->data) {
+          pthread_mutex_unlock (&place[i]->lock);
+          continue;
+        }
         place[i]->blocks = 0;
         atomic_store (&place[i]->wanted, through);
         atomic_store (&place[i]->id, id);
@@ -149,6 +185,62 @@ cache_slot_lock (struct block_store *store, uint64_t id, unsigned through)
       return place[i];
     }
   return NULL;
+}
+
+/* Block index of unit out of a slot locked for it (cache_slot_lock,
+ * its data made), decoding the unit through block through first if the
+ * slot does not hold the block yet; the slot unlocked on return.  A
+ * decode that fails empties the slot.  counted: a read (the hit and
+ * miss counters count reads).
+ */
+static int
+cache_slot_read (struct block_store *store, struct unit_cache *slot,
+                 const struct pack_unit *unit, unsigned index,
+                 unsigned through, unsigned char *block, bool counted)
+{
+  int r = 0;
+  if (index < slot->blocks) {
+    if (counted)
+      counter_add (&store->decode_cache_hits, 1);
+  }
+  else {
+    if (counted)
+      counter_add (&store->decode_cache_misses, 1);
+    /* Past a prefix decoded already: reads go through the unit. */
+    if (slot->blocks > 0)
+      through = unit->count;
+    slot->blocks = 0;
+    if ((r = unit_decode_prefix (store, unit, through, &slot->wanted,
+                                 slot->data)) >= 0) {
+      slot->blocks = r;
+      r = 0;
+    }
+    else
+      cache_slot_free (store, slot);
+  }
+  if (r == 0)
+    memcpy (block, slot->data + (size_t) index * STORE_BLOCK_SIZE,
+            STORE_BLOCK_SIZE);
+  atomic_store (&slot->used, atomic_fetch_add (&store->unit_cache_clock, 1));
+  pthread_mutex_unlock (&slot->lock);
+  return r;
+}
+
+/* Block index of unit decoded into a buffer of the caller's alone. */
+static int
+unit_decode_alone (struct block_store *store, const struct pack_unit *unit,
+                   unsigned index, unsigned char *block)
+{
+  unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
+  if (!data)
+    return -1;
+  int r = unit_decode_prefix (store, unit, index + 1, NULL, data);
+  if (r >= 0) {
+    memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
+    r = 0;
+  }
+  free (data);
+  return r;
 }
 
 /* One block of a unit (and, ahead, how many of the blocks after it the
@@ -168,73 +260,99 @@ unit_decode (struct block_store *store, const struct block_content *content,
   unsigned index = content->value & UNIT_INDEX_MASK;
   unsigned through = ahead < unit->count - index ? index + 1 + ahead
     : unit->count;
-  int r = 0;
 
-  struct unit_cache *slot = cache_slot_lock (store, unit->id, through);
+  struct unit_cache *slot = cache_slot_lock (store, unit->id, through, true);
   if (slot && !cache_slot_make (store, slot)) {
     atomic_store (&slot->id, 0);
     pthread_mutex_unlock (&slot->lock);
     slot = NULL;
   }
-  if (slot) {
-    if (index < slot->blocks)
-      counter_add (&store->decode_cache_hits, 1);
-    else {
-      counter_add (&store->decode_cache_misses, 1);
-      /* Past a prefix decoded already: reads go through the unit. */
-      if (slot->blocks > 0)
-        through = unit->count;
-      slot->blocks = 0;
-      if ((r = unit_decode_prefix (store, unit, through, &slot->wanted,
-                                   slot->data)) >= 0) {
-        slot->blocks = r;
-        r = 0;
-      }
-      else
-        atomic_store (&slot->id, 0);
-    }
-    if (r == 0)
-      memcpy (block, slot->data + (size_t) index * STORE_BLOCK_SIZE,
-              STORE_BLOCK_SIZE);
-    atomic_store (&slot->used, atomic_fetch_add (&store->unit_cache_clock, 1));
-    pthread_mutex_unlock (&slot->lock);
-    return r;
-  }
+  if (slot)
+    return cache_slot_read (store, slot, unit, index, through, block, true);
   /* Both places busy with other units, or no memory for a slot: decode
    * for this read alone.
    */
   counter_add (&store->decode_cache_misses, 1);
-  unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
-  if (!data)
-    return -1;
-  if ((r = unit_decode_prefix (store, unit, index + 1, NULL, data)) >= 0) {
-    memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
-    r = 0;
+  return unit_decode_alone (store, unit, index, block);
+}
+
+/* Writeback's decode: see block-store-internal.h.  Through a slot that
+ * holds the unit, or one of its places whose memory is made and free
+ * (writeback goes through a unit's blocks in order: the whole unit is
+ * decoded there once), else alone.
+ */
+int
+unit_decode_uncached (struct block_store *store,
+                      const struct block_content *content,
+                      unsigned char *block)
+{
+  const struct pack_unit *unit = content_unit (content);
+  unsigned index = content->value & UNIT_INDEX_MASK;
+  struct unit_cache *slot = cache_slot_lock (store, unit->id, unit->count,
+                                             false);
+  if (slot && !slot->data) {    /* held the unit with no data: not kept */
+    atomic_store (&slot->id, 0);
+    pthread_mutex_unlock (&slot->lock);
+    slot = NULL;
   }
-  free (data);
-  return r;
+  if (slot)
+    return cache_slot_read (store, slot, unit, index, unit->count, block,
+                            false);
+  return unit_decode_alone (store, unit, index, block);
 }
 
 size_t
 decode_cache_trim (struct block_store *store)
 {
-  size_t bytes = (size_t) store->pack_blocks * STORE_BLOCK_SIZE, freed = 0;
+  size_t freed = 0;
   for (unsigned i = 0; i < store->unit_cache_count; i++) {
     struct unit_cache *slot = &store->unit_cache[i];
     if (pthread_mutex_trylock (&slot->lock) != 0)
       continue;                 /* in use: next time */
-    if (slot->data) {
-      free (slot->data);
-      slot->data = NULL;
-      slot->blocks = 0;
-      atomic_store (&slot->id, 0);
-      zs_pool_discharge (store->pool, bytes);
-      counter_add (&store->decode_cache_bytes, -(int64_t) bytes);
-      freed += bytes;
-    }
+    freed += cache_slot_free (store, slot);
     pthread_mutex_unlock (&slot->lock);
   }
   return freed;
+}
+
+size_t
+store_decode_cache_sweep (struct block_store *store)
+{
+  uint64_t since = atomic_exchange (&store->unit_cache_swept,
+                                    atomic_load (&store->unit_cache_clock));
+  bool idle_too = !atomic_load (&store->keep_resident);
+  size_t freed = 0;
+  for (unsigned i = 0; i < store->unit_cache_count; i++) {
+    struct unit_cache *slot = &store->unit_cache[i];
+    if (pthread_mutex_trylock (&slot->lock) != 0)
+      continue;                 /* being read: not idle */
+    if (slot->data
+        && (atomic_load (&slot->id) == 0
+            || (idle_too && atomic_load (&slot->used) < since)))
+      freed += cache_slot_free (store, slot);
+    pthread_mutex_unlock (&slot->lock);
+  }
+  return freed;
+}
+
+/* A unit going: its slots are freed, so that the cache keeps (and
+ * mem_limit counts) live units only.  Its lock is waited for: once the
+ * unit's last reference went no read or move can use the unit, so a
+ * holder is decoding another unit (or trimming) and waits for nothing
+ * of ours.
+ */
+static void
+cache_forget (struct block_store *store, uint64_t id)
+{
+  struct unit_cache *place[2];
+  cache_places (store, id, place);
+  for (unsigned i = 0; i < 2; i++)
+    if (atomic_load (&place[i]->id) == id) {
+      pthread_mutex_lock (&place[i]->lock);
+      if (atomic_load (&place[i]->id) == id)
+        cache_slot_free (store, place[i]);
+      pthread_mutex_unlock (&place[i]->lock);
+    }
 }
 
 /* Free a unit: its last block moved out. */
@@ -254,6 +372,7 @@ unit_destroy (struct block_store *store, struct pack_unit *unit)
   counter_add (&store->compr_bytes, -(int64_t) unit->length);
   counter_add (&store->pack_units, -1);
   zs_pool_discharge (store->pool, unit_bytes (unit->parts, unit->count));
+  cache_forget (store, unit->id);
   free (unit);
 }
 

@@ -168,6 +168,10 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   FIELD (backing_reconnects);
   FIELD (backing_timeouts);
   FIELD (backing_corrupt);
+  FIELD (backing_abandoned);
+  FIELD (backing_quarantined_bytes);
+  FIELD (backing_errors_nospace);
+  FIELD (backing_errors_io);
 #undef FIELD
   if (s.writeback_limit_left != UINT64_MAX)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
@@ -210,6 +214,18 @@ temporary_create (const char *path, char **temporary)
 int
 stats_file_check (const char *path)
 {
+  /* Each write renames a new file over path: a directory there refuses
+   * every rename (EISDIR, so the file would never be written), and a
+   * FIFO, socket or device would be replaced by a plain file, which is
+   * not what whoever named it meant.  A regular file, or a symbolic
+   * link (replaced, never followed), is fine; so is nothing.
+   */
+  struct stat st;
+  if (lstat (path, &st) == 0
+      && !S_ISREG (st.st_mode) && !S_ISLNK (st.st_mode)) {
+    errno = S_ISDIR (st.st_mode) ? EISDIR : EEXIST;
+    return -1;
+  }
   char *temporary;
   FILE *fp = temporary_create (path, &temporary);
   if (!fp)

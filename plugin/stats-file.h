@@ -43,7 +43,9 @@ extern void stats_print_sample (const struct stats_sample *sample, FILE *fp);
 extern int stats_print_zram_file (struct block_store *store, const char *name,
                                   FILE *fp);
 /* Whether a file can be written at path (a file beside it can be
- * created): 0, or -1 with errno.
+ * created, and what is at path, if anything, is a regular file or a
+ * symbolic link): 0, or -1 with errno (EISDIR: a directory; EEXIST:
+ * another kind of file, such as a FIFO, a socket or a device).
  */
 extern int stats_file_check (const char *path);
 /* Write the stats file and the metrics file (either path may be NULL)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "block-store-internal.h"
+#include "monotonic.h"
 
 /* ... and each writeback for a write refused for memory aims this far
  * below what the pool holds.
@@ -51,6 +52,8 @@ struct writeback_run {
   struct store_writeback_result *result;
   bool (*keep_going) (void *opaque);
   void *opaque;
+  uint64_t deadline_ms;           /* monotonic; 0: none.  No backing
+                                     request waits past it */
 };
 
 /* Blocks rewritten in place at the memory limit (BLOCK_COMPRESSED_PADDED)
@@ -107,13 +110,14 @@ sectors_bytes (size_t bytes)
 static unsigned
 writeback_write (struct block_store *store, struct writeback_member *members,
                  unsigned count, const unsigned char *buffer, size_t at,
-                 struct store_writeback_result *result)
+                 uint64_t deadline_ms, struct store_writeback_result *result)
 {
   int64_t offset = backing_allocate (store->backing, at);
   if (offset != -1) {
-    if (backing_write (store->backing, buffer, at, offset) == -1) {
+    if (backing_write (store->backing, buffer, at, offset, deadline_ms) == -1) {
       backing_release (store->backing, offset, at);
       result->failed = true;
+      result->backing_full = errno == ENOSPC;
       return 0;
     }
     for (unsigned i = 0; i < count; i++) {
@@ -130,9 +134,10 @@ writeback_write (struct block_store *store, struct writeback_member *members,
       return i;
     }
     if (backing_write (store->backing, buffer + members[i].at, bytes,
-                       offset) == -1) {
+                       offset, deadline_ms) == -1) {
       backing_release (store->backing, offset, bytes);
       result->failed = i == 0;
+      result->backing_full = errno == ENOSPC;
       return i;
     }
     members[i].where = offset;
@@ -144,7 +149,11 @@ writeback_write (struct block_store *store, struct writeback_member *members,
 
 /* Copy a claimed block's compressed bytes to out (under its stripe
  * lock): its object's bytes, or a packed block compressed alone with
- * codecs[0].  Their length, or -1.
+ * codecs[0].  Their length, or -1.  A packed block is decoded without
+ * filling the decode cache (unit_decode_uncached): slots made here would
+ * be charged to the pool that this writeback is to make room in, and
+ * left holding units that go with their last block.  Its zeroed overlay
+ * stays in the entry.
  */
 static int
 writeback_copy (struct block_store *store, const struct block_content *claimed,
@@ -152,10 +161,8 @@ writeback_copy (struct block_store *store, const struct block_content *claimed,
 {
   if (claimed->kind == BLOCK_PACKED) {
     unsigned char plain[STORE_BLOCK_SIZE];
-    struct block_content stored = *claimed;
-    stored.zeroed = 0;          /* the overlay stays in the entry */
     *flags = 0;
-    if (block_decode (store, &stored, plain) == -1)
+    if (unit_decode_uncached (store, claimed, plain) == -1)
       return -1;
     return block_compress (store, plain, out);
   }
@@ -231,11 +238,12 @@ writeback_group (struct writeback_run *run, const uint64_t *blocks, unsigned n)
     return -1;
   }
 
-  unsigned written = writeback_write (store, members, count, buffer, at, result);
+  unsigned written = writeback_write (store, members, count, buffer, at,
+                                     run->deadline_ms, result);
   writeback_unclaim (store, members + written, count - written);
   /* Durable before any RAM copy goes (unless backing_sync=false). */
   if (written > 0 && store->backing_sync
-      && backing_sync (store->backing) == -1) {
+      && backing_sync (store->backing, run->deadline_ms) == -1) {
     for (unsigned i = 0; i < written; i++)
       backing_release (store->backing, members[i].where,
                        members[i].length);
@@ -276,7 +284,8 @@ writeback_more (void *opaque, unsigned *group)
 {
   struct writeback_run *run = opaque;
   uint64_t max = run->request->max_blocks, done = run->result->blocks;
-  if ((max && done >= max) || (run->keep_going && !run->keep_going (run->opaque)))
+  if ((max && done >= max) || (run->keep_going && !run->keep_going (run->opaque))
+      || (run->deadline_ms && monotonic_ms () >= run->deadline_ms))
     return false;
   if (max && *group > max - done)
     *group = max - done;
@@ -318,12 +327,13 @@ static int
 writeback_pass (struct block_store *store,
                 const struct store_writeback_request *request,
                 bool (*keep_going) (void *opaque), void *opaque,
+                uint64_t deadline_ms,
                 unsigned char *buffer, struct store_writeback_result *result)
 {
   struct writeback_run run = {
     .store = store, .request = request, .now = store_clock (store),
     .buffer = buffer, .result = result, .keep_going = keep_going,
-    .opaque = opaque,
+    .opaque = opaque, .deadline_ms = deadline_ms,
   };
   struct candidates walk = {
     .first = request->first, .last = request->last,
@@ -351,7 +361,8 @@ store_writeback (struct block_store *store,
   if (!buffer)
     return -1;
   pthread_mutex_lock (&store->writeback_lock);
-  int r = writeback_pass (store, request, keep_going, opaque, buffer, result);
+  int r = writeback_pass (store, request, keep_going, opaque, 0, buffer,
+                          result);
   pthread_mutex_unlock (&store->writeback_lock);
   free (buffer);
   zs_pool_flush (store->pool);
@@ -367,11 +378,19 @@ pool_bytes (struct block_store *store)
   return pool.limit_used;
 }
 
-int
-store_writeback_until (struct block_store *store, uint64_t target,
-                       uint64_t max_blocks,
-                       bool (*keep_going) (void *opaque), void *opaque,
-                       struct store_writeback_result *result)
+/* store_writeback_until, where deadline_ms (monotonic, 0: none) bounds
+ * it all: the wait for writeback_lock (-1 with errno ETIMEDOUT past it)
+ * and every backing request; and slice batches are written back between
+ * looks at the pool (1 for a write that needs room: it gets what it
+ * needs and one batch more at most; 8 for the policy's runs, whose
+ * passes each walk the table).
+ */
+static int
+writeback_until (struct block_store *store, uint64_t target,
+                 uint64_t max_blocks,
+                 bool (*keep_going) (void *opaque), void *opaque,
+                 uint64_t deadline_ms, unsigned slice,
+                 struct store_writeback_result *result)
 {
   memset (result, 0, sizeof *result);
   if (!store->backing) {
@@ -390,9 +409,14 @@ store_writeback_until (struct block_store *store, uint64_t target,
   if (!buffer)
     return -1;
   int r = 0;
-  pthread_mutex_lock (&store->writeback_lock);
+  if (mutex_lock_until (&store->writeback_lock, deadline_ms) != 0) {
+    free (buffer);
+    errno = ETIMEDOUT;
+    return -1;
+  }
   for (unsigned p = 0; p < sizeof passes / sizeof passes[0] && r == 0; p++) {
-    if (pool_bytes (store) <= target)
+    if (pool_bytes (store) <= target
+        || (deadline_ms && monotonic_ms () >= deadline_ms))
       break;
     /* The pool gives pages back only as zspages empty: write back a
      * slice, compact, look again.
@@ -403,16 +427,18 @@ store_writeback_until (struct block_store *store, uint64_t target,
       struct store_writeback_request request = {
         .type = passes[p].type, .min_age = passes[p].min_age,
         .first = 0, .last = UINT64_MAX,
-        .max_blocks = result->blocks + 8 * store->writeback_batch,
+        .max_blocks = result->blocks + slice * store->writeback_batch,
       };
       if (max_blocks && request.max_blocks > max_blocks)
         request.max_blocks = max_blocks;
-      r = writeback_pass (store, &request, keep_going, opaque, buffer, result);
+      r = writeback_pass (store, &request, keep_going, opaque, deadline_ms,
+                          buffer, result);
       zs_compact (store->pool);
     } while (r == 0 && result->blocks > before
              && (!max_blocks || result->blocks < max_blocks)
              && pool_bytes (store) > target
-             && !(keep_going && !keep_going (opaque)));
+             && !(keep_going && !keep_going (opaque))
+             && !(deadline_ms && monotonic_ms () >= deadline_ms));
     if (max_blocks && result->blocks >= max_blocks)
       break;
   }
@@ -421,21 +447,60 @@ store_writeback_until (struct block_store *store, uint64_t target,
   return r;
 }
 
+int
+store_writeback_until (struct block_store *store, uint64_t target,
+                       uint64_t max_blocks,
+                       bool (*keep_going) (void *opaque), void *opaque,
+                       struct store_writeback_result *result)
+{
+  return writeback_until (store, target, max_blocks, keep_going, opaque, 0,
+                          8, result);
+}
+
+/* Why the calling thread's last writeback for room made none (NULL:
+ * nothing to write back, or it made some): for the write's log line.
+ */
+static _Thread_local const char *room_failure;
+
+const char *
+store_room_failure (void)
+{
+  return room_failure;
+}
+
 /* A write refused for memory (errno ENOSPC) with a backing store: write
  * back the coldest blocks, compact, and let the write try again (0) if
- * the pool holds less than before.
- * -1 with errno as it was when there is nothing to gain.  No lock held.
+ * the pool holds less than before.  -1 with errno as it was when there
+ * is nothing to gain, or past *deadline_ms: set to one backing_timeout
+ * from the first call of a write (0 before it), it bounds the write's
+ * whole wait, for writeback_lock and backing requests alike, so that a
+ * wedged backing store costs a write one timeout, not one per attempt.
+ * No lock held.
  */
 int
-writeback_for_room (struct block_store *store)
+writeback_for_room (struct block_store *store, uint64_t *deadline_ms)
 {
   int err = errno;
   if (!store->backing || err != ENOSPC)
     return -1;
+  uint64_t now = monotonic_ms ();
+  if (*deadline_ms == 0) {
+    *deadline_ms = now + backing_timeout_ms (store->backing);
+    room_failure = NULL;
+  }
+  else if (now >= *deadline_ms) {
+    room_failure = "no room made within backing_timeout";
+    return -1;
+  }
   struct store_writeback_result result;
   uint64_t used = pool_bytes (store);
-  store_writeback_until (store, used > WRITEBACK_ROOM ? used - WRITEBACK_ROOM : 0,
-                         0, NULL, NULL, &result);
+  int r = writeback_until (store, used > WRITEBACK_ROOM ? used - WRITEBACK_ROOM : 0,
+                           0, NULL, NULL, *deadline_ms, 1, &result);
+  room_failure = result.backing_full ? "the backing store is full"
+    : result.failed ? "writes to the backing store fail"
+    : result.limited ? "writeback_limit reached"
+    : r == -1 && errno == ETIMEDOUT ? "no room made within backing_timeout"
+    : NULL;
   errno = err;
   /* Room made by this call, or by another writer's while this one
    * waited for writeback_lock: try again.
@@ -447,6 +512,13 @@ bool
 store_has_backing (const struct block_store *store)
 {
   return store->backing != NULL;
+}
+
+void
+store_cancel_backing_io (struct block_store *store)
+{
+  if (store->backing)
+    backing_cancel (store->backing);
 }
 
 int

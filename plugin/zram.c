@@ -58,6 +58,15 @@ static unsigned backing_timeout = 30;
 static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
 static struct block_store *store;
 
+/* The backing store's own failures (backing.h, ERRORS: rate-limited
+ * there).
+ */
+static void
+backing_log (const char *line)
+{
+  nbdkit_error ("%s", line);
+}
+
 static void
 zram_load (void)
 {
@@ -439,12 +448,15 @@ zram_config_complete (void)
    * not never.
    */
   if (stats_path && stats_file_check (stats_path) == -1) {
-    nbdkit_error ("stats: cannot write '%s': %s", stats_path, error_text (errno));
+    nbdkit_error ("stats: cannot write '%s': %s", stats_path,
+                  errno == EEXIST ? "it is not a regular file"
+                  : error_text (errno));
     return -1;
   }
   if (metrics_path && stats_file_check (metrics_path) == -1) {
     nbdkit_error ("metrics: cannot write '%s': %s", metrics_path,
-                  error_text (errno));
+                  errno == EEXIST ? "it is not a regular file"
+                  : error_text (errno));
     return -1;
   }
   if (swap_mode_check_config (config.pool.mem_limit) == -1)
@@ -585,6 +597,7 @@ zram_get_ready (void)
       free (error);
       return -1;
     }
+    backing_set_log (config.backing, backing_log);
   }
   store = store_create (&config);
   if (!store) {
@@ -703,6 +716,11 @@ zram_after_fork (void)
 static void
 zram_cleanup (void)
 {
+  /* A writeback in progress (the control channel's, the housekeeper's)
+   * must not hold up the exit on a slow backing store.
+   */
+  if (store)
+    store_cancel_backing_io (store);
   control_stop ();
   swap_full_stop ();
   housekeeper_stop ();
@@ -831,12 +849,22 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
     swap_full_note_refusal ();
   if (unready)
     err = ENOMEM;
-  if (failure_log_allowed ())
-    nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
-                  what, count, offset,
-                  err == ENOSPC ? "out of memory (mem_limit reached)"
-                  : unready ? "no memory ready (swap reserve empty: "
-                  "refilling)" : error_text (err));
+  if (failure_log_allowed ()) {
+    /* At the limit with a backing store: why writeback made no room
+     * (a full or failing store is the store's news, not memory's).
+     */
+    const char *room_failure = err == ENOSPC ? store_room_failure () : NULL;
+    if (err == ENOSPC)
+      nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": out of memory "
+                    "(mem_limit reached%s%s)", what, count, offset,
+                    room_failure ? "; writeback: " : "",
+                    room_failure ? room_failure : "");
+    else
+      nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
+                    what, count, offset,
+                    unready ? "no memory ready (swap reserve empty: "
+                    "refilling)" : error_text (err));
+  }
   nbdkit_set_error (err);
   return -1;
 }

@@ -1219,7 +1219,7 @@ test_destroy_with_live_objects (void **state)
 
 /* A thread that used a pool exits after the pool is destroyed, and no
  * thread's exit runs allocator code: the pool registers no pthread key
- * with a destructor (design-hazards.md #11; nbdkit's connection threads
+ * with a destructor (nbdkit's connection threads
  * exit after the plugin is unloaded).
  */
 struct late_exit {

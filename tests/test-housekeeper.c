@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "housekeeper.h"
+#include "block-store-internal.h"   /* store_decode_cache_sweep */
 #include "stats-file.h"
 
 /* The wall clock, as the code under test sees it: an hour ahead. */
@@ -43,6 +44,18 @@ store_flush (struct block_store *store)
 }
 
 static atomic_int stats_writes;
+
+/* The decode cache's sweep: counted, and which round it came in. */
+static atomic_int sweeps, sweeps_out_of_round;
+
+size_t
+store_decode_cache_sweep (struct block_store *store)
+{
+  atomic_fetch_add (&sweeps, 1);
+  if (atomic_load (&rounds) == 0)
+    atomic_fetch_add (&sweeps_out_of_round, 1);  /* before store_flush */
+  return 0;
+}
 
 /* Compaction is not under test here: a pool with nothing to free. */
 uint64_t
@@ -298,6 +311,30 @@ test_stuck_stats_write_keeps_refills (void **state)
   housekeeper_set_policy (&policy);
 }
 
+/* Every round but housekeeper_stop's last one sweeps the decode cache,
+ * after its flush: a slot whose unit went, or that no read used for a
+ * round, is freed within a round (pack.c).
+ */
+static void
+test_rounds_sweep_decode_cache (void **state)
+{
+  (void) state;
+  struct housekeeper_policy policy = { 0 };
+  housekeeper_set_policy (&policy);
+  atomic_store (&rounds, 0);
+  atomic_store (&sweeps, 0);
+  atomic_store (&sweeps_out_of_round, 0);
+  assert_int_equal (housekeeper_start (NULL, NULL, NULL, -1), 0);
+  for (int i = 0; i < 60 && atomic_load (&sweeps) < 3; i++)
+    usleep (100000);
+  housekeeper_stop ();
+  print_message ("%d rounds, %d decode cache sweeps\n", atomic_load (&rounds),
+                 atomic_load (&sweeps));
+  assert_true (atomic_load (&sweeps) >= 3);
+  assert_int_equal (atomic_load (&sweeps), atomic_load (&rounds) - 1);
+  assert_int_equal (atomic_load (&sweeps_out_of_round), 0);
+}
+
 int
 main (void)
 {
@@ -306,6 +343,7 @@ main (void)
     cmocka_unit_test (test_wake_refills_between_rounds),
     cmocka_unit_test (test_reserve_always),
     cmocka_unit_test (test_stuck_stats_write_keeps_refills),
+    cmocka_unit_test (test_rounds_sweep_decode_cache),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

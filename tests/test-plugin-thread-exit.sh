@@ -2,7 +2,7 @@
 # nbdkit serves each request on the connection's own thread with -t 1 (or
 # under a filter that serialises requests), and that detached thread may
 # exit after nbdkit has unloaded the plugin.  Nothing of the plugin may
-# run then (design-hazards.md #11): 30 rounds of connect, write, read,
+# run then: 30 rounds of connect, write, read,
 # disconnect and server shutdown, the connection thread slowed with nice
 # so that it exits late, must all end cleanly - exit status 0, no signal,
 # no sanitizer report.  Before the store owned every per-thread record,

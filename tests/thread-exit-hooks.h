@@ -3,7 +3,7 @@
  * The allocator and the block store must register none (no pthread key
  * with a destructor): nbdkit's detached connection threads exit after
  * the plugin is unloaded, and a destructor pointing into plugin code, or
- * at a destroyed pool, crashes them (design-hazards.md #11).  Test
+ * at a destroyed pool, crashes them.  Test
  * programs that include this are linked with
  * -Wl,--wrap=pthread_key_create, so that every key the code under test
  * creates is counted here.
