@@ -15,6 +15,9 @@
 #                       stdin in nbdsh against it (h is connected)
 #   fail MESSAGE        print and exit 1
 #   cleanup_add CMD     run CMD (eval'd) at exit, before $tmp is removed
+#   remote_start ARGS... a second nbdkit (ARGS: its plugin and parameters)
+#                       serving an NBD export at $tmp/remote.sock, for a
+#                       backing store; remote_stop stops it (done at exit)
 
 set -euo pipefail
 
@@ -86,6 +89,26 @@ _cleanup ()
     exit "$rc"
 }
 trap _cleanup EXIT
+
+# ---- a remote NBD export (a backing store) -------------------------------
+# The remote runs without the sanitizers' preload: it is not under test.
+# Its stderr accumulates in $tmp/remote.log.
+remote_start ()
+{
+    rm -f "$tmp/remote.sock" "$tmp/remote.pid"
+    env -u LD_PRELOAD "$NBDKIT" -U "$tmp/remote.sock" -P "$tmp/remote.pid" \
+        "$@" 2>>"$tmp/remote.log"
+    for _ in $(seq 100); do [ -s "$tmp/remote.pid" ] && return 0; sleep 0.1; done
+    fail "the remote nbdkit did not start: $(cat "$tmp/remote.log")"
+}
+remote_stop ()
+{
+    if [ -s "$tmp/remote.pid" ]; then
+        kill "$(cat "$tmp/remote.pid")" 2>/dev/null || :
+        rm -f "$tmp/remote.pid"
+    fi
+}
+cleanup_add remote_stop
 trap 'exit 130' INT
 trap 'exit 143' TERM
 

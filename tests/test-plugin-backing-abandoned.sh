@@ -21,25 +21,8 @@ set -euo pipefail
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3 fallocate
 
-remote_start ()
-{
-    rm -f "$tmp/remote.sock" "$tmp/remote.pid"
-    env -u LD_PRELOAD "$NBDKIT" -U "$tmp/remote.sock" -P "$tmp/remote.pid" \
-        "$@" 2>"$tmp/remote.log"
-    for _ in $(seq 100); do [ -s "$tmp/remote.pid" ] && return 0; sleep 0.1; done
-    fail "the remote nbdkit did not start: $(cat "$tmp/remote.log")"
-}
-remote_stop ()
-{
-    if [ -s "$tmp/remote.pid" ]; then
-        kill "$(cat "$tmp/remote.pid")" 2>/dev/null || :
-        rm -f "$tmp/remote.pid"
-    fi
-}
-cleanup_add remote_stop
-
-# An export over $tmp/remote.img: SLOW_WRITE=1 makes its first write
-# take 4 s, SLOW_TRIM=1 every trim.  Each request runs in its own thread
+# eval_export SIZE SLOW_WRITE SLOW_TRIM: an export over $tmp/remote.img
+# whose first write takes 4 s (SLOW_WRITE 1), and every trim (SLOW_TRIM 1).  Each request runs in its own thread
 # (parallel), as a real server's would: a slow one does not hold up the
 # others, and a closed connection's request still runs to its end.
 eval_export ()

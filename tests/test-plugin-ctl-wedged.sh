@@ -17,19 +17,6 @@ set -euo pipefail
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3
 
-remote_start ()
-{
-    rm -f "$tmp/remote.sock" "$tmp/remote.pid"
-    env -u LD_PRELOAD "$NBDKIT" -U "$tmp/remote.sock" -P "$tmp/remote.pid" \
-        "$@" 2>"$tmp/remote.log"
-    for _ in $(seq 100); do [ -s "$tmp/remote.pid" ] && return 0; sleep 0.1; done
-    fail "the remote nbdkit did not start: $(cat "$tmp/remote.log")"
-}
-remote_stop ()
-{
-    [ -s "$tmp/remote.pid" ] && kill "$(cat "$tmp/remote.pid")" 2>/dev/null || :
-}
-cleanup_add remote_stop
 server_stop ()
 {
     [ -s "$tmp/server.pid" ] && kill -9 "$(cat "$tmp/server.pid")" 2>/dev/null || :

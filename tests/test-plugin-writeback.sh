@@ -155,21 +155,6 @@ zram_nbdkit -U - "$PLUGIN" 16M backing="$tmp/backing" ctl="$tmp/ctl1" \
     fail "writeback to a file"
 [ -f "$tmp/backing" ] || fail "backing=: the file was not created"
 
-# ---- a remote NBD export ---------------------------------------------------
-# The remote runs without the sanitizers' preload: it is not under test.
-remote_start ()
-{
-    rm -f "$tmp/remote.sock" "$tmp/remote.pid"
-    env -u LD_PRELOAD "$NBDKIT" -U "$tmp/remote.sock" -P "$tmp/remote.pid" \
-        "$@" 2>>"$tmp/remote.log"
-    for _ in $(seq 100); do [ -s "$tmp/remote.pid" ] && return 0; sleep 0.1; done
-    fail "the remote nbdkit did not start: $(cat "$tmp/remote.log")"
-}
-remote_stop ()
-{
-    [ -s "$tmp/remote.pid" ] && kill "$(cat "$tmp/remote.pid")" 2>/dev/null || :
-}
-cleanup_add remote_stop
 truncate -s 64M "$tmp/remote.img"
 remote_cmd=(file "$tmp/remote.img")
 remote_start "${remote_cmd[@]}"
