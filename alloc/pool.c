@@ -103,13 +103,15 @@ zs_pool_destroy (struct zs_pool *pool)
 
 /* Add to the limit account (bytes, and zspages in transit in the high
  * bits) with one compare-and-swap, unless the bytes would exceed the
- * limit less leave: false then, with *seen the account that refused them.  The
- * check and the swap are made under limit_lock (read), so that the limit
- * does not change between them (MEMORY LIMIT).
+ * limit adjusted by room (less: what the caller leaves free; more: the
+ * open reserve's pages, reserve_open_room): false then, with *seen the
+ * account that refused them.  The check and the swap are made under
+ * limit_lock (read), so that the limit does not change between them
+ * (MEMORY LIMIT).
  */
 static bool
-limit_add_leaving (struct zs_pool *pool, uint64_t add, uint64_t leave,
-                   uint64_t *seen)
+limit_add_within (struct zs_pool *pool, uint64_t add, int64_t room,
+                  uint64_t *seen)
 {
   bool added = true;
   pthread_rwlock_rdlock (&pool->limit_lock);
@@ -117,7 +119,7 @@ limit_add_leaving (struct zs_pool *pool, uint64_t add, uint64_t leave,
                                            memory_order_relaxed);
   uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
   do {
-    if (limit && account_bytes (account + add) + leave > limit) {
+    if (limit && (int64_t) account_bytes (account + add) > (int64_t) limit + room) {
       *seen = account;
       added = false;
       break;
@@ -128,11 +130,27 @@ limit_add_leaving (struct zs_pool *pool, uint64_t add, uint64_t leave,
   return added;
 }
 
-/* ... leaving nothing. */
+/* The room an open reserve gives the data's charges: its pages still
+ * held and still charged (the data may take those; a page taken but not
+ * yet settled is counted by its zspage already).  0 when closed.
+ */
+static int64_t
+reserve_open_room (struct zs_pool *pool)
+{
+  if (!atomic_load_explicit (&pool->reserve_open, memory_order_relaxed))
+    return 0;
+  uint64_t held = page_source_reserve_pages (&pool->pages);
+  uint64_t charged = atomic_load (&pool->reserve_charged);
+  return (int64_t) ((held < charged ? held : charged) * ZS_PAGE_SIZE);
+}
+
+/* A charge of the data's (a zspage, a block of cells, the caller's own):
+ * within the limit, or the whole limit while the reserve is open.
+ */
 static bool
 limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
 {
-  return limit_add_leaving (pool, add, 0, seen);
+  return limit_add_within (pool, add, reserve_open_room (pool), seen);
 }
 
 /* resident_only: the limit has no room for another reserve chunk, so a
@@ -262,8 +280,8 @@ zs_pool_reserve_refill (struct zs_pool *pool)
    */
   uint64_t leave = pool->pages.resident_only ? 0 : pool->pages.chunk_bytes;
   while (reserve_wanted (pool)
-         && limit_add_leaving (pool, pool->pages.chunk_bytes + LIMIT_TRANSIT, leave,
-                               &seen)) {
+         && limit_add_within (pool, pool->pages.chunk_bytes + LIMIT_TRANSIT,
+                              -(int64_t) leave, &seen)) {
     if (page_source_reserve_add (&pool->pages) == -1) {
       atomic_fetch_sub (&pool->limit_account, pool->pages.chunk_bytes + LIMIT_TRANSIT);
       break;
@@ -273,6 +291,7 @@ zs_pool_reserve_refill (struct zs_pool *pool)
     atomic_fetch_add (&pool->reserve_refills, 1);
     added += pool->pages.chunk_bytes;
   }
+  bool refilled = added > 0;
   /* Freed space made resident again: not counted in the limit, as the
    * dirty runs it joins (at most PAGE_READY_RUNS_PAGES a run length).
    */
@@ -280,7 +299,21 @@ zs_pool_reserve_refill (struct zs_pool *pool)
     page_source_purge (&pool->pages);
     added += page_source_ready_runs (&pool->pages) * ZS_PAGE_SIZE;
   }
+  /* Made whole again after the data took from it: the data's room is the
+   * limit less the reserve again.  (Not before it was taken from: the
+   * keeper's next round would close what was just opened.)
+   */
+  if (refilled && atomic_load (&pool->reserve_open)
+      && !reserve_wanted (pool))
+    atomic_store (&pool->reserve_open, false);
   return added;
+}
+
+void
+zs_pool_open_reserve (struct zs_pool *pool)
+{
+  if (pool->pages.resident_only && pool->pages.reserve_target)
+    atomic_store (&pool->reserve_open, true);
 }
 
 void

@@ -158,7 +158,14 @@
  *   reserve pages: the reserve never costs the data room under the
  *   limit - except in resident_only, where the reserve's pages are the
  *   only ones a write may take: there the data's room is the limit less
- *   the reserve, and a refusal is ENOSPC.
+ *   the reserve, and a refusal is ENOSPC.  Opened (zs_pool_open_reserve),
+ *   the data's charges may also count the reserve's pages they can take
+ *   (those still held and charged) as room: the data may fill the whole
+ *   limit, taking pages that are resident already, so nothing more is
+ *   asked of the machine; the account may then read above the limit by
+ *   at most the reserve until the zspages that took its pages settle it.
+ *   The refill never counts that room, and closes the reserve once it is
+ *   whole again.
  *
  * LOCKS, what each guards, and the ONE lock order
  *   pool->compact_lock         there is one mover at a time, and the
@@ -314,6 +321,10 @@ struct zs_pool {
   _Atomic uint64_t reserve_charged; /* reserve pages counted against the
                                        limit (see THE RESERVE) */
   _Atomic uint64_t reserve_refills; /* chunks added to the reserve, ever */
+  atomic_bool reserve_open;       /* resident_only: the data may take the
+                                     reserve's pages past the limit's room
+                                     for it (zs_pool_open_reserve), until
+                                     a refill makes the reserve whole */
   /* resident_only: bytes of metadata (descriptors, cell blocks) the heap
    * has ready, touched, until the caller says again
    * (zs_pool_metadata_ready); an allocation that would go past it fails

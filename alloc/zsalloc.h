@@ -239,6 +239,15 @@ extern bool zs_pool_reserve_low (struct zs_pool *pool);
  * the first call the allowance is 0.  Without resident_only: no effect.
  */
 extern void zs_pool_metadata_ready (struct zs_pool *pool, uint64_t bytes);
+/* resident_only: let the data take the reserve's pages too, until a
+ * refill (zs_pool_reserve_refill) makes the reserve whole again - the
+ * data's room becomes the whole limit instead of the limit less the
+ * reserve.  For a full device on a machine out of memory: the reserve's
+ * pages are resident already, so the writes they take ask nothing of the
+ * machine, and each one stored frees a page of the machine's.  Without
+ * resident_only or a reserve: no effect.
+ */
+extern void zs_pool_open_reserve (struct zs_pool *pool);
 /* Give the whole reserve back to the operating system (a pool that holds
  * nothing needs none until it is written to again).
  */

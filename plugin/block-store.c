@@ -1003,6 +1003,12 @@ store_reserve_low (struct block_store *store)
 }
 
 void
+store_open_reserve (struct block_store *store)
+{
+  zs_pool_open_reserve (store->pool);
+}
+
+void
 store_metadata_ready (struct block_store *store, uint64_t bytes)
 {
   zs_pool_metadata_ready (store->pool, bytes);

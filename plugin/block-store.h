@@ -476,6 +476,10 @@ extern int store_class_stats (struct block_store *store, unsigned class_number,
  */
 extern uint64_t store_reserve_refill (struct block_store *store);
 extern bool store_reserve_low (struct block_store *store);
+/* Swap mode, a full device on a machine out of memory: let the data take
+ * the reserve's pages too until it is refilled (zs_pool_open_reserve).
+ */
+extern void store_open_reserve (struct block_store *store);
 /* Swap mode: the heap has bytes ready for the allocator's metadata
  * (zs_pool_metadata_ready).
  */

@@ -29,6 +29,8 @@ static const char *const action_names[] = { "oom", "fail" };
 static _Atomic uint64_t refusals;
 /* Written by the watching thread, read by the stats writer. */
 static _Atomic uint64_t kills;
+/* Called after each kill (swap_full_start); the watcher's alone. */
+static void (*after_kill_hook) (void);
 static _Atomic uint64_t kill_delay_max_ms;
 static atomic_int full_now;
 /* The watching thread's own state. */
@@ -198,13 +200,16 @@ swap_full_watch (uint64_t now_ns)
     return;
   }
   atomic_fetch_add (&kills, 1);
+  if (after_kill_hook)
+    after_kill_hook ();
   uint64_t max = atomic_load (&kill_delay_max_ms);
   if (delay_ms > max)
     atomic_store (&kill_delay_max_ms, delay_ms);
   nbdkit_error ("zram: the device can take no more (writes refused for "
                 "%" PRIu64 " ms: mem_limit reached, or no memory left to "
                 "make ready) and memory is short: the kernel's OOM killer "
-                "was asked to act (sysrq f), as it would without swap",
+                "was asked to act (sysrq f), as it would without swap, "
+                "and the writes may take the reserve until it is refilled",
                 delay_ms);
   last_kill_ns = now_ns;
   /* The victim's pages take a moment to leave: a new episode. */
@@ -235,8 +240,9 @@ watcher_main (void *arg)
 }
 
 int
-swap_full_start (void)
+swap_full_start (void (*after_kill) (void))
 {
+  after_kill_hook = after_kill;
   int err = pthread_create (&watcher, NULL, watcher_main, NULL);
   if (err) {
     errno = err;

@@ -18,6 +18,19 @@
  * them (swapon --discard=pages), the pool has room again, and the
  * machine goes on.  No page already stored is touched.
  *
+ * Why the reserve opens then: the victim is often inside the kernel's
+ * direct reclaim when it is killed, and stays there until that pass
+ * ends - a pass that writes out every dirty page it scans and frees one
+ * only when a write succeeds.  With every write refused, the pass scans
+ * the whole of the inactive list, twice over, each write a round trip
+ * to this server (seen: a 1 GiB guest, 430 MiB of such pages, the
+ * victims in reclaim 85 s after the kill, their tmpfs pages - what would
+ * have ended the pressure - held until they exit).  So with the kill the
+ * data may take the reserve's pages (resident already: nothing more is
+ * asked of the machine), the writes it stores free the machine's pages,
+ * the pass ends, the victim exits, and the refill closes the reserve
+ * once the victim's pages are gone and it is whole again.
+ *
  * When: writes have been refused for lack of room for at least
  * SWAP_FULL_AFTER_MS with no pause longer than SWAP_FULL_PAUSE_MS, and
  * the machine is short of memory (MemAvailable below twice
@@ -79,9 +92,12 @@ extern void swap_full_store_start (void);
 extern void swap_full_store_done (void);
 
 /* The watcher thread (swap mode), calling swap_full_watch every
- * SWAP_FULL_TICK_MS: 0, or -1 with errno.  Stop joins it.
+ * SWAP_FULL_TICK_MS: 0, or -1 with errno.  Stop joins it.  after_kill
+ * (may be NULL) is called on the watcher's thread each time the OOM
+ * killer was asked to act: the server opens its reserve to the writes
+ * then (zs_pool_open_reserve).
  */
-extern int swap_full_start (void);
+extern int swap_full_start (void (*after_kill) (void));
 extern void swap_full_stop (void);
 
 /* A write was refused for lack of room (ENOSPC), or because no memory

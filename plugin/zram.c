@@ -649,6 +649,16 @@ swap_reserve_tick (void)
   swap_mode_ready_stacks ();
 }
 
+/* After the full-device watcher asked the OOM killer to act (swap-full.h):
+ * the writes may take the reserve, so that the kernel's reclaim, where
+ * the victim may be stuck, stores pages again.
+ */
+static void
+open_reserve (void)
+{
+  store_open_reserve (store);
+}
+
 /* Threads do not survive nbdkit's fork: start the housekeeper after it. */
 static int
 zram_after_fork (void)
@@ -684,7 +694,7 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
-  if (swap_mode != SWAP_OFF && swap_full_start () == -1) {
+  if (swap_mode != SWAP_OFF && swap_full_start (open_reserve) == -1) {
     nbdkit_error ("cannot start the full-device watcher: %s", error_text (errno));
     goto failed;
   }

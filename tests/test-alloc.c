@@ -2483,6 +2483,115 @@ test_resident_only (void **state)
   assert_true (n * (uint64_t) PAGE >= (3 << 20));
   print_message ("resident_only: full at %u objects of 4 KiB, mem_limit "
                  "6 MiB, refused with ENOSPC\n", n);
+
+  for (unsigned i = 0; i < n; i++)
+    zs_free (pool, fill[i]);
+  free (fill);
+  zs_pool_destroy (pool);
+}
+
+/* Fill a resident_only pool with objects of size, the keeper's refill
+ * after each (so the reserve stays whole, as in swap mode), until
+ * refused for a reason other than "not ready": that errno.
+ */
+static int
+fill_keeping_reserve (struct zs_pool *pool, size_t size, zs_handle_t *fill,
+                      unsigned *n, unsigned max)
+{
+  unsigned not_ready_in_a_row = 0;
+  while (*n < max) {
+    if ((fill[*n] = zs_malloc (pool, size))) {
+      (*n)++;
+      not_ready_in_a_row = 0;
+      zs_pool_reserve_refill (pool);
+      continue;
+    }
+    if (errno != EAGAIN || ++not_ready_in_a_row > 2)
+      break;
+    zs_pool_reserve_refill (pool);
+  }
+  return *n < max ? errno : 0;
+}
+
+/* 15. The open reserve (swap mode's full device on a machine out of      */
+/*     memory): the data takes the reserve's resident pages, nothing more */
+/*     asked of the system, until a refill makes it whole again.          */
+static void
+test_resident_only_open_reserve (void **state)
+{
+  (void) state;
+  /* Pages that compress 1.5:1: their class's zspages are several pages
+   * long, so at the limit a new one does not fit in what is left, and
+   * the reserve stays whole (a page-sized object's one-page zspages
+   * would take the reserve page by page, each settling the next's room).
+   */
+  enum { LIMIT = 6 << 20, RESERVE = 2 << 20, FILL_MAX = 4096,
+         SIZE = PAGE * 2 / 3 };
+  struct zs_pool_config config;
+  zs_pool_config_init (&config);
+  config.mem_limit = LIMIT;
+  config.free_mode = ZS_FREE_IMMEDIATE;
+  config.reserve_bytes = RESERVE;
+  config.resident_only = true;
+  struct zs_pool *pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  zs_pool_metadata_ready (pool, 16 << 20);
+  zs_handle_t *fill = calloc (FILL_MAX, sizeof *fill);
+  assert_non_null (fill);
+  struct zs_pool_stats st;
+
+  /* Full at the limit less the reserve, which is kept whole. */
+  unsigned n = 0;
+  assert_int_equal (fill_keeping_reserve (pool, SIZE, fill, &n, FILL_MAX), ENOSPC);
+  get_stats (pool, &st);
+  uint64_t reserve_full = st.reserve_bytes;
+  if (reserve_full < RESERVE / 2)
+    fail_msg ("full, the reserve holds %" PRIu64 " of %u bytes",
+              reserve_full, (unsigned) RESERVE);
+  uint64_t pages_before = st.pages_used, refills_before = st.reserve_refills;
+
+  /* Opened: the data takes the reserve's pages with no refill, until
+   * they are spent; then ENOSPC again, and the refill adds nothing while
+   * the limit is full.
+   */
+  zs_pool_open_reserve (pool);
+  unsigned opened = 0;
+  while (n < FILL_MAX && (fill[n] = zs_malloc (pool, SIZE))) {
+    n++;
+    opened++;
+  }
+  if (errno != ENOSPC)
+    fail_msg ("the open reserve spent: refused with %s, not ENOSPC",
+              strerror (errno));
+  assert_int_equal (zs_pool_reserve_refill (pool), 0);
+  get_stats (pool, &st);
+  print_message ("open reserve: full at %u objects with the reserve (%"
+                 PRIu64 " KiB) whole; opened, %u more, reserve left %" PRIu64
+                 " KiB, limit_used %" PRIu64 " of %" PRIu64 "\n",
+                 n - opened, reserve_full >> 10, opened,
+                 st.reserve_bytes >> 10, st.limit_used, st.mem_limit);
+  assert_true (opened * (uint64_t) SIZE >= reserve_full / 2);
+  assert_true (st.reserve_bytes < reserve_full);
+  assert_int_equal (st.reserve_refills, refills_before);
+  assert_true (st.pages_used > pages_before);
+  assert_true (st.limit_used <= st.mem_limit);
+
+  /* Room again (half the data freed): the refill makes the reserve whole
+   * and closes it - full again at the limit less the reserve, which is
+   * not taken.
+   */
+  unsigned kept = n / 2;
+  for (unsigned i = kept; i < n; i++)
+    zs_free (pool, fill[i]);
+  n = kept;
+  zs_pool_reserve_refill (pool);
+  get_stats (pool, &st);
+  assert_true (st.reserve_bytes >= RESERVE);
+  assert_int_equal (fill_keeping_reserve (pool, SIZE, fill, &n, FILL_MAX), ENOSPC);
+  get_stats (pool, &st);
+  if (st.reserve_bytes < RESERVE / 2)
+    fail_msg ("closed again, the reserve was still taken: %" PRIu64
+              " of %u bytes left", st.reserve_bytes, (unsigned) RESERVE);
   for (unsigned i = 0; i < n; i++)
     zs_free (pool, fill[i]);
   free (fill);
@@ -2519,6 +2628,7 @@ main (void)
     cmocka_unit_test (test_reserve),
     cmocka_unit_test (test_reserve_edges),
     cmocka_unit_test (test_resident_only),
+    cmocka_unit_test (test_resident_only_open_reserve),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

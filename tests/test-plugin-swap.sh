@@ -103,6 +103,16 @@ locked_expected = sys.argv[5] == "yes"
 check_rss = sys.argv[6] == "yes"
 def stat(name):
     return next_stat(stats_path, name)
+def server_status(key):
+    # The server: the parent of the shell nbdkit's --run started.
+    shell = os.getppid()
+    with open("/proc/%d/stat" % shell) as f:
+        server = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open("/proc/%d/status" % server) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return line.split()[1]
+    return None
 def stat_text(name):
     stat("process_rss")                    # a fresh file
     for line in open(stats_path):
@@ -138,6 +148,11 @@ if mode != "off":
     assert reserve > 0, "no swap reserve"
 if mode == "on":
     assert stat("swap_oom_score_adj") == -1000
+# Swap mode: no transparent huge pages (khugepaged's collapses fault
+# requests); without it, the system's default.
+thp = server_status("THP_enabled")
+if mode != "off":
+    assert thp == "0", "swap=%s: THP_enabled %s" % (mode, thp)
 h.trim(BLOCKS * B, 0)
 time.sleep(2.5)
 after = stat("process_rss")
