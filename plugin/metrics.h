@@ -6,7 +6,7 @@
  * counters), a # HELP and a # TYPE line for each, and a device label (the
  * plugin's name= parameter) on every sample.  Written to metrics=PATH by
  * the housekeeper with the stats file, from the same sample, and printed
- * by the control channel's "metrics" command.  man/nbdkit-zram-plugin.pod
+ * by the control channel's "metrics" command.  man/nbdkit-zram-metrics.pod
  * lists them (METRICS).
  */
 
