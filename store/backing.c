@@ -27,17 +27,6 @@ backing_is_uri (const char *target)
     || strncmp (target, "nbd+vsock://", 12) == 0;
 }
 
-char *
-backing_message (const char *format, ...)
-{
-  va_list args;
-  char *text = NULL;
-  va_start (args, format);
-  if (vasprintf (&text, format, args) == -1)
-    text = NULL;
-  va_end (args);
-  return text;
-}
 
 struct backing *
 backing_open (const char *target, uint64_t capacity, bool odirect,

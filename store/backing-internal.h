@@ -8,6 +8,8 @@
 #define ZRAM_BACKING_INTERNAL_H
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -72,11 +74,26 @@ struct backing {
   _Atomic uint64_t corrupt;
 };
 
-/* backing.c: a message made with asprintf (NULL if that failed); a line
- * about the store through backing->log, ten a second at most.
+/* A message made with vasprintf, for an error's *error (NULL if that
+ * failed).
  */
-extern char *backing_message (const char *format, ...)
+static inline char *backing_message (const char *format, ...)
   __attribute__ ((format (printf, 1, 2)));
+static inline char *
+backing_message (const char *format, ...)
+{
+  va_list args;
+  char *text = NULL;
+  va_start (args, format);
+  if (vasprintf (&text, format, args) == -1)
+    text = NULL;
+  va_end (args);
+  return text;
+}
+
+/* backing.c: a line about the store through backing->log, ten a second
+ * at most.
+ */
 extern void backing_log (struct backing *backing, const char *format, ...)
   __attribute__ ((format (printf, 2, 3)));
 
