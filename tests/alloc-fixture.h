@@ -5,6 +5,7 @@
 #ifndef ZRAM_TEST_ALLOC_FIXTURE_H
 #define ZRAM_TEST_ALLOC_FIXTURE_H
 
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 
