@@ -1,4 +1,7 @@
-/* The control channel: see control.h. */
+/* The control channel: see control.h.  The socket, its clients and
+ * their lines, and the worker; what each command does is
+ * control-commands.c's.
+ */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,13 +24,10 @@
 #include <nbdkit-plugin.h>
 
 #include "control.h"
+#include "control-internal.h"
 #include "error-text.h"
 #include "monotonic.h"
-#include "stats-file.h"
-#include "metrics.h"
-#include "swap-mode.h"
 
-#define CONTROL_LINE_MAX 1024
 #define CONTROL_WORDS_MAX 8
 /* Clients served at once; one more is told so and closed. */
 #define CONTROL_CLIENTS_MAX 8
@@ -56,29 +56,6 @@ static bool running;
 static struct block_store *store;
 static struct control_info info;
 
-/* A connected client: what it sent that is not a whole line yet, and
- * the reply being built for it.  Owned by the control thread, except
- * while its command runs on the worker (on_worker): then the worker owns
- * gone, out, reply and the line being run, and the control thread
- * leaves the whole client alone (does not poll, read, close or evict
- * it) until it has joined the worker.
- */
-struct client {
-  int fd;                       /* non-blocking; -1: a free slot */
-  bool gone;                    /* hung up, a send failed or timed out */
-  bool on_worker;               /* its current line runs on the worker */
-  char *reply;                  /* open_memstream buffer */
-  size_t reply_length;
-  FILE *out;
-  char line[CONTROL_LINE_MAX];
-  size_t used;                  /* bytes in line */
-  uint64_t last_heard_ms;       /* when it last sent something */
-  uint64_t last_line_ms;        /* when it last finished a line (or
-                                   connected): who gives up its place */
-  uint64_t line_started_ms;     /* when the first byte of the line not
-                                   yet finished came; 0: none */
-};
-
 /* THE WORKER.  A command that may wait for the backing store runs on a
  * thread of its own, started for it by the control thread and joined by
  * it, so that a wedged store never stops the channel: one such command
@@ -90,7 +67,7 @@ struct client {
  */
 static struct worker_job {
   struct client *client;        /* NULL: no command on the worker */
-  const struct command *command;
+  const struct control_command *command;
   int argc;
   char *argv[CONTROL_WORDS_MAX + 1];  /* words of client->line */
   size_t line_bytes;            /* the line with its newline: removed
@@ -208,7 +185,7 @@ client_send (struct client *client, const char *bytes, size_t length)
 }
 
 /* Send what the reply holds so far and start it again. */
-static void
+void
 reply_flush (struct client *client)
 {
   fflush (client->out);
@@ -218,7 +195,7 @@ reply_flush (struct client *client)
   fflush (client->out);
 }
 
-static int
+int
 reply_error (struct client *client, const char *format, ...)
 {
   va_list args;
@@ -234,7 +211,7 @@ reply_error (struct client *client, const char *format, ...)
  * asked between pieces of a long command, on the control thread or on
  * the worker (which then owns client->gone).
  */
-static bool
+bool
 client_still_there (void *opaque)
 {
   struct client *client = opaque;
@@ -243,453 +220,6 @@ client_still_there (void *opaque)
       || (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR))))
     client->gone = true;
   return !client->gone;
-}
-
-/* ---- commands ------------------------------------------------------ */
-
-/* A size as nbdkit_parse_size reads it: decimal digits, then at most
- * one suffix, b (bytes), k m g t p e (powers of 1024) or s (512-byte
- * sectors), either case (512M, 4G).  -1 for anything else, or a size
- * past INT64_MAX.  Not nbdkit_parse_size itself: it logs what it cannot
- * read, and a client's text must never reach the server's log (the
- * caller replies the error to the client alone).
- */
-static int64_t
-parse_size (const char *text)
-{
-  static const char suffixes[] = "bkmgtpe";
-  uint64_t number = 0;
-  const char *p = text;
-  if (*p < '0' || *p > '9')
-    return -1;
-  for (; *p >= '0' && *p <= '9'; p++) {
-    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
-      return -1;
-    number = number * 10 + (*p - '0');
-  }
-  uint64_t scale = 1;
-  if (*p) {
-    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
-    if (p[1] || (!suffix && (*p | 0x20) != 's'))
-      return -1;
-    if (suffix)
-      for (const char *k = suffixes; k < suffix; k++)
-        scale *= 1024;
-    else
-      scale = 512;
-  }
-  if (number > (uint64_t) INT64_MAX / scale)
-    return -1;
-  return (int64_t) (number * scale);
-}
-
-static int
-parse_number (const char *text, uint64_t *value)
-{
-  char *end;
-  errno = 0;
-  unsigned long long number = strtoull (text, &end, 10);
-  if (errno || end == text || *end || *text == '-')
-    return -1;
-  *value = number;
-  return 0;
-}
-
-static int
-command_info (struct client *client, int argc, char **argv)
-{
-  struct store_stats s;
-  store_stats (store, &s);
-  fprintf (client->out, "disksize %" PRIu64 "\n", info.disksize);
-  fprintf (client->out, "algorithm %s\n", info.algorithm);
-  fprintf (client->out, "level %d\n", info.level);
-  fprintf (client->out, "mem_limit %" PRIu64 "\n", s.mem_limit);
-  fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
-  return 0;
-}
-
-static int
-command_zram_file (struct client *client, int argc, char **argv)
-{
-  return stats_print_zram_file (store, argv[0], client->out);
-}
-
-static int
-command_stats (struct client *client, int argc, char **argv)
-{
-  stats_print (store, client->out);
-  return 0;
-}
-
-static int
-command_metrics (struct client *client, int argc, char **argv)
-{
-  metrics_print (store, client->out);
-  return 0;
-}
-
-static int
-command_classes (struct client *client, int argc, char **argv)
-{
-  store_print_classes (store, client->out);
-  return 0;
-}
-
-static int
-command_compact (struct client *client, int argc, char **argv)
-{
-  uint64_t pages = store_compact (store);
-  store_flush (store);
-  size_t contexts = store_release_idle_memory (store);
-  fprintf (client->out, "pages_compacted %" PRIu64 "\ncontext_bytes_freed %zu\n",
-           pages, contexts);
-  return 0;
-}
-
-static int
-command_idle (struct client *client, int argc, char **argv)
-{
-  uint64_t age = 0;
-  if (strcmp (argv[1], "all") != 0
-      && (parse_number (argv[1], &age) == -1 || age > BLOCK_ATIME_MAX))
-    return reply_error (client, "idle: '%s' is neither 'all' nor an age in "
-                        "seconds (0..%u)", argv[1], BLOCK_ATIME_MAX);
-  uint64_t marked = store_mark_idle (store, age, client_still_there, client);
-  fprintf (client->out, "marked %" PRIu64 "\n", marked);
-  return 0;
-}
-
-static int
-command_mem_limit (struct client *client, int argc, char **argv)
-{
-  int64_t limit = parse_size (argv[1]);
-  if (limit == -1)
-    return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
-                        argv[1]);
-  if (limit == 0 && swap_mode != SWAP_OFF)
-    return reply_error (client, "mem_limit: swap mode needs a limit");
-  /* The pool checks and sets the limit in one step, after draining its
-   * deferred frees, and says what it held when it refused.
-   */
-  uint64_t held;
-  if (store_set_mem_limit (store, limit, &held) == -1) {
-    if (errno != ENOSPC)
-      return reply_error (client, "mem_limit: %s", error_text (errno));
-    return reply_error (client, "mem_limit: %" PRId64 " is below the %"
-                        PRIu64 " bytes held now", limit, held);
-  }
-  return 0;
-}
-
-static int
-command_mem_used_max (struct client *client, int argc, char **argv)
-{
-  if (strcmp (argv[1], "0") != 0)
-    return reply_error (client, "mem_used_max: only 0 (a reset) can be written");
-  store_reset_mem_used_max (store);
-  return 0;
-}
-
-static int
-emit_block_state (void *opaque, const struct store_block_state *state)
-{
-  struct client *client = opaque;
-  /* zram's format: index, access time (s.us), flags s w h i r n. */
-  fprintf (client->out, "%12" PRIu64 " %12" PRIu32 ".%06u %c%c%c%c%c%c\n",
-           state->block, state->atime, 0u,
-           state->same ? 's' : '.', state->written_back ? 'w' : '.',
-           state->huge ? 'h' : '.',
-           state->idle ? 'i' : '.', state->recompressed ? 'r' : '.',
-           state->incompressible ? 'n' : '.');
-  if (ftell (client->out) >= 65536) {
-    reply_flush (client);
-    if (!client_still_there (client))
-      return -1;
-  }
-  return client->gone ? -1 : 0;
-}
-
-static int
-command_block_state (struct client *client, int argc, char **argv)
-{
-  uint64_t first, count;
-  if (parse_number (argv[1], &first) == -1 || parse_number (argv[2], &count) == -1)
-    return reply_error (client, "block_state: START and COUNT are block numbers");
-  store_block_state (store, first, count, emit_block_state, client);
-  return 0;
-}
-
-/* recompress type=idle|huge|huge_idle [threshold=BYTES] [max_pages=N]
- * [algo=NAME|priority=N], zram's syntax.
- */
-static int
-command_recompress (struct client *client, int argc, char **argv)
-{
-  static const char *const types[] = { NULL, "idle", "huge", "huge_idle" };
-  struct store_recompress_request request = { 0 };
-  const char *algorithm = NULL;
-  unsigned priority = 0;        /* priority= */
-  for (int i = 1; i < argc; i++) {
-    char *value = strchr (argv[i], '=');
-    if (!value)
-      return reply_error (client, "recompress: '%s' is not KEY=VALUE", argv[i]);
-    *value++ = '\0';
-    uint64_t number = 0;
-    if (strcmp (argv[i], "type") == 0) {
-      for (int t = RECOMPRESS_IDLE; t <= RECOMPRESS_HUGE_IDLE; t++)
-        if (strcmp (value, types[t]) == 0)
-          request.type = t;
-      if (!request.type)
-        return reply_error (client, "recompress: type '%s' is not one of "
-                            "idle|huge|huge_idle", value);
-    }
-    else if (strcmp (argv[i], "algo") == 0)
-      algorithm = value;
-    else if (parse_number (value, &number) == -1)
-      return reply_error (client, "recompress: %s: '%s' is not a number",
-                          argv[i], value);
-    else if (strcmp (argv[i], "threshold") == 0)
-      request.threshold = number;
-    else if (strcmp (argv[i], "max_pages") == 0)
-      request.max_blocks = number;
-    else if (strcmp (argv[i], "priority") == 0) {
-      if (number > STORE_RECOMP_MAX || !store_recompress_algorithm (store, number))
-        return reply_error (client, "recompress: no algorithm has priority "
-                            "%" PRIu64, number);
-      priority = number;
-    }
-    else
-      return reply_error (client, "recompress: unknown key '%s'", argv[i]);
-  }
-  if (!request.type)
-    return reply_error (client, "recompress: type=idle|huge|huge_idle is needed");
-  /* algo= names an algorithm, priority= picks one: either, or both if
-   * they agree; a name that is none of the server's is refused whatever
-   * else is given.
-   */
-  request.priority = priority;
-  if (algorithm) {
-    unsigned named = 0;
-    for (unsigned p = 1; p <= STORE_RECOMP_MAX
-           && store_recompress_algorithm (store, p); p++)
-      if (strcmp (store_recompress_algorithm (store, p), algorithm) == 0) {
-        named = p;
-        break;
-      }
-    if (!named)
-      return reply_error (client, "recompress: algo=%s is not a recompression "
-                          "algorithm (recomp_algorithm=)", algorithm);
-    if (priority && priority != named)
-      return reply_error (client, "recompress: algo=%s has priority %u, not "
-                          "priority=%u", algorithm, named, priority);
-    request.priority = named;
-  }
-  if (!store_recompress_algorithm (store, 1))
-    return reply_error (client, "recompress: the server has no recompression "
-                        "algorithm (recomp_algorithm=)");
-  struct store_recompress_result result;
-  if (store_recompress (store, &request, client_still_there, client,
-                        &result) == -1)
-    return reply_error (client, "recompress: %s", error_text (errno));
-  fprintf (client->out, "tried %" PRIu64 "\nrecompressed %" PRIu64
-           "\nincompressible %" PRIu64 "\nbytes_saved %" PRIu64 "\n",
-           result.tried, result.recompressed, result.incompressible,
-           result.bytes_saved);
-  return 0;
-}
-
-/* pack [type=idle] [max_pages=N]: cold packing of the idle blocks. */
-static int
-command_pack (struct client *client, int argc, char **argv)
-{
-  uint64_t max_blocks = 0;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp (argv[i], "type=idle") == 0)
-      continue;
-    if (strncmp (argv[i], "max_pages=", 10) != 0
-        || parse_number (argv[i] + 10, &max_blocks) == -1)
-      return reply_error (client, "pack: '%s' is not type=idle or "
-                          "max_pages=N", argv[i]);
-  }
-  struct store_pack_result result;
-  if (store_pack (store, max_blocks, 0, client_still_there, client, &result)
-      == -1)
-    return reply_error (client, "pack: %s", error_text (errno));
-  fprintf (client->out, "units %" PRIu64 "\nblocks %" PRIu64 "\nbytes_before %"
-           PRIu64 "\nbytes_after %" PRIu64 "\n", result.units, result.blocks,
-           result.bytes_before, result.bytes_after);
-  return 0;
-}
-
-/* writeback idle|huge|huge_idle|incompressible|page_index=N|
- * page_indexes=A-B [max_pages=N]: zram's writeback (type= may prefix the
- * first four, as newer kernels take it).
- */
-static int
-command_writeback (struct client *client, int argc, char **argv)
-{
-  static const char *const types[] = {
-    [WRITEBACK_IDLE] = "idle", [WRITEBACK_HUGE] = "huge",
-    [WRITEBACK_HUGE_IDLE] = "huge_idle",
-    [WRITEBACK_INCOMPRESSIBLE] = "incompressible",
-  };
-  struct store_writeback_request request = {
-    .type = WRITEBACK_ANY, .first = 0, .last = UINT64_MAX,
-  };
-  bool typed = false;
-  for (int i = 1; i < argc; i++) {
-    const char *word = argv[i];
-    uint64_t a, b;
-    char *dash;
-    if (strncmp (word, "type=", 5) == 0)
-      word += 5;
-    bool known = false;
-    for (int t = WRITEBACK_IDLE; t <= WRITEBACK_INCOMPRESSIBLE; t++)
-      if (strcmp (word, types[t]) == 0) {
-        request.type = t;
-        known = true;
-      }
-    if (known) {
-      typed = true;
-      continue;
-    }
-    if (strncmp (word, "page_index=", 11) == 0
-        && parse_number (word + 11, &a) == 0) {
-      request.first = request.last = a;
-      typed = true;
-    }
-    else if (strncmp (word, "page_indexes=", 13) == 0
-             && (dash = strchr (word + 13, '-')) != NULL) {
-      *dash = '\0';
-      if (parse_number (word + 13, &a) == -1 || parse_number (dash + 1, &b) == -1
-          || a > b)
-        return reply_error (client, "writeback: page_indexes=%s-%s is not "
-                            "FIRST-LAST", word + 13, dash + 1);
-      request.first = a;
-      request.last = b;
-      typed = true;
-    }
-    else if (strncmp (word, "max_pages=", 10) == 0
-             && parse_number (word + 10, &a) == 0)
-      request.max_blocks = a;
-    else
-      return reply_error (client, "writeback: '%s' is not idle, huge, "
-                          "huge_idle, incompressible, page_index=N, "
-                          "page_indexes=A-B or max_pages=N", argv[i]);
-  }
-  if (!typed)
-    return reply_error (client, "writeback: say what to write back: idle, huge, "
-                        "huge_idle, incompressible, page_index=N or "
-                        "page_indexes=A-B");
-  if (!store_has_backing (store))
-    return reply_error (client, "writeback: the server has no backing store "
-                        "(backing=)");
-  struct store_writeback_result result;
-  int r = store_writeback (store, &request, client_still_there, client, &result);
-  if (r == -1 && !result.limited && !result.backing_full)
-    return reply_error (client, "writeback: %s (%" PRIu64 " blocks written "
-                        "back before)", error_text (errno), result.blocks);
-  fprintf (client->out, "blocks %" PRIu64 "\nbytes %" PRIu64 "\n",
-           result.blocks, result.bytes);
-  if (result.limited)
-    fprintf (client->out, "stopped writeback_limit\n");
-  if (result.backing_full)
-    fprintf (client->out, "stopped backing_full\n");
-  return 0;
-}
-
-/* writeback_limit [SIZE|off]: zram's writeback_limit and
- * writeback_limit_enable in one.  SIZE (bytes, with suffixes; 0: nothing
- * more may be written back) sets the limit and enables it, off disables
- * it; either way, and with no argument, the reply says the limit now:
- * what writeback may still write, as zram's writeback_limit reads.
- */
-static int
-command_writeback_limit (struct client *client, int argc, char **argv)
-{
-  bool limited = true;
-  int64_t bytes = 0;
-  if (argc == 2) {
-    if (strcmp (argv[1], "off") == 0)
-      limited = false;
-    else if (!*argv[1] || (bytes = parse_size (argv[1])) == -1)
-      return reply_error (client, "writeback_limit: '%s' is not a size or off "
-                          "(e.g. 512M, 0: nothing more is written back)",
-                          argv[1]);
-  }
-  if (!store_has_backing (store))
-    return reply_error (client, "writeback_limit: the server has no backing "
-                        "store (backing=)");
-  if (argc == 2 && store_set_writeback_limit (store, limited, bytes) == -1)
-    return reply_error (client, "writeback_limit: %s", error_text (errno));
-  struct store_stats s;
-  store_stats (store, &s);
-  if (s.writeback_limit_left == UINT64_MAX)
-    fprintf (client->out, "writeback_limit off\n");
-  else
-    fprintf (client->out, "writeback_limit %" PRIu64 "\n",
-             s.writeback_limit_left);
-  return 0;
-}
-
-/* dissolve PERCENT: units with fewer live blocks go. */
-static int
-command_dissolve (struct client *client, int argc, char **argv)
-{
-  uint64_t percent;
-  if (parse_number (argv[1], &percent) == -1 || percent > 100)
-    return reply_error (client, "dissolve: '%s' is not a percentage", argv[1]);
-  fprintf (client->out, "dissolved %" PRIu64 "\n",
-           store_pack_dissolve (store, percent, client_still_there, client));
-  return 0;
-}
-
-static int command_help (struct client *client, int argc, char **argv);
-
-static const struct command {
-  const char *name;
-  int min_words, max_words;     /* with the name */
-  const char *usage;
-  int (*run) (struct client *client, int argc, char **argv);
-  /* With this many words or more (the name too) the command may wait for
-   * the backing store, or for a writeback run that waits for it: it runs
-   * on the worker (THE WORKER).  0: always on the control thread.
-   */
-  int worker_words;
-} commands[] = {
-  { "info", 1, 1, "info", command_info, 0 },
-  { "mm_stat", 1, 1, "mm_stat", command_zram_file, 0 },
-  { "io_stat", 1, 1, "io_stat", command_zram_file, 0 },
-  { "bd_stat", 1, 1, "bd_stat", command_zram_file, 0 },
-  { "stats", 1, 1, "stats", command_stats, 0 },
-  { "metrics", 1, 1, "metrics", command_metrics, 0 },
-  { "classes", 1, 1, "classes", command_classes, 0 },
-  { "compact", 1, 1, "compact", command_compact, 0 },
-  { "idle", 2, 2, "idle all|SECONDS", command_idle, 0 },
-  { "mem_limit", 2, 2, "mem_limit SIZE", command_mem_limit, 0 },
-  { "mem_used_max", 2, 2, "mem_used_max 0", command_mem_used_max, 0 },
-  { "block_state", 3, 3, "block_state START COUNT", command_block_state, 0 },
-  { "recompress", 2, 5, "recompress type=idle|huge|huge_idle [threshold=BYTES] "
-    "[max_pages=N] [algo=NAME|priority=N]", command_recompress, 0 },
-  { "pack", 1, 3, "pack [type=idle] [max_pages=N]", command_pack, 0 },
-  { "dissolve", 2, 2, "dissolve PERCENT", command_dissolve, 0 },
-  { "writeback", 2, 3, "writeback idle|huge|huge_idle|incompressible|"
-    "page_index=N|page_indexes=A-B [max_pages=N]", command_writeback,
-    2 },
-  /* Setting the limit waits for a writeback run in progress (the
-   * automatic policy's too); reading it does not.
-   */
-  { "writeback_limit", 1, 2, "writeback_limit [SIZE|off]",
-    command_writeback_limit, 2 },
-  { "help", 1, 1, "help", command_help, 0 },
-};
-
-static int
-command_help (struct client *client, int argc, char **argv)
-{
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    fprintf (client->out, "%s\n", commands[i].usage);
-  return 0;
 }
 
 static void *
@@ -707,7 +237,7 @@ worker_main (void *arg)
  * thread).
  */
 static int
-worker_start (struct client *client, const struct command *command,
+worker_start (struct client *client, const struct control_command *command,
               int argc, char **argv, size_t line_bytes)
 {
   if (job.client)
@@ -782,21 +312,21 @@ run_line (struct client *client, char *line, size_t line_bytes)
 
   int r = -1;
   size_t i;
-  for (i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp (argv[0], commands[i].name) == 0)
+  for (i = 0; i < control_command_count; i++)
+    if (strcmp (argv[0], control_commands[i].name) == 0)
       break;
   if (argc == CONTROL_WORDS_MAX)
     reply_error (client, "too many words");
-  else if (i == sizeof commands / sizeof commands[0])
+  else if (i == control_command_count)
     reply_error (client, "unknown command '%s' (try help)", argv[0]);
-  else if (argc < commands[i].min_words || argc > commands[i].max_words)
-    reply_error (client, "usage: %s", commands[i].usage);
-  else if (commands[i].worker_words && argc >= commands[i].worker_words) {
-    if (worker_start (client, &commands[i], argc, argv, line_bytes) == 0)
+  else if (argc < control_commands[i].min_words || argc > control_commands[i].max_words)
+    reply_error (client, "usage: %s", control_commands[i].usage);
+  else if (control_commands[i].worker_words && argc >= control_commands[i].worker_words) {
+    if (worker_start (client, &control_commands[i], argc, argv, line_bytes) == 0)
       return LINE_ON_WORKER;
   }
   else
-    r = commands[i].run (client, argc, argv);
+    r = control_commands[i].run (client, argc, argv);
   if (r == 0)
     fprintf (client->out, "ok\n");
   reply_flush (client);
@@ -933,7 +463,8 @@ client_accept (int fd)
   }
   uint64_t now = monotonic_ms ();
   *slot = (struct client) {
-    .fd = fd, .last_heard_ms = now, .last_line_ms = now,
+    .fd = fd, .store = store, .info = &info,
+    .last_heard_ms = now, .last_line_ms = now,
   };
   /* gcc 12's -fanalyzer takes the stream for a leak: it is kept in the
    * static clients array, and client_close (also at the stop) closes it.

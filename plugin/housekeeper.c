@@ -9,6 +9,7 @@
 #include "housekeeper.h"
 #include "block-store-internal.h"   /* store_decode_cache_sweep */
 #include "monotonic.h"
+#include "metrics.h"
 #include "stats-file.h"
 
 #define HOUSEKEEPING_INTERVAL_SECONDS 1
@@ -140,6 +141,25 @@ compact_if_wasteful (void)
   }
 }
 
+/* The stats file and the metrics file (either path may be NULL), from
+ * one sample.  One thread at a time: the housekeeper's, or its stats
+ * writer (swap mode); failed is that thread's memory of the last write.
+ */
+static void
+output_files_write (void)
+{
+  static bool failed[2];
+  struct stats_sample sample;
+  stats_sample_take (store, metrics_path != NULL, &sample);
+  if (stats_path)
+    stats_output_write ("stats", stats_path, &failed[0], stats_print_sample,
+                        &sample);
+  if (metrics_path)
+    stats_output_write ("metrics", metrics_path, &failed[1],
+                        metrics_print_sample, &sample);
+  stats_sample_release (&sample);
+}
+
 static void
 housekeeping_round (bool last)
 {
@@ -171,7 +191,7 @@ housekeeping_round (bool last)
     pthread_mutex_unlock (&lock);
   }
   else if (stats_path || metrics_path)
-    stats_files_write (store, stats_path, metrics_path);
+    output_files_write ();
 }
 
 static void *
@@ -185,7 +205,7 @@ stats_writer_main (void *arg)
       break;                    /* housekeeper_stop writes the last one */
     stats_due = false;
     pthread_mutex_unlock (&lock);
-    stats_files_write (store, stats_path, metrics_path);
+    output_files_write ();
     pthread_mutex_lock (&lock);
   }
   pthread_mutex_unlock (&lock);

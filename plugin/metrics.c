@@ -9,7 +9,6 @@
 #include "zsalloc.h"
 #include "metrics.h"
 
-static struct block_store *metrics_store;
 static char *device_label;      /* escaped for a label value */
 
 /* The device label's value: "zram" until metrics_configure. */
@@ -141,7 +140,7 @@ static const struct field_metric fields[] = {
 };
 
 int
-metrics_configure (struct block_store *store, const char *device)
+metrics_configure (const char *device)
 {
   /* A label value escapes backslash, double quote and newline. */
   char *escaped = malloc (strlen (device) * 2 + 1), *out = escaped;
@@ -158,7 +157,6 @@ metrics_configure (struct block_store *store, const char *device)
   *out = '\0';
   free (device_label);
   device_label = escaped;
-  metrics_store = store;
   return 0;
 }
 
@@ -167,7 +165,6 @@ metrics_unconfigure (void)
 {
   free (device_label);
   device_label = NULL;
-  metrics_store = NULL;
 }
 
 static void
@@ -209,7 +206,7 @@ number_metric (FILE *fp, const char *name, const char *help, double value)
  * from one read of each class's figures.
  */
 static void
-print_classes (FILE *fp)
+print_classes (const struct stats_sample *sample, FILE *fp)
 {
   static const struct {
     const char *name, *help;
@@ -224,11 +221,8 @@ print_classes (FILE *fp)
     { "nbdkit_zram_class_freeable_pages", "Pages compaction could free in the size class.",
       offsetof (struct zs_class_stats, pages_freeable) },
   };
-  unsigned count = store_class_count (metrics_store);
-  struct zs_class_stats *classes = calloc (count, sizeof *classes);
-  for (unsigned i = 0; classes && i < count; i++)
-    if (store_class_stats (metrics_store, i, &classes[i]) == -1)
-      classes[i].pages_used = 0;        /* left out */
+  const struct zs_class_stats *classes = sample->classes;
+  unsigned count = sample->class_count;
   for (size_t c = 0; c < sizeof columns / sizeof columns[0]; c++) {
     family (fp, columns[c].name, GAUGE, columns[c].help);
     for (unsigned i = 0; classes && i < count; i++) {
@@ -241,7 +235,6 @@ print_classes (FILE *fp)
                columns[c].name, label (), i, classes[i].size, value);
     }
   }
-  free (classes);
 }
 
 void
@@ -313,14 +306,15 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   number_metric (fp, "nbdkit_zram_memory_ratio",
                  "Bytes stored over the allocator's pages.",
                  sample->memory_ratio);
-  if (metrics_store)
-    print_classes (fp);
+  if (sample->classes)
+    print_classes (sample, fp);
 }
 
 void
 metrics_print (struct block_store *store, FILE *fp)
 {
   struct stats_sample sample;
-  stats_sample_take (store, &sample);
+  stats_sample_take (store, true, &sample);
   metrics_print_sample (&sample, fp);
+  stats_sample_release (&sample);
 }

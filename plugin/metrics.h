@@ -6,7 +6,7 @@
  * counters), a # HELP and a # TYPE line for each, and a device label (the
  * plugin's name= parameter) on every sample.  Written to metrics=PATH by
  * the housekeeper with the stats file, from the same sample, and printed
- * by the control channel's "metrics" command.  man/nbdkit-zram-plugin.pod
+ * by the control channel's "metrics" command.  man/nbdkit-zram-metrics.pod
  * lists them (METRICS).
  */
 
@@ -16,15 +16,17 @@
 #include <stdio.h>
 
 #include "block-store.h"
-#include "stats-file.h"
+#include "stats-sample.h"
 
-/* Before any print: the store (for the per-class table) and the device
- * label's value (copied).  0, or -1 with errno.
+/* Before any print: the device label's value (copied).  0, or -1 with
+ * errno.
  */
-extern int metrics_configure (struct block_store *store, const char *device);
+extern int metrics_configure (const char *device);
 extern void metrics_unconfigure (void);
 
-/* Print the exposition of a sample taken already, or of a new one. */
+/* Print the exposition of a sample taken already (its per-class table
+ * if it has one), or of a new one of store's.
+ */
 extern void metrics_print_sample (const struct stats_sample *sample, FILE *fp);
 extern void metrics_print (struct block_store *store, FILE *fp);
 

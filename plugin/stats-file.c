@@ -1,7 +1,8 @@
-/* The stats= file: see stats-file.h. */
+/* The stats= file's format, and the writing of an output file: see
+ * stats-file.h.
+ */
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -14,27 +15,8 @@
 #include <nbdkit-plugin.h>
 
 #include "error-text.h"
-#include "metrics.h"
 #include "stats-file.h"
 #include "swap-mode.h"
-
-static uint64_t
-process_rss_bytes (void)
-{
-  unsigned long pages_total, pages_resident;
-  FILE *fp = fopen ("/proc/self/statm", "r");
-  if (!fp)
-    return 0;
-  int n = fscanf (fp, "%lu %lu", &pages_total, &pages_resident);
-  fclose (fp);
-  return n == 2 ? (uint64_t) pages_resident * sysconf (_SC_PAGESIZE) : 0;
-}
-
-static double
-ratio (uint64_t numerator, uint64_t denominator)
-{
-  return denominator ? (double) numerator / denominator : 0;
-}
 
 /* zram's own column orders (Documentation/admin-guide/blockdev/zram.rst). */
 static void
@@ -83,29 +65,13 @@ stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
   return 0;
 }
 
-/* Samples taken, ever: the number of the next. */
-static _Atomic uint64_t samples;
-
-void
-stats_sample_take (struct block_store *store, struct stats_sample *sample)
-{
-  sample->number = atomic_fetch_add (&samples, 1) + 1;
-  store_stats (store, &sample->store);
-  sample->process_rss = process_rss_bytes ();
-  sample->compression_ratio = ratio (sample->store.orig_data_size,
-                                     sample->store.compr_data_size);
-  sample->memory_ratio = ratio (sample->store.orig_data_size,
-                                sample->store.mem_used_total);
-  swap_mode_status (&sample->swap);
-  swap_full_status (&sample->swap_full);
-}
-
 void
 stats_print (struct block_store *store, FILE *fp)
 {
   struct stats_sample sample;
-  stats_sample_take (store, &sample);
+  stats_sample_take (store, false, &sample);
   stats_print_sample (&sample, fp);
+  stats_sample_release (&sample);
 }
 
 void
@@ -257,15 +223,10 @@ file_write_once (const char *path,
   return r;
 }
 
-/* Whether the last write of each file failed: one thread at a time
- * writes them (stats-file.h).
- */
-static bool last_write_failed[2];
-
-static int
-file_write (const char *what, const char *path, bool *failed,
-            void (*print) (const struct stats_sample *sample, FILE *fp),
-            const struct stats_sample *sample)
+int
+stats_output_write (const char *what, const char *path, bool *failed,
+                    void (*print) (const struct stats_sample *sample, FILE *fp),
+                    const struct stats_sample *sample)
 {
   int r = file_write_once (path, print, sample);
   if (r == -1 && !*failed)
@@ -274,23 +235,5 @@ file_write (const char *what, const char *path, bool *failed,
   else if (r == 0 && *failed)
     nbdkit_error ("%s file '%s': written again", what, path);
   *failed = r == -1;
-  return r;
-}
-
-int
-stats_files_write (struct block_store *store, const char *stats_path,
-                   const char *metrics_path)
-{
-  struct stats_sample sample;
-  int r = 0;
-  stats_sample_take (store, &sample);
-  if (stats_path
-      && file_write ("stats", stats_path, &last_write_failed[0],
-                     stats_print_sample, &sample) == -1)
-    r = -1;
-  if (metrics_path
-      && file_write ("metrics", metrics_path, &last_write_failed[1],
-                     metrics_print_sample, &sample) == -1)
-    r = -1;
   return r;
 }

@@ -1,7 +1,8 @@
-/* The stats= file: zram's mm_stat and io_stat lines, then one
- * "key: value" per line, rewritten atomically (temporary file + rename);
- * the housekeeper (housekeeper.h) rewrites it, and the metrics= file
- * (metrics.h), every second and at exit.
+/* The stats= file's format: zram's mm_stat and io_stat lines, then one
+ * "key: value" per line, of one sample (stats-sample.h); and the writing
+ * of an output file, atomically (temporary file + rename), which the
+ * housekeeper (housekeeper.h) does for it and for the metrics= file
+ * (metrics.h) every second and at exit.
  */
 
 #ifndef ZRAM_STATS_FILE_H
@@ -9,28 +10,10 @@
 
 #include <stdio.h>
 
-#include "block-store.h"
-#include "swap-full.h"
-#include "swap-mode.h"
+#include <stdbool.h>
 
-/* Everything the stats file and the metrics (metrics.h) show, taken at
- * one moment: the two files a round writes come from one sample.
- */
-struct stats_sample {
-  uint64_t number;                /* 1 for the first sample taken, +1 each
-                                     (the stats file's "sample") */
-  struct store_stats store;
-  uint64_t process_rss;           /* bytes resident */
-  /* Bytes stored over what the objects take (compression) and over what
-   * the pool's pages take (memory: zram users quote it as "memory
-   * saved"); 0 while nothing is stored.
-   */
-  double compression_ratio, memory_ratio;
-  struct swap_mode_status swap;
-  struct swap_full_status swap_full;
-};
-extern void stats_sample_take (struct block_store *store,
-                               struct stats_sample *sample);
+#include "block-store.h"
+#include "stats-sample.h"
 
 /* Print the statistics in the stats file format: a new sample, or one
  * taken already.
@@ -48,13 +31,16 @@ extern int stats_print_zram_file (struct block_store *store, const char *name,
  * another kind of file, such as a FIFO, a socket or a device).
  */
 extern int stats_file_check (const char *path);
-/* Write the stats file and the metrics file (either path may be NULL)
- * now, from one sample, each atomically (a temporary file beside it,
+/* Write an output file (the stats file, the metrics file) at path, what
+ * print prints of sample, atomically (a temporary file beside it,
  * created exclusively with mode 0644, renamed over it): 0, or -1 with
  * errno.  A failure is logged, once until a write succeeds again (which
- * is logged too): the housekeeper tries each round.  One thread at a
- * time: the housekeeper's, or its stats writer (swap mode).
+ * is logged too; *failed, the caller's, remembers): the housekeeper
+ * tries each round.  what names the file in the log.
  */
-extern int stats_files_write (struct block_store *store, const char *stats_path,
-                              const char *metrics_path);
+extern int stats_output_write (const char *what, const char *path,
+                               bool *failed,
+                               void (*print) (const struct stats_sample *sample,
+                                              FILE *fp),
+                               const struct stats_sample *sample);
 #endif /* ZRAM_STATS_FILE_H */

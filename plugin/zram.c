@@ -1,8 +1,9 @@
 /* nbdkit-zram-plugin: a compressed RAM block device.
  *
- * This file parses the parameters (man/nbdkit-zram-plugin.pod is the
- * specification; zram_config_help mirrors it) and forwards each request
- * to the block store (block-store.h), which does the work.
+ * This file is the nbdkit glue: it hands the parameters to params.c
+ * (whose table follows man/nbdkit-zram-plugin.pod, the specification),
+ * starts the threads, and forwards each request to the block store
+ * (block-store.h), which does the work.
  */
 
 #include <errno.h>
@@ -28,34 +29,14 @@
 #include "server-check.h"
 #include "stats-file.h"
 #include "metrics.h"
+#include "params.h"
 #include "swap-full.h"
 #include "swap-mode.h"
 
 /* The largest request we accept, as nbdkit's memory plugin. */
 #define ZRAM_MAX_REQUEST (32u << 20)
 
-/* Compact when this percent of the pool's pages could be freed. */
-#define ZRAM_COMPACT_THRESHOLD_DEFAULT 2
-
-/* The allocator keeps its reserve in chunks of this size. */
-#define ZRAM_RESERVE_UNIT ((uint64_t) 2 << 20)
-
-static struct store_config config;
-static bool size_given, level_given, reserve_given, swap_full_given;
-static struct housekeeper_policy policy;
-/* recomp_algorithm= by priority (1..STORE_RECOMP_MAX), as given. */
-static bool recomp_given[STORE_RECOMP_MAX + 1];
-static char *stats_path;
-static char *metrics_path;
-/* name=: the device label of the metrics. */
-static char *device_name;
-static char *ctl_path;
-/* Writeback: backing= as given (a path made absolute, or an NBD URI). */
-static char *backing_target;
-static bool backing_direct;
-/* backing_timeout=: seconds an NBD backing request may take. */
-static unsigned backing_timeout = 30;
-static unsigned compact_threshold = ZRAM_COMPACT_THRESHOLD_DEFAULT;
+static struct zram_params params;
 static struct block_store *store;
 
 /* The backing store's own failures (backing.h, ERRORS: rate-limited
@@ -70,8 +51,8 @@ backing_log (const char *line)
 static void
 zram_load (void)
 {
-  config.algorithm = CODEC_LZ4;
-  zs_pool_config_init (&config.pool);
+  params_init (&params);
+  params_make_help ();
   server_check_load ();
 }
 
@@ -80,499 +61,20 @@ zram_unload (void)
 {
   store_destroy (store);
   metrics_unconfigure ();
-  free (stats_path);
-  free (metrics_path);
-  free (device_name);
-  free (ctl_path);
-  free (backing_target);
-}
-
-/* Parse a size, naming the parameter on error (nbdkit's own message
- * does not).
- */
-static int
-parse_size_parameter (const char *key, const char *value, int64_t *size)
-{
-  *size = nbdkit_parse_size (value);
-  if (*size == -1) {
-    nbdkit_error ("%s: '%s' is not a size (e.g. 512M, 8G)", key, value);
-    return -1;
-  }
-  return 0;
-}
-
-/* Parse a path, made absolute, into *path (replacing what it held);
- * what names the kind of path in the error ("file", "socket").
- */
-static int
-parse_path_parameter (const char *key, const char *value, const char *what,
-                      char **path)
-{
-  free (*path);
-  *path = *value ? nbdkit_absolute_path (value) : NULL;
-  if (!*path) {
-    nbdkit_error ("%s: '%s' is not a usable %s name", key, value, what);
-    return -1;
-  }
-  return 0;
-}
-
-/* Parse a value from a fixed list, naming the parameter on error. */
-static int
-parse_choice (const char *key, const char *value, const char *const *names,
-              int count, int *result)
-{
-  for (int i = 0; i < count; i++)
-    if (strcmp (value, names[i]) == 0) {
-      *result = i;
-      return 0;
-    }
-  char accepted[128] = "";
-  for (int i = 0; i < count; i++)
-    snprintf (accepted + strlen (accepted), sizeof accepted - strlen (accepted),
-              "%s%s", i ? "|" : "", names[i]);
-  nbdkit_error ("%s: '%s' is not one of %s", key, value, accepted);
-  return -1;
-}
-
-/* recomp_algorithm=NAME[:level=N][:priority=P] (',' works as ':' too):
- * a recompression algorithm; without priority, the next free one.
- */
-static int
-parse_recomp_algorithm (const char *value)
-{
-  static const char *const algorithms[] = { "lz4", "zstd" };
-  char *copy = strdup (value);
-  if (!copy) {
-    nbdkit_error ("recomp_algorithm: %s", error_text (errno));
-    return -1;
-  }
-  char *save, *name = strtok_r (copy, ":,", &save);
-  int algorithm, level = INT32_MIN;
-  unsigned priority = 0;
-  int r = -1;
-  if (!name || parse_choice ("recomp_algorithm", name, algorithms, 2,
-                             &algorithm) == -1)
-    goto out;
-  for (char *option; (option = strtok_r (NULL, ":,", &save)); ) {
-    if (strncmp (option, "level=", 6) == 0) {
-      if (nbdkit_parse_int ("recomp_algorithm level", option + 6, &level) == -1)
-        goto out;
-    }
-    else if (strncmp (option, "priority=", 9) == 0) {
-      if (nbdkit_parse_unsigned ("recomp_algorithm priority", option + 9,
-                                 &priority) == -1)
-        goto out;
-      if (priority < 1 || priority > STORE_RECOMP_MAX) {
-        nbdkit_error ("recomp_algorithm: priority %u is not 1..%d", priority,
-                      STORE_RECOMP_MAX);
-        goto out;
-      }
-    }
-    else {
-      nbdkit_error ("recomp_algorithm: '%s' is not level=N or priority=N",
-                    option);
-      goto out;
-    }
-  }
-  if (!priority)
-    for (priority = 1; priority <= STORE_RECOMP_MAX && recomp_given[priority];
-         priority++)
-      ;
-  if (priority > STORE_RECOMP_MAX || recomp_given[priority]) {
-    nbdkit_error ("recomp_algorithm: at most %d, one per priority",
-                  STORE_RECOMP_MAX);
-    goto out;
-  }
-  int min, max;
-  if (level == INT32_MIN)
-    level = codec_default_level (algorithm);
-  else if (!codec_level_is_valid (algorithm, level, &min, &max)) {
-    nbdkit_error ("recomp_algorithm: level %d is not a valid %s level (%d..%d)",
-                  level, codec_name (algorithm), min, max);
-    goto out;
-  }
-  recomp_given[priority] = true;
-  config.recomp[priority - 1].algorithm = algorithm;
-  config.recomp[priority - 1].level = level;
-  r = 0;
- out:
-  free (copy);
-  return r;
+  params_free (&params);
 }
 
 static int
 zram_config (const char *key, const char *value)
 {
-  static const char *const algorithms[] = { "lz4", "zstd" };
-  static const char *const lock_modes[] = { "class", "pool" };
-  static const char *const free_modes[] = { "batched", "immediate" };
-  static const char *const compact_modes[] = { "auto", "off" };
-  int choice;
-
-  if (strcmp (key, "size") == 0) {
-    int64_t size;
-    if (parse_size_parameter (key, value, &size) == -1)
-      return -1;
-    if (size == 0) {
-      nbdkit_error ("size: the device must be at least 1 byte");
-      return -1;
-    }
-    config.size = size;
-    size_given = true;
-  }
-  else if (strcmp (key, "comp") == 0) {
-    if (parse_choice (key, value, algorithms, 2, &choice) == -1)
-      return -1;
-    config.algorithm = choice;
-  }
-  else if (strcmp (key, "level") == 0) {
-    if (nbdkit_parse_int ("level", value, &config.level) == -1)
-      return -1;
-    level_given = true;
-  }
-  else if (strcmp (key, "mem_limit") == 0) {
-    int64_t limit;
-    if (parse_size_parameter (key, value, &limit) == -1)
-      return -1;
-    config.pool.mem_limit = limit;
-  }
-  else if (strcmp (key, "stats") == 0) {
-    if (parse_path_parameter (key, value, "file", &stats_path) == -1)
-      return -1;
-  }
-  else if (strcmp (key, "metrics") == 0) {
-    if (parse_path_parameter (key, value, "file", &metrics_path) == -1)
-      return -1;
-  }
-  else if (strcmp (key, "name") == 0) {
-    /* A label value may hold anything but must say something. */
-    if (!*value) {
-      nbdkit_error ("name: the device's name must not be empty");
-      return -1;
-    }
-    free (device_name);
-    if (!(device_name = strdup (value))) {
-      nbdkit_error ("name: %s", error_text (errno));
-      return -1;
-    }
-  }
-  else if (strcmp (key, "chain") == 0) {
-    if (nbdkit_parse_unsigned ("chain", value, &config.pool.chain_pages) == -1)
-      return -1;
-    if (config.pool.chain_pages < ZS_CHAIN_MIN
-        || config.pool.chain_pages > ZS_CHAIN_MAX) {
-      nbdkit_error ("chain: %u is out of range %d..%d",
-                    config.pool.chain_pages, ZS_CHAIN_MIN, ZS_CHAIN_MAX);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "lock") == 0) {
-    if (parse_choice (key, value, lock_modes, 2, &choice) == -1)
-      return -1;
-    config.pool.lock_mode = choice == 0 ? ZS_LOCK_CLASS : ZS_LOCK_POOL;
-  }
-  else if (strcmp (key, "compact") == 0) {
-    if (parse_choice (key, value, compact_modes, 2, &choice) == -1)
-      return -1;
-    config.pool.compact_before_refusal = choice == 0;   /* auto */
-  }
-  else if (strcmp (key, "compact_threshold") == 0) {
-    if (nbdkit_parse_unsigned ("compact_threshold", value,
-                               &compact_threshold) == -1)
-      return -1;
-    if (compact_threshold > 100) {
-      nbdkit_error ("compact_threshold: %u is not a percentage (0..100)",
-                    compact_threshold);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "recomp_algorithm") == 0) {
-    if (parse_recomp_algorithm (value) == -1)
-      return -1;
-  }
-  else if (strcmp (key, "idle_after") == 0
-           || strcmp (key, "recompress_after") == 0
-           || strcmp (key, "pack_after") == 0) {
-    unsigned seconds;
-    if (nbdkit_parse_unsigned (key, value, &seconds) == -1)
-      return -1;
-    if (seconds > BLOCK_ATIME_MAX) {
-      nbdkit_error ("%s: %u seconds is more than %u", key, seconds,
-                    BLOCK_ATIME_MAX);
-      return -1;
-    }
-    if (key[0] == 'i')
-      policy.idle_after = seconds;
-    else if (key[0] == 'r')
-      policy.recompress_after = seconds;
-    else
-      policy.pack_after = seconds;
-  }
-  else if (strcmp (key, "pack_level") == 0) {
-    int min, max;
-    if (nbdkit_parse_int ("pack_level", value, &config.pack_level) == -1)
-      return -1;
-    if (!codec_level_is_valid (CODEC_ZSTD, config.pack_level, &min, &max)) {
-      nbdkit_error ("pack_level: %d is not a zstd level (%d..%d, not 0)",
-                    config.pack_level, min, max);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "write_batch") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &config.write_batch) == -1)
-      return -1;
-    if (config.write_batch < 1 || config.write_batch > STORE_WRITE_BATCH_MAX) {
-      nbdkit_error ("write_batch: %u is not a number of blocks 1..%d",
-                    config.write_batch, STORE_WRITE_BATCH_MAX);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "decode_cache") == 0) {
-    int64_t bytes;
-    if (parse_size_parameter (key, value, &bytes) == -1)
-      return -1;
-    if (bytes < 1) {
-      nbdkit_error ("decode_cache: '%s' must be more than 0 bytes", value);
-      return -1;
-    }
-    config.decode_cache = bytes;
-  }
-  else if (strcmp (key, "pack_blocks") == 0) {
-    if (nbdkit_parse_unsigned ("pack_blocks", value, &config.pack_blocks) == -1)
-      return -1;
-    if (config.pack_blocks < 2 || config.pack_blocks > STORE_PACK_MAX) {
-      nbdkit_error ("pack_blocks: %u is not a number of blocks 2..%d",
-                    config.pack_blocks, STORE_PACK_MAX);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "backing") == 0) {
-    free (backing_target);
-    backing_target = !*value ? NULL
-      : backing_is_uri (value) ? strdup (value) : nbdkit_absolute_path (value);
-    if (!backing_target) {   /* an empty value too: say what is wrong */
-      nbdkit_error ("backing: '%s' is not a file name or an NBD URI", value);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "backing_direct") == 0) {
-    int direct = nbdkit_parse_bool (value);
-    if (direct == -1)
-      return -1;
-    backing_direct = direct;
-  }
-  else if (strcmp (key, "backing_sync") == 0) {
-    int sync = nbdkit_parse_bool (value);
-    if (sync == -1)
-      return -1;
-    config.backing_nosync = !sync;
-  }
-  else if (strcmp (key, "backing_timeout") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &backing_timeout) == -1)
-      return -1;
-    if (backing_timeout < 1 || backing_timeout > 3600) {
-      nbdkit_error ("backing_timeout: %u is not from 1 to 3600 seconds",
-                    backing_timeout);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "writeback_limit") == 0) {
-    int64_t bytes;
-    if (parse_size_parameter (key, value, &bytes) == -1)
-      return -1;
-    config.writeback_limit = bytes;
-    config.writeback_limited = true;    /* 0: nothing, as in zram */
-  }
-  else if (strcmp (key, "writeback_batch_size") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &config.writeback_batch) == -1)
-      return -1;
-    if (config.writeback_batch < 1
-        || config.writeback_batch > STORE_WRITEBACK_BATCH_MAX) {
-      nbdkit_error ("writeback_batch_size: %u is not a number of blocks "
-                    "1..%d", config.writeback_batch, STORE_WRITEBACK_BATCH_MAX);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "writeback_watermark") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &policy.writeback_watermark) == -1)
-      return -1;
-    if (policy.writeback_watermark < 10 || policy.writeback_watermark > 100) {
-      nbdkit_error ("writeback_watermark: %u is not a percentage of mem_limit "
-                    "10..100", policy.writeback_watermark);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "ctl") == 0) {
-    if (parse_path_parameter (key, value, "socket", &ctl_path) == -1)
-      return -1;
-  }
-  else if (strcmp (key, "swap") == 0) {
-    if (swap_mode_parse (value) == -1)
-      return -1;
-  }
-  else if (strcmp (key, "swap_full") == 0) {
-    if (swap_full_parse (value) == -1)
-      return -1;
-    swap_full_given = true;
-  }
-  else if (strcmp (key, "swap_reserve") == 0) {
-    int64_t reserve;
-    if (parse_size_parameter (key, value, &reserve) == -1)
-      return -1;
-    config.pool.reserve_bytes = reserve;
-    reserve_given = true;
-  }
-  else if (strcmp (key, "free") == 0) {
-    if (parse_choice (key, value, free_modes, 2, &choice) == -1)
-      return -1;
-    config.pool.free_mode = choice == 0 ? ZS_FREE_BATCHED : ZS_FREE_IMMEDIATE;
-  }
-  else {
-    nbdkit_error ("unknown parameter '%s' (see nbdkit-zram-plugin(1))", key);
-    return -1;
-  }
-  return 0;
+  return params_set (&params, key, value);
 }
 
 static int
 zram_config_complete (void)
 {
-  int min, max;
-
-  if (!size_given) {
-    nbdkit_error ("size: you must give the device size, e.g. 'nbdkit zram 8G'");
-    return -1;
-  }
-  /* A stats file that cannot be written is a bad parameter: say so now,
-   * not never.
-   */
-  if (stats_path && stats_file_check (stats_path) == -1) {
-    nbdkit_error ("stats: cannot write '%s': %s", stats_path,
-                  errno == EEXIST ? "it is not a regular file"
-                  : error_text (errno));
-    return -1;
-  }
-  if (metrics_path && stats_file_check (metrics_path) == -1) {
-    nbdkit_error ("metrics: cannot write '%s': %s", metrics_path,
-                  errno == EEXIST ? "it is not a regular file"
-                  : error_text (errno));
-    return -1;
-  }
-  if (swap_mode_check_config (config.pool.mem_limit) == -1)
-    return -1;
-  if (policy.recompress_after && !recomp_given[1]) {
-    nbdkit_error ("recompress_after: needs recomp_algorithm= (what to "
-                  "recompress with)");
-    return -1;
-  }
-  if (policy.recompress_after && !policy.idle_after)
-    policy.idle_after = policy.recompress_after;
-  if (policy.pack_after
-      && (!policy.idle_after || policy.pack_after < policy.idle_after))
-    policy.idle_after = policy.pack_after;
-  /* Priorities 1..N without a gap. */
-  config.recomp_count = 0;
-  for (unsigned p = 1; p <= STORE_RECOMP_MAX; p++) {
-    if (!recomp_given[p])
-      continue;
-    if (p != config.recomp_count + 1) {
-      nbdkit_error ("recomp_algorithm: priority %u is given but %u is not",
-                    p, config.recomp_count + 1);
-      return -1;
-    }
-    config.recomp_count = p;
-  }
-  if (!backing_target
-      && (config.writeback_limited || config.writeback_batch
-          || policy.writeback_watermark || backing_direct
-          || config.backing_nosync)) {
-    nbdkit_error ("%s: needs backing= (where to write blocks back)",
-                  config.writeback_limited ? "writeback_limit"
-                  : config.writeback_batch ? "writeback_batch_size"
-                  : policy.writeback_watermark ? "writeback_watermark"
-                  : backing_direct ? "backing_direct" : "backing_sync");
-    return -1;
-  }
-  if (policy.writeback_watermark && !config.pool.mem_limit) {
-    nbdkit_error ("writeback_watermark: needs mem_limit= (it is a percentage "
-                  "of it)");
-    return -1;
-  }
-  if ((reserve_given || swap_full_given) && swap_mode == SWAP_OFF) {
-    nbdkit_error ("%s: only with swap=on or swap=try",
-                  reserve_given ? "swap_reserve" : "swap_full");
-    return -1;
-  }
-  /* Swap: a write takes only memory that is resident already, pages
-   * and metadata (zs_pool_config.resident_only, swap_reserve_tick).
-   */
-  config.pool.resident_only = swap_mode != SWAP_OFF;
-  /* The reserve is kept in whole chunks of ZRAM_RESERVE_UNIT. */
-  if (reserve_given) {
-    config.pool.reserve_bytes = (config.pool.reserve_bytes + ZRAM_RESERVE_UNIT - 1)
-      / ZRAM_RESERVE_UNIT * ZRAM_RESERVE_UNIT;
-    if (config.pool.reserve_bytes > config.pool.mem_limit / 2) {
-      nbdkit_error ("swap_reserve: %" PRIu64 " bytes (in whole 2 MiB units) "
-                    "is more than half of mem_limit (%" PRIu64 " bytes)",
-                    config.pool.reserve_bytes, config.pool.mem_limit);
-      return -1;
-    }
-  }
-  else if (swap_mode != SWAP_OFF)
-    config.pool.reserve_bytes = swap_mode_default_reserve (config.pool.mem_limit,
-                                                           ZRAM_RESERVE_UNIT);
-  if (!level_given)
-    config.level = codec_default_level (config.algorithm);
-  else if (!codec_level_is_valid (config.algorithm, config.level, &min, &max)) {
-    nbdkit_error ("level: %d is not a valid %s level (%d..%d%s)",
-                  config.level, codec_name (config.algorithm), min, max,
-                  config.algorithm == CODEC_ZSTD ? ", not 0" : "");
-    return -1;
-  }
-  return 0;
+  return params_complete (&params);
 }
-
-#define zram_config_help \
-  "[size=]SIZE               (required) Device size, e.g. 8G.\n" \
-  "comp=lz4|zstd             Compression algorithm (default lz4).\n" \
-  "level=N                   lz4 acceleration 1..65537, zstd level (default 1).\n" \
-  "mem_limit=SIZE            Most memory the compressed data may use (0 = none).\n" \
-  "stats=PATH                Write zram-style statistics to PATH every second.\n" \
-  "metrics=PATH              Write Prometheus metrics to PATH every second.\n" \
-  "name=NAME                 The metrics' device label (default zram).\n" \
-  "ctl=PATH                  Control channel: a Unix socket (nbdkit-zramctl).\n" \
-  "recomp_algorithm=ALGO[:level=N][:priority=P]\n" \
-  "                          A recompression algorithm (up to 3).\n" \
-  "idle_after=SECONDS        Policy: mark blocks idle after this (default off).\n" \
-  "recompress_after=SECONDS  Policy: recompress idle blocks after this (off).\n" \
-  "pack_after=SECONDS        Policy: pack idle blocks after this (off).\n" \
-  "pack_level=N              zstd level of packed units (default 6).\n" \
-  "pack_blocks=N             Blocks per packed unit, 2..64 (default 16).\n" \
-  "decode_cache=SIZE         Decoded packed units kept for reads (default 2M).\n" \
-  "write_batch=N             Whole blocks of a write compressed as one batch,\n" \
-  "                          1..16 (default 16; 1: block by block).\n" \
-  "backing=PATH|URI          Writeback: a file or an NBD URI to write blocks to.\n" \
-  "backing_direct=true       Writeback: open the backing file with O_DIRECT.\n" \
-  "backing_timeout=SECONDS   Writeback: an NBD backing request's deadline (30).\n" \
-  "backing_sync=false        Writeback: drop RAM copies without a flush.\n" \
-  "writeback_limit=SIZE      Writeback: write at most this much (0 = nothing;\n" \
-  "                          default no limit).\n" \
-  "writeback_batch_size=N    Writeback: blocks per backing write (default 32).\n" \
-  "writeback_watermark=PERCENT\n" \
-  "                          Writeback: above this much of mem_limit, write the\n" \
-  "                          coldest blocks back (default off).\n" \
-  "compact=auto|off          Compact memory in the background (default auto).\n" \
-  "compact_threshold=PERCENT Compact when this much could be freed (default 2).\n" \
-  "swap=on|try|off           Be a safe swap target: lock memory, IO flusher,\n" \
-  "                          OOM-proof; needs mem_limit (default off).\n" \
-  "swap_reserve=SIZE         Swap mode: populated pages kept ready (default\n" \
-  "                          RAM/32 within 4M..64M, at most mem_limit/8).\n" \
-  "swap_full=oom|fail        Swap mode, device full and memory short: ask the\n" \
-  "                          kernel's OOM killer to act (default oom).\n" \
-  "chain=N                   Tuning: pages per zspage at most, 1..16 (default 8).\n" \
-  "lock=class|pool           Tuning: allocator locking (default class).\n" \
-  "free=batched|immediate    Tuning: allocator free mode (default batched)."
 
 /* Create the store before nbdkit forks, so errors reach the user. */
 static int
@@ -581,39 +83,43 @@ zram_get_ready (void)
   /* First: no thread may exist yet (they inherit the IO flusher flag). */
   if (swap_mode_prepare () == -1)
     return -1;
-  if (backing_target) {
+  if (params.backing_target) {
     char *error = NULL;
     /* Reads bring written-back blocks home below the watermark; above
      * it the policy writes the coldest out: the blocks in use end up in
      * RAM.
      */
-    if (policy.writeback_watermark)
-      config.readback_below = config.pool.mem_limit / 100
-        * policy.writeback_watermark;
-    config.backing = backing_open (backing_target, config.size, backing_direct,
-                                   backing_timeout, &error);
-    if (!config.backing) {
+    if (params.policy.writeback_watermark)
+      params.store.readback_below = params.store.pool.mem_limit / 100
+        * params.policy.writeback_watermark;
+    params.store.backing = backing_open (params.backing_target,
+                                         params.store.size,
+                                         params.backing_direct,
+                                         params.backing_timeout, &error);
+    if (!params.store.backing) {
       nbdkit_error ("%s", error ? error : "backing: out of memory");
       free (error);
       return -1;
     }
-    backing_set_log (config.backing, backing_log);
+    backing_set_log (params.store.backing, backing_log);
   }
-  store = store_create (&config);
+  store = store_create (&params.store);
   if (!store) {
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
-  if (metrics_configure (store, device_name ? device_name : "zram") == -1) {
+  const char *device_name = params.device_name ? params.device_name : "zram";
+  if (metrics_configure (device_name) == -1) {
     nbdkit_error ("metrics: %s", error_text (errno));
     return -1;
   }
-  if (ctl_path && control_listen (ctl_path) == -1)
+  if (params.ctl_path && control_listen (params.ctl_path) == -1)
     return -1;
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
                 "raw from %zu bytes",
-                config.size, codec_name (config.algorithm), config.level,
-                config.pool.chain_pages, store_raw_threshold (store));
+                params.store.size, codec_name (params.store.algorithm),
+                params.store.level, params.store.pool.chain_pages,
+                store_raw_threshold (store));
   return 0;
 }
 
@@ -632,7 +138,7 @@ zram_get_ready (void)
 static size_t
 metadata_headroom (void)
 {
-  uint64_t headroom = config.pool.reserve_bytes / 32;
+  uint64_t headroom = params.store.pool.reserve_bytes / 32;
   return headroom < (1 << 20) ? 1 << 20 : headroom;
 }
 
@@ -668,8 +174,9 @@ zram_after_fork (void)
   /* Swap mode: what the serving path needs, made (and so locked) before
    * any request; the reserve below.  The table is charged to mem_limit.
    */
-  size_t heap_bytes = swap_mode_prepare_heap (config.size / STORE_BLOCK_SIZE,
-                                              config.pool.mem_limit);
+  size_t heap_bytes = swap_mode_prepare_heap (params.store.size
+                                              / STORE_BLOCK_SIZE,
+                                              params.store.pool.mem_limit);
   if (swap_mode != SWAP_OFF
       && store_keep_resident (store, SWAP_SERVING_THREADS) == -1) {
     nbdkit_error ("swap=%s: cannot make the block table and compression "
@@ -683,14 +190,14 @@ zram_after_fork (void)
   /* Swap mode: the reserve populated (and locked) before any request,
    * and a full device watched.
    */
-  policy.reserve_always = swap_mode != SWAP_OFF;
-  policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
+  params.policy.reserve_always = swap_mode != SWAP_OFF;
+  params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
   if (swap_mode != SWAP_OFF)
     store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
-  housekeeper_set_policy (&policy);
-  if (housekeeper_start (store, stats_path, metrics_path,
-                         config.pool.compact_before_refusal
-                         ? (int) compact_threshold : -1) == -1) {
+  housekeeper_set_policy (&params.policy);
+  if (housekeeper_start (store, params.stats_path, params.metrics_path,
+                         params.store.pool.compact_before_refusal
+                         ? (int) params.compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
@@ -703,9 +210,9 @@ zram_after_fork (void)
   swap_mode_report (stats.reserve_bytes,
                     heap_bytes + stats.table_bytes + stats.codec_bytes);
   struct control_info info = {
-    .disksize = config.size,
-    .algorithm = codec_name (config.algorithm),
-    .level = config.level,
+    .disksize = params.store.size,
+    .algorithm = codec_name (params.store.algorithm),
+    .level = params.store.level,
   };
   if (control_start (store, &info) == -1) {
     nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));
@@ -756,6 +263,7 @@ zram_dump_plugin (void)
   printf ("zram_zstd=yes\n");
   printf ("zram_zstd_version=%s\n", ZSTD_versionString ());
   printf ("zram_chain_default=%d\n", ZS_CHAIN_DEFAULT);
+  params_dump (stdout);
   /* yes: the server survives clients that hang up with requests in
    * flight (nbdkit 1.34 or later).
    */
@@ -773,7 +281,7 @@ zram_open (int readonly)
 static int64_t
 zram_get_size (void *handle)
 {
-  return config.size;
+  return params.store.size;
 }
 
 static int
@@ -988,7 +496,7 @@ static struct nbdkit_plugin plugin = {
   .unload            = zram_unload,
   .config            = zram_config,
   .config_complete   = zram_config_complete,
-  .config_help       = zram_config_help,
+  .config_help       = params_help,
   .magic_config_key  = "size",
   .get_ready         = zram_get_ready,
   .after_fork        = zram_after_fork,

@@ -1,4 +1,4 @@
-/* The block store's move protocol (plugin/block-store.h, MOVING A BLOCK),
+/* The block store's move protocol (store/block-store.h, MOVING A BLOCK),
  * checked exhaustively by spin: tests/test-move-protocol.sh.
  *
  * One block entry, written by two writers and marked idle by the idle

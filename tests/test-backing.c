@@ -1,4 +1,4 @@
-/* The backing store's space map (plugin/backing.c): what it costs in
+/* The backing store's space map (store/space-map.c, through store/backing.c): what it costs in
  * RAM, and that its run search hands out runs that never overlap, finds
  * a run wherever one lies within a leaf, and stays fast on a large,
  * fragmented map, and that runs released while reads are on are freed

@@ -65,7 +65,7 @@ for file in "$examples"/*; do
             fi
             [ "$errors" != "$errors_before" ] || echo "ok: $name" ;;
         *.json)
-            /usr/bin/python3 - "$file" "$SRCDIR/man/nbdkit-zram-plugin.pod" <<'EOF' ||
+            /usr/bin/python3 - "$file" "$SRCDIR/man/nbdkit-zram-metrics.pod" <<'EOF' ||
 import json, re, sys
 dashboard = json.load(open(sys.argv[1]))
 documented = set(re.findall(r"^=item C<(nbdkit_zram_\w+)>",

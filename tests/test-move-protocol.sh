@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The move protocol (plugin/block-store.h, MOVING A BLOCK) as a Promela
+# The move protocol (store/block-store.h, MOVING A BLOCK) as a Promela
 # model, tests/move-protocol.pml, searched exhaustively by spin.  The old
 # identity rule (also with full writes only: handle recycling alone) and
 # the one-bit claim rule must each lose a write (an assertion violation);

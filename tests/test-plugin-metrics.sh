@@ -204,7 +204,7 @@ assert re.search(r'^# TYPE nbdkit_zram_reads_total counter$', text, re.M), \
     "counters are typed by their sample name"
 
 # The man page lists every metric, and nothing that is not one.
-man = open(os.path.join(env["SRCDIR"], "man", "nbdkit-zram-plugin.pod")).read()
+man = open(os.path.join(env["SRCDIR"], "man", "nbdkit-zram-metrics.pod")).read()
 documented = set(re.findall(r"^=item C<(nbdkit_zram_\w+)>", man, re.M))
 exposed = {name + "_total" if f.type == "counter" else name
            for name, f in families.items()}

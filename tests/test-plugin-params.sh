@@ -135,5 +135,27 @@ done
 grep -q '^zram_lz4_version=[0-9]' <<<"$dump" || fail "--dump-plugin: no zram_lz4_version"
 grep -q '^zram_zstd_version=[0-9]' <<<"$dump" || fail "--dump-plugin: no zram_zstd_version"
 grep -q '^thread_model=parallel$' <<<"$dump" || fail "--dump-plugin: thread_model is not parallel"
+# The parameter table (params.c) against the man page, the
+# specification: the same keys, and each choice of a key with choices
+# (zram_param_comp=lz4|zstd) an item of its own there (B<comp=lz4>).
+man="$SRCDIR/man/nbdkit-zram-plugin.pod"
+table_keys=$(sed -n 's/^zram_params=//p' <<<"$dump" | tr , '\n' | sort)
+[ -n "$table_keys" ] || fail "--dump-plugin: no zram_params"
+man_keys=$(sed -n '/^=head1 PARAMETERS/,/^=head1 /s/^=item \[\{0,1\}B<\([a-z_]*\)=.*/\1/p' "$man" | sort -u)
+if [ "$table_keys" != "$man_keys" ]; then
+    diff <(echo "$table_keys") <(echo "$man_keys") >&2 || :
+    fail "the parameter table and the man page's PARAMETERS differ (< table, > man page)"
+fi
+while IFS='=' read -r key syntax; do
+    key=${key#zram_param_}
+    case "$syntax" in
+        *[A-Z]*|*'['*) continue ;;      # a value, not choices
+    esac
+    for choice in ${syntax//|/ }; do
+        grep -q "^=item B<$key=$choice>" "$man" ||
+            fail "man page: no item B<$key=$choice> (the table's $key=$syntax)"
+    done
+done < <(grep '^zram_param_' <<<"$dump")
+echo "ok: $(wc -l <<<"$table_keys") parameters, the same in the table and the man page"
 [ "$errors" = 0 ] || fail "$errors bad parameter check(s) failed (see above)"
 echo "params ok"

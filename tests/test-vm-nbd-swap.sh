@@ -5,7 +5,7 @@
 # swaps through QEMU's NBD client instead: the server runs on the host.)
 #
 # A Linux guest under QEMU (TCG) boots Debian's kernel with an initramfs
-# (tests/vm-nbd/make-initramfs.sh) holding busybox, nbdkit, the plugin,
+# (tests/make-initramfs.sh) holding busybox, nbdkit, the plugin,
 # nbd-client, nbd.ko, every shared library they need, and the workload
 # (tests/vm-nbd/touch.c) built here statically.  The root is ramfs, so
 # the server's code cannot be swapped out to itself.  tests/vm-nbd/init
@@ -211,7 +211,7 @@ TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
 FILL_UNLINK='$([ "$EXPECT" = recover ] && echo 1 || echo 0)'
 TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 EOF
-bash "$SRCDIR/tests/vm-nbd/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
+bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" nbd \
     "/etc/zram-vm.conf=$tmp/zram-vm.conf" \
     "/bin/nbdkit=$nbdkit_bin" \

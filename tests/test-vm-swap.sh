@@ -97,8 +97,9 @@ for ((k = 0; k < nfiles; k++)); do
     echo "${sum%% *}  /mnt/f$k $off"
 done > "$tmp/data/sums"
 
-bash "$SRCDIR/tests/vm/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
-    "$busybox" "$tmp/data"
+bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
+    "$busybox" "$SRCDIR/tests/vm/init" "virtio_pci virtio_blk" \
+    "/data/template=$tmp/data/template" "/data/sums=$tmp/data/sums"
 
 # ---- the server --------------------------------------------------------
 sock="$tmp/sock"

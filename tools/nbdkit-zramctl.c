@@ -23,13 +23,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "control-commands.h"
+
 static const char *program = "nbdkit-zramctl";
 
-/* The control channel's commands (plugin/control.c). */
+/* The control channel's commands (plugin/control-commands.h); metrics
+ * has a form of its own here (metrics SOCKET...).
+ */
 static const char *const commands[] = {
-  "info", "mm_stat", "io_stat", "bd_stat", "stats", "classes", "compact",
-  "idle", "mem_limit", "mem_used_max", "block_state", "recompress", "pack",
-  "dissolve", "writeback", "writeback_limit", "help",
+#define COMMAND_NAME(name, ...) #name,
+  CONTROL_COMMANDS (COMMAND_NAME)
+#undef COMMAND_NAME
 };
 
 static void

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build the initramfs of the nbd swap guest (tests/test-vm-nbd-swap.sh):
-# a static busybox, an /init, kernel modules (with their dependencies, in
-# the order they must be loaded: /modules.load, for insmod), and programs
-# copied in with every shared library they need (ldd), at the paths the
-# dynamic loader looks in.  Adapted from tests/vm/make-initramfs.sh, which
-# knows only the virtio-blk guest.
+# Build the initramfs of a test guest (tests/test-vm-swap.sh, the
+# virtio-blk guest; tests/test-vm-nbd-swap.sh, the nbd swap guest): a
+# static busybox, an /init, kernel modules (with their dependencies, in
+# the order they must be loaded: /modules.load, for insmod), and files
+# (programs, with every shared library they need (ldd), at the paths the
+# dynamic loader looks in; data).
 #
 # Usage: make-initramfs.sh OUTPUT.cpio MODULES_DIR BUSYBOX INIT MODULES \
 #            [DEST=SOURCE]...

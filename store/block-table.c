@@ -1,4 +1,7 @@
-/* The block table: see block-table.h (LIFETIME tells the protocol). */
+/* The block table: see block-table.h (LIFETIME tells the protocol).  A
+ * service at the bottom of the store: it calls only the allocator's
+ * charges.
+ */
 
 #include <errno.h>
 #include <sched.h>

@@ -1,5 +1,7 @@
 /* Writeback to a backing store (zram's writeback, backing.h), and reads
- * that bring written-back blocks back.  See block-store.h for the design.
+ * that bring written-back blocks back.  A mover (block-store-internal.h):
+ * it calls the walks, the entries' move protocol, the encoders and the
+ * backing store.  See block-store.h for the design.
  */
 
 #include <errno.h>

@@ -51,12 +51,12 @@ enum block_kind {
   BLOCK_RAW,            /* value: zsalloc handle of the 4096 raw bytes */
   BLOCK_COMPRESSED_PADDED, /* value: zsalloc handle of an object larger
                               than the compressed bytes at its start: a
-                              block rewritten in place (block-store.c) */
+                              block rewritten in place (block-request.c) */
   BLOCK_PACKED,         /* value: a packed unit's address | the block's
-                           index in it (cold packing, block-store.c) */
+                           index in it (cold packing, pack.c) */
   BLOCK_BACKED,         /* value: where the block is in the backing store,
                            (offset / 512) << 13 | (length - 1); length
-                           4096: stored raw (writeback, block-store.c) */
+                           4096: stored raw (writeback.c) */
 };
 
 /* The state word of a block, one 64-bit atomic:

@@ -1,4 +1,6 @@
-/* Block compression with borrowed contexts: see codec.h. */
+/* Block compression with borrowed contexts: see codec.h.  A service at
+ * the bottom of the store: it calls only lz4 and zstd.
+ */
 
 #include <errno.h>
 #include <stdatomic.h>

@@ -39,9 +39,9 @@
  *                unit whose last block went).
  *   writeback_lock  one writeback run at a time, and the writeback
  *                limit's changes; held for a whole run.
- *   backing locks  the backing store's space map (map_lock), its queue
- *                of released runs (release_lock) and each NBD connection
- *                (backing.h): leaves, never held two at a time; a
+ *   backing locks  the backing store's space map (its lock,
+ *                space-map.h), its queue of released runs (release_lock)
+ *                and each NBD connection (backing.h): leaves, never held two at a time; a
  *                connection's lock is held for one request, its deadline
  *                (backing_timeout) at most, and never under a stripe lock.
  *   allocator locks (alloc/zsalloc-internal.h).

@@ -7,20 +7,15 @@
  * 512-byte sectors handed out by the space map.  A batch of blocks takes
  * one run and one write.  A freed run is trimmed on the store too.
  *
- * The space map costs RAM in proportion to what is written back: a bit
- * and a 4-byte checksum per sector, in leaves of BACKING_MAP_LEAF_SECTORS
- * sectors (16 MiB of the store; BACKING_MAP_LEAF_BYTES: 4 KiB of bitmap
- * and 128 KiB of checksums, 132 KiB), each allocated when a run first
- * lands in it and freed when its last run goes, plus, for the whole
- * capacity (the device's size at most, since no more can ever be written
- * back), 14 to 18 bytes per leaf (a pointer, a count and search tree
- * nodes): 896 bytes per GiB of capacity (896 KiB for 1 TiB; it was a
- * bitmap of the whole capacity, 256 KiB per GiB).  Runs are handed out
- * first fit (the lowest leaf with room, found through the tree in log
- * time, then its first run that fits), so they pack at the start of the
- * store and leaves stay few and full: 132 KiB per 16 MiB of the store in
- * use, i.e. 64 leaves, 8.25 MiB, per GiB of compressed data written back
- * (padded to sectors).  backing_stats' map_bytes says what it takes now.
+ * The space map (space-map.h) hands the runs out and keeps each block's
+ * checksum: it costs RAM in proportion to what is written back, 8.25
+ * MiB per GiB of compressed data written back and 896 bytes per GiB of
+ * capacity (the device's size at most); backing_stats' map_bytes says
+ * what it takes now.
+ *
+ * FILES.  backing.c: this interface, the requests' dispatch, errors and
+ * log, releases; backing-file.c and backing-nbd.c: the transports;
+ * space-map.c: the bookkeeping, with no I/O.
  *
  * An NBD store is reached through one connection, or several when the
  * server offers multi-conn (up to BACKING_CONNECTIONS), each used by one
@@ -56,8 +51,8 @@
  * the same file fails to start, with a message naming the holder.
  *
  * LOCKS (leaves: no other lock is taken while one is held).
- *   map_lock          the space map: leaves, tree, free count, map_bytes;
- *                     and the quarantine (abandoned extents, their bytes).
+ *   the space map's   its leaves, tree, counts and quarantine
+ *                     (space-map.h).
  *   release_lock      the queue of runs released while reads were on.
  *   connection lock   one per NBD connection: its handle, for one request
  *                     or a reconnection (an abandoned request is recorded
@@ -76,15 +71,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BACKING_SECTOR 512
+#include "space-map.h"
+
+#define BACKING_SECTOR SPACE_MAP_SECTOR
 #define BACKING_CONNECTIONS 4
-#define BACKING_MAP_LEAF_SECTORS 32768  /* sectors a leaf of the space map
-                                           covers: 16 MiB of the store */
-/* A leaf's RAM: its bitmap, and a checksum (CRC-32C) for each sector
- * where a written-back block starts (see backing_write_block).
+/* A leaf of the space map: the sectors it covers (16 MiB of the store),
+ * its RAM (its bitmap and a CRC-32C for each sector).
  */
-#define BACKING_MAP_LEAF_BYTES (BACKING_MAP_LEAF_SECTORS / 8 \
-                                + BACKING_MAP_LEAF_SECTORS * 4)
+#define BACKING_MAP_LEAF_SECTORS SPACE_MAP_LEAF_SECTORS
+#define BACKING_MAP_LEAF_BYTES SPACE_MAP_LEAF_BYTES
 
 struct backing;
 

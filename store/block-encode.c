@@ -1,5 +1,7 @@
 /* Encoding and decoding a block: a fill word, a compressed or raw object,
- * a packed unit's block, a written-back block; the zeroed overlay.  See
+ * a packed unit's block, a written-back block; the zeroed overlay.  The
+ * encoding layer (block-store-internal.h): it calls the codecs, the
+ * allocator, unit-decode.c and the backing store's reads.  See
  * block-store.h for the design.
  */
 

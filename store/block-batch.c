@@ -1,4 +1,6 @@
-/* Batched writes of whole blocks (seed 004): a write of many blocks
+/* Batched writes of whole blocks (a mover, block-store-internal.h: it
+ * calls the entries and the encoders; what it could not store goes back
+ * to the request layer, its caller).  A write of many blocks
  * (nbdcopy's 256 KiB, QEMU's up to 2 MiB, a swap-out cluster) pays for
  * a compression context, a class lock and a free batch once per batch,
  * not once per block.  See BATCHED WRITES in block-store-internal.h.
@@ -159,13 +161,11 @@ batch_encode (struct block_store *store, const unsigned char *in, unsigned n,
   }
 }
 
-int
+void
 blocks_write_batch (struct block_store *store, uint64_t first,
-                    const unsigned char *in, unsigned n,
-                    uint64_t *room_deadline_ms)
+                    const unsigned char *in, unsigned n, bool stored[])
 {
   struct block_content contents[STORE_WRITE_BATCH_MAX];
-  bool stored[STORE_WRITE_BATCH_MAX];
   zs_handle_t freed[STORE_WRITE_BATCH_MAX];
   unsigned freed_count = 0;
 
@@ -177,7 +177,7 @@ blocks_write_batch (struct block_store *store, uint64_t first,
     scratch_return (slot);
   }
   else
-    memset (stored, 0, sizeof stored);
+    memset (stored, 0, n * sizeof *stored);
 
   for (unsigned i = 0; i < n; i++) {
     struct block_content old;
@@ -194,15 +194,4 @@ blocks_write_batch (struct block_store *store, uint64_t first,
       content_discard (store, &old);
   }
   zs_free_many (store->pool, freed, freed_count);
-
-  /* What the batch could not store, block by block (which can make room
-   * by writeback, and says why it failed).
-   */
-  for (unsigned i = 0; i < n; i++)
-    if (!stored[i]
-        && block_write_piece (store, first + i,
-                              in + (size_t) i * STORE_BLOCK_SIZE,
-                              0, STORE_BLOCK_SIZE, room_deadline_ms) == -1)
-      return -1;
-  return 0;
 }

@@ -1,4 +1,7 @@
-/* Recompression (zram's recompress): see block-store.h. */
+/* Recompression (zram's recompress): see block-store.h.  A mover
+ * (block-store-internal.h): it calls the walks, the entries' move
+ * protocol, the codecs and the allocator.
+ */
 
 #include <errno.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Walks over the stored blocks: idle marking, block_state, and the
- * candidates of recompression, packing and writeback.  See block-store.h
- * for the design and the locks.
+ * candidates of recompression, packing and writeback.  Above the entries
+ * and the table, which it calls; below the movers, which call it.  See
+ * block-store.h for the design and the locks.
  */
 
 #include <stdlib.h>

@@ -1,12 +1,29 @@
-/* The block store's private parts, shared by its files:
- *   block-store.c   the core: create/destroy, read, write, patch, trim,
- *                   zero, extents, statistics, and the entry helpers
- *                   (lookup, store, accounting, the move protocol)
- *   block-encode.c  encoding and decoding a block (with the zeroed overlay)
- *   block-walks.c   walks: idle marking, block_state, candidates
- *   recompress.c    recompression
- *   pack.c          cold packing: units, their decode cache, dissolving
- *   writeback.c     writeback to the backing store
+/* The block store's private parts, shared by its files, in layers that
+ * only call down (a file calls the files of its own layer and below,
+ * never above):
+ *
+ *   the store       block-store.c    create/destroy, limits, memory,
+ *                                    statistics (calls any layer)
+ *   requests        block-request.c  read, write, patch, trim, zero,
+ *                                    extents, making room
+ *   movers          block-batch.c    batched writes (returns what it
+ *                                    could not store: the request layer
+ *                                    writes it again)
+ *                   pack.c           cold packing and dissolving
+ *                   recompress.c     recompression
+ *                   writeback.c      writeback and read-back
+ *   walks           block-walks.c    idle marking, block_state, candidates
+ *   encoding        block-encode.c   a block encoded and decoded (the
+ *                                    zeroed overlay too)
+ *                   unit-decode.c    a packed unit's blocks decoded,
+ *                                    through the decode cache
+ *   entries         block-entry.c    entries loaded and stored, their
+ *                                    accounting, the move protocol
+ *   units           unit.c           a packed unit freed
+ *                   decode-cache.c   the decode cache's slots
+ *   services        block-table.c, codec.c, backing.c (its transports
+ *                   and space map), the allocator (alloc/)
+ *
  * The design, the locks and their one order are in block-store.h.
  */
 
@@ -36,6 +53,28 @@ struct pack_unit {
   /* parts handles, then the count blocks packed (unit_blocks). */
   uint64_t words[];
 } __attribute__ ((aligned (STORE_PACK_MAX)));
+
+/* What a unit's descriptor takes (rounded up to its alignment). */
+static inline size_t
+unit_bytes (unsigned parts, unsigned count)
+{
+  size_t bytes = sizeof (struct pack_unit) + (parts + count) * sizeof (uint64_t);
+  return (bytes + STORE_PACK_MAX - 1) / STORE_PACK_MAX * STORE_PACK_MAX;
+}
+
+/* A unit's parts (allocator handles) and the blocks packed in it. */
+static inline zs_handle_t *unit_parts (struct pack_unit *unit)
+{
+  return (zs_handle_t *) unit->words;
+}
+static inline const zs_handle_t *unit_parts_const (const struct pack_unit *unit)
+{
+  return (const zs_handle_t *) unit->words;
+}
+static inline uint64_t *unit_blocks (struct pack_unit *unit)
+{
+  return unit->words + unit->parts;
+}
 
 #define UNIT_INDEX_MASK ((uint64_t) STORE_PACK_MAX - 1)
 /* Units are compressed in zstd blocks of this many blocks (pack_group):
@@ -243,8 +282,12 @@ state_is_older (uint64_t state, uint32_t now, uint32_t min_age)
   return now >= atime && now - atime >= min_age;
 }
 
-/* ---- block-store.c: time, entries, accounting, the move protocol ---- */
+/* ---- block-entry.c: time, entries, accounting, the move protocol ----- */
 
+/* A read accessed the entry (stripe lock held): the idle flag goes and
+ * the access time is now (entry layer).
+ */
+extern void entry_touch (struct block_store *store, struct block_entry *entry);
 /* Seconds since the store was created, as block entries keep them. */
 extern uint32_t store_clock (const struct block_store *store);
 
@@ -314,15 +357,9 @@ extern bool entry_claim_locked (struct block_leaf *leaf,
 extern int block_install_swap (struct block_store *store, uint64_t block,
                                struct block_content *content,
                                struct block_content *old);
-/* Write one piece of a block (a whole block, or part of one), making
- * room by writeback and trying again when memory is short: 0, or -1
- * with errno.  *room_deadline_ms: 0 before a request's first wait for
- * room, then when its waits end (writeback_for_room): one per request.
- */
-extern int block_write_piece (struct block_store *store, uint64_t block,
-                              const unsigned char *in, uint64_t from,
-                              uint64_t length, uint64_t *room_deadline_ms);
-
+/* The same, the old content discarded: 0, or -1 with errno. */
+extern int block_install (struct block_store *store, uint64_t block,
+                          struct block_content *content);
 /* ---- block-batch.c ----------------------------------------------------- */
 
 /* BATCHED WRITES (block-batch.c).  n (2..write_batch) whole blocks
@@ -330,14 +367,14 @@ extern int block_write_piece (struct block_store *store, uint64_t block,
  * their objects allocated in class runs (zs_malloc_batch), installed
  * block by block (each under its own stripe lock only: a reader waits
  * for one block's install, never for the batch), the old objects freed
- * as one batch (zs_free_many).  A block that the batch could not store
- * (memory short, no scratch slot free) goes through block_write_piece
- * (with room_deadline_ms).  0, or -1 with errno: then each block holds its old content or its new
- * one, never a mix.
+ * as one batch (zs_free_many).  stored[i] says whether block first + i
+ * now holds its new content; one that does not holds its old one (memory
+ * short, no scratch slot free): the caller, the request layer, writes it
+ * again block by block (which can make room, and says why it failed).
  */
-extern int blocks_write_batch (struct block_store *store, uint64_t first,
-                               const unsigned char *in, unsigned n,
-                               uint64_t *room_deadline_ms);
+extern void blocks_write_batch (struct block_store *store, uint64_t first,
+                                const unsigned char *in, unsigned n,
+                                bool stored[]);
 extern int write_scratch_prepare (struct block_store *store);
 extern void write_scratch_free (struct block_store *store);
 /* Free the scratch of every slot no batch is using (made again on next
@@ -415,7 +452,7 @@ struct candidates {
 extern int candidates_walk (struct block_store *store,
                             const struct candidates *walk);
 
-/* ---- pack.c ------------------------------------------------------------ */
+/* ---- unit-decode.c ----------------------------------------------------- */
 
 /* One block of a unit, through the decode cache; ahead: how many blocks
  * after it the same request reads.  Under the block's stripe lock, which
@@ -442,6 +479,27 @@ extern size_t decode_cache_trim (struct block_store *store);
  * freed.
  */
 extern size_t store_decode_cache_sweep (struct block_store *store);
+/* ---- decode-cache.c ---------------------------------------------------- */
+
+/* A unit going (unit_destroy): its slots are freed, so that the cache
+ * keeps (and mem_limit counts) live units only.
+ */
+extern void decode_cache_forget (struct block_store *store, uint64_t id);
+/* A slot's data made (charged to the pool): false if memory refused it;
+ * a slot emptied (its lock held) and its data given back: the bytes
+ * freed (errno kept); the two places unit id may be kept.
+ */
+extern bool decode_cache_slot_make (struct block_store *store,
+                                    struct unit_cache *slot);
+extern size_t decode_cache_slot_free (struct block_store *store,
+                                      struct unit_cache *slot);
+extern void decode_cache_places (struct block_store *store, uint64_t id,
+                                 struct unit_cache *place[2]);
+
+/* ---- pack.c ------------------------------------------------------------ */
+
+/* ---- unit.c ------------------------------------------------------------ */
+
 /* Free a unit: its last block moved out. */
 extern void unit_destroy (struct block_store *store, struct pack_unit *unit);
 /* Free every unit's descriptor (store_destroy; the pool had the parts). */

@@ -1,0 +1,453 @@
+/* The control channel's commands (control-commands.h lists them): each
+ * parses its words, acts on the client's store and writes its reply to
+ * client->out.  Called by control.c, on the control thread or on its
+ * worker; they call down into the store and the stats formatters only.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "control-internal.h"
+#include "error-text.h"
+#include "metrics.h"
+#include "stats-file.h"
+#include "swap-mode.h"
+
+
+/* A size as nbdkit_parse_size reads it: decimal digits, then at most
+ * one suffix, b (bytes), k m g t p e (powers of 1024) or s (512-byte
+ * sectors), either case (512M, 4G).  -1 for anything else, or a size
+ * past INT64_MAX.  Not nbdkit_parse_size itself: it logs what it cannot
+ * read, and a client's text must never reach the server's log (the
+ * caller replies the error to the client alone).
+ */
+static int64_t
+parse_size (const char *text)
+{
+  static const char suffixes[] = "bkmgtpe";
+  uint64_t number = 0;
+  const char *p = text;
+  if (*p < '0' || *p > '9')
+    return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
+      return -1;
+    number = number * 10 + (*p - '0');
+  }
+  uint64_t scale = 1;
+  if (*p) {
+    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
+    if (p[1] || (!suffix && (*p | 0x20) != 's'))
+      return -1;
+    if (suffix)
+      for (const char *k = suffixes; k < suffix; k++)
+        scale *= 1024;
+    else
+      scale = 512;
+  }
+  if (number > (uint64_t) INT64_MAX / scale)
+    return -1;
+  return (int64_t) (number * scale);
+}
+
+static int
+parse_number (const char *text, uint64_t *value)
+{
+  char *end;
+  errno = 0;
+  unsigned long long number = strtoull (text, &end, 10);
+  if (errno || end == text || *end || *text == '-')
+    return -1;
+  *value = number;
+  return 0;
+}
+
+static int
+command_info (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  struct store_stats s;
+  store_stats (store, &s);
+  fprintf (client->out, "disksize %" PRIu64 "\n", client->info->disksize);
+  fprintf (client->out, "algorithm %s\n", client->info->algorithm);
+  fprintf (client->out, "level %d\n", client->info->level);
+  fprintf (client->out, "mem_limit %" PRIu64 "\n", s.mem_limit);
+  fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
+  return 0;
+}
+
+static int
+command_zram_file (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  return stats_print_zram_file (store, argv[0], client->out);
+}
+
+static int
+command_stats (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  stats_print (store, client->out);
+  return 0;
+}
+
+static int
+command_metrics (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  metrics_print (store, client->out);
+  return 0;
+}
+
+static int
+command_classes (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  store_print_classes (store, client->out);
+  return 0;
+}
+
+static int
+command_compact (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  uint64_t pages = store_compact (store);
+  store_flush (store);
+  size_t contexts = store_release_idle_memory (store);
+  fprintf (client->out, "pages_compacted %" PRIu64 "\ncontext_bytes_freed %zu\n",
+           pages, contexts);
+  return 0;
+}
+
+static int
+command_idle (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  uint64_t age = 0;
+  if (strcmp (argv[1], "all") != 0
+      && (parse_number (argv[1], &age) == -1 || age > BLOCK_ATIME_MAX))
+    return reply_error (client, "idle: '%s' is neither 'all' nor an age in "
+                        "seconds (0..%u)", argv[1], BLOCK_ATIME_MAX);
+  uint64_t marked = store_mark_idle (store, age, client_still_there, client);
+  fprintf (client->out, "marked %" PRIu64 "\n", marked);
+  return 0;
+}
+
+static int
+command_mem_limit (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  int64_t limit = parse_size (argv[1]);
+  if (limit == -1)
+    return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
+                        argv[1]);
+  if (limit == 0 && swap_mode != SWAP_OFF)
+    return reply_error (client, "mem_limit: swap mode needs a limit");
+  /* The pool checks and sets the limit in one step, after draining its
+   * deferred frees, and says what it held when it refused.
+   */
+  uint64_t held;
+  if (store_set_mem_limit (store, limit, &held) == -1) {
+    if (errno != ENOSPC)
+      return reply_error (client, "mem_limit: %s", error_text (errno));
+    return reply_error (client, "mem_limit: %" PRId64 " is below the %"
+                        PRIu64 " bytes held now", limit, held);
+  }
+  return 0;
+}
+
+static int
+command_mem_used_max (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  if (strcmp (argv[1], "0") != 0)
+    return reply_error (client, "mem_used_max: only 0 (a reset) can be written");
+  store_reset_mem_used_max (store);
+  return 0;
+}
+
+static int
+emit_block_state (void *opaque, const struct store_block_state *state)
+{
+  struct client *client = opaque;
+  /* zram's format: index, access time (s.us), flags s w h i r n. */
+  fprintf (client->out, "%12" PRIu64 " %12" PRIu32 ".%06u %c%c%c%c%c%c\n",
+           state->block, state->atime, 0u,
+           state->same ? 's' : '.', state->written_back ? 'w' : '.',
+           state->huge ? 'h' : '.',
+           state->idle ? 'i' : '.', state->recompressed ? 'r' : '.',
+           state->incompressible ? 'n' : '.');
+  if (ftell (client->out) >= 65536) {
+    reply_flush (client);
+    if (!client_still_there (client))
+      return -1;
+  }
+  return client->gone ? -1 : 0;
+}
+
+static int
+command_block_state (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  uint64_t first, count;
+  if (parse_number (argv[1], &first) == -1 || parse_number (argv[2], &count) == -1)
+    return reply_error (client, "block_state: START and COUNT are block numbers");
+  store_block_state (store, first, count, emit_block_state, client);
+  return 0;
+}
+
+/* recompress type=idle|huge|huge_idle [threshold=BYTES] [max_pages=N]
+ * [algo=NAME|priority=N], zram's syntax.
+ */
+static int
+command_recompress (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  static const char *const types[] = { NULL, "idle", "huge", "huge_idle" };
+  struct store_recompress_request request = { 0 };
+  const char *algorithm = NULL;
+  unsigned priority = 0;        /* priority= */
+  for (int i = 1; i < argc; i++) {
+    char *value = strchr (argv[i], '=');
+    if (!value)
+      return reply_error (client, "recompress: '%s' is not KEY=VALUE", argv[i]);
+    *value++ = '\0';
+    uint64_t number = 0;
+    if (strcmp (argv[i], "type") == 0) {
+      for (int t = RECOMPRESS_IDLE; t <= RECOMPRESS_HUGE_IDLE; t++)
+        if (strcmp (value, types[t]) == 0)
+          request.type = t;
+      if (!request.type)
+        return reply_error (client, "recompress: type '%s' is not one of "
+                            "idle|huge|huge_idle", value);
+    }
+    else if (strcmp (argv[i], "algo") == 0)
+      algorithm = value;
+    else if (parse_number (value, &number) == -1)
+      return reply_error (client, "recompress: %s: '%s' is not a number",
+                          argv[i], value);
+    else if (strcmp (argv[i], "threshold") == 0)
+      request.threshold = number;
+    else if (strcmp (argv[i], "max_pages") == 0)
+      request.max_blocks = number;
+    else if (strcmp (argv[i], "priority") == 0) {
+      if (number > STORE_RECOMP_MAX || !store_recompress_algorithm (store, number))
+        return reply_error (client, "recompress: no algorithm has priority "
+                            "%" PRIu64, number);
+      priority = number;
+    }
+    else
+      return reply_error (client, "recompress: unknown key '%s'", argv[i]);
+  }
+  if (!request.type)
+    return reply_error (client, "recompress: type=idle|huge|huge_idle is needed");
+  /* algo= names an algorithm, priority= picks one: either, or both if
+   * they agree; a name that is none of the server's is refused whatever
+   * else is given.
+   */
+  request.priority = priority;
+  if (algorithm) {
+    unsigned named = 0;
+    for (unsigned p = 1; p <= STORE_RECOMP_MAX
+           && store_recompress_algorithm (store, p); p++)
+      if (strcmp (store_recompress_algorithm (store, p), algorithm) == 0) {
+        named = p;
+        break;
+      }
+    if (!named)
+      return reply_error (client, "recompress: algo=%s is not a recompression "
+                          "algorithm (recomp_algorithm=)", algorithm);
+    if (priority && priority != named)
+      return reply_error (client, "recompress: algo=%s has priority %u, not "
+                          "priority=%u", algorithm, named, priority);
+    request.priority = named;
+  }
+  if (!store_recompress_algorithm (store, 1))
+    return reply_error (client, "recompress: the server has no recompression "
+                        "algorithm (recomp_algorithm=)");
+  struct store_recompress_result result;
+  if (store_recompress (store, &request, client_still_there, client,
+                        &result) == -1)
+    return reply_error (client, "recompress: %s", error_text (errno));
+  fprintf (client->out, "tried %" PRIu64 "\nrecompressed %" PRIu64
+           "\nincompressible %" PRIu64 "\nbytes_saved %" PRIu64 "\n",
+           result.tried, result.recompressed, result.incompressible,
+           result.bytes_saved);
+  return 0;
+}
+
+/* pack [type=idle] [max_pages=N]: cold packing of the idle blocks. */
+static int
+command_pack (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  uint64_t max_blocks = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp (argv[i], "type=idle") == 0)
+      continue;
+    if (strncmp (argv[i], "max_pages=", 10) != 0
+        || parse_number (argv[i] + 10, &max_blocks) == -1)
+      return reply_error (client, "pack: '%s' is not type=idle or "
+                          "max_pages=N", argv[i]);
+  }
+  struct store_pack_result result;
+  if (store_pack (store, max_blocks, 0, client_still_there, client, &result)
+      == -1)
+    return reply_error (client, "pack: %s", error_text (errno));
+  fprintf (client->out, "units %" PRIu64 "\nblocks %" PRIu64 "\nbytes_before %"
+           PRIu64 "\nbytes_after %" PRIu64 "\n", result.units, result.blocks,
+           result.bytes_before, result.bytes_after);
+  return 0;
+}
+
+/* writeback idle|huge|huge_idle|incompressible|page_index=N|
+ * page_indexes=A-B [max_pages=N]: zram's writeback (type= may prefix the
+ * first four, as newer kernels take it).
+ */
+static int
+command_writeback (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  static const char *const types[] = {
+    [WRITEBACK_IDLE] = "idle", [WRITEBACK_HUGE] = "huge",
+    [WRITEBACK_HUGE_IDLE] = "huge_idle",
+    [WRITEBACK_INCOMPRESSIBLE] = "incompressible",
+  };
+  struct store_writeback_request request = {
+    .type = WRITEBACK_ANY, .first = 0, .last = UINT64_MAX,
+  };
+  bool typed = false;
+  for (int i = 1; i < argc; i++) {
+    const char *word = argv[i];
+    uint64_t a, b;
+    char *dash;
+    if (strncmp (word, "type=", 5) == 0)
+      word += 5;
+    bool known = false;
+    for (int t = WRITEBACK_IDLE; t <= WRITEBACK_INCOMPRESSIBLE; t++)
+      if (strcmp (word, types[t]) == 0) {
+        request.type = t;
+        known = true;
+      }
+    if (known) {
+      typed = true;
+      continue;
+    }
+    if (strncmp (word, "page_index=", 11) == 0
+        && parse_number (word + 11, &a) == 0) {
+      request.first = request.last = a;
+      typed = true;
+    }
+    else if (strncmp (word, "page_indexes=", 13) == 0
+             && (dash = strchr (word + 13, '-')) != NULL) {
+      *dash = '\0';
+      if (parse_number (word + 13, &a) == -1 || parse_number (dash + 1, &b) == -1
+          || a > b)
+        return reply_error (client, "writeback: page_indexes=%s-%s is not "
+                            "FIRST-LAST", word + 13, dash + 1);
+      request.first = a;
+      request.last = b;
+      typed = true;
+    }
+    else if (strncmp (word, "max_pages=", 10) == 0
+             && parse_number (word + 10, &a) == 0)
+      request.max_blocks = a;
+    else
+      return reply_error (client, "writeback: '%s' is not idle, huge, "
+                          "huge_idle, incompressible, page_index=N, "
+                          "page_indexes=A-B or max_pages=N", argv[i]);
+  }
+  if (!typed)
+    return reply_error (client, "writeback: say what to write back: idle, huge, "
+                        "huge_idle, incompressible, page_index=N or "
+                        "page_indexes=A-B");
+  if (!store_has_backing (store))
+    return reply_error (client, "writeback: the server has no backing store "
+                        "(backing=)");
+  struct store_writeback_result result;
+  int r = store_writeback (store, &request, client_still_there, client, &result);
+  if (r == -1 && !result.limited && !result.backing_full)
+    return reply_error (client, "writeback: %s (%" PRIu64 " blocks written "
+                        "back before)", error_text (errno), result.blocks);
+  fprintf (client->out, "blocks %" PRIu64 "\nbytes %" PRIu64 "\n",
+           result.blocks, result.bytes);
+  if (result.limited)
+    fprintf (client->out, "stopped writeback_limit\n");
+  if (result.backing_full)
+    fprintf (client->out, "stopped backing_full\n");
+  return 0;
+}
+
+/* writeback_limit [SIZE|off]: zram's writeback_limit and
+ * writeback_limit_enable in one.  SIZE (bytes, with suffixes; 0: nothing
+ * more may be written back) sets the limit and enables it, off disables
+ * it; either way, and with no argument, the reply says the limit now:
+ * what writeback may still write, as zram's writeback_limit reads.
+ */
+static int
+command_writeback_limit (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  bool limited = true;
+  int64_t bytes = 0;
+  if (argc == 2) {
+    if (strcmp (argv[1], "off") == 0)
+      limited = false;
+    else if (!*argv[1] || (bytes = parse_size (argv[1])) == -1)
+      return reply_error (client, "writeback_limit: '%s' is not a size or off "
+                          "(e.g. 512M, 0: nothing more is written back)",
+                          argv[1]);
+  }
+  if (!store_has_backing (store))
+    return reply_error (client, "writeback_limit: the server has no backing "
+                        "store (backing=)");
+  if (argc == 2 && store_set_writeback_limit (store, limited, bytes) == -1)
+    return reply_error (client, "writeback_limit: %s", error_text (errno));
+  struct store_stats s;
+  store_stats (store, &s);
+  if (s.writeback_limit_left == UINT64_MAX)
+    fprintf (client->out, "writeback_limit off\n");
+  else
+    fprintf (client->out, "writeback_limit %" PRIu64 "\n",
+             s.writeback_limit_left);
+  return 0;
+}
+
+/* dissolve PERCENT: units with fewer live blocks go. */
+static int
+command_dissolve (struct client *client, int argc, char **argv)
+{
+  struct block_store *store = client->store;
+  uint64_t percent;
+  if (parse_number (argv[1], &percent) == -1 || percent > 100)
+    return reply_error (client, "dissolve: '%s' is not a percentage", argv[1]);
+  fprintf (client->out, "dissolved %" PRIu64 "\n",
+           store_pack_dissolve (store, percent, client_still_there, client));
+  return 0;
+}
+
+static int command_help (struct client *client, int argc, char **argv);
+
+const struct control_command control_commands[] = {
+#define COMMAND_ENTRY(name, min_words, max_words, usage, run, worker_words) \
+  { #name, min_words, max_words, usage, run, worker_words },
+  CONTROL_COMMANDS (COMMAND_ENTRY)
+#undef COMMAND_ENTRY
+};
+const size_t control_command_count
+  = sizeof control_commands / sizeof control_commands[0];
+
+static int
+command_help (struct client *client, int argc, char **argv)
+{
+  for (size_t i = 0; i < control_command_count; i++)
+    fprintf (client->out, "%s\n", control_commands[i].usage);
+  return 0;
+}
+

@@ -1,0 +1,64 @@
+/* One sample of the server's figures: see stats-sample.h. */
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "stats-sample.h"
+
+static uint64_t
+process_rss_bytes (void)
+{
+  unsigned long pages_total, pages_resident;
+  FILE *fp = fopen ("/proc/self/statm", "r");
+  if (!fp)
+    return 0;
+  int n = fscanf (fp, "%lu %lu", &pages_total, &pages_resident);
+  fclose (fp);
+  return n == 2 ? (uint64_t) pages_resident * sysconf (_SC_PAGESIZE) : 0;
+}
+
+static double
+ratio (uint64_t numerator, uint64_t denominator)
+{
+  return denominator ? (double) numerator / denominator : 0;
+}
+
+/* Samples taken, ever: the number of the next. */
+static _Atomic uint64_t samples;
+
+void
+stats_sample_take (struct block_store *store, bool with_classes,
+                   struct stats_sample *sample)
+{
+  sample->number = atomic_fetch_add (&samples, 1) + 1;
+  store_stats (store, &sample->store);
+  sample->process_rss = process_rss_bytes ();
+  sample->compression_ratio = ratio (sample->store.orig_data_size,
+                                     sample->store.compr_data_size);
+  sample->memory_ratio = ratio (sample->store.orig_data_size,
+                                sample->store.mem_used_total);
+  swap_mode_status (&sample->swap);
+  swap_full_status (&sample->swap_full);
+  sample->classes = NULL;
+  sample->class_count = 0;
+  if (!with_classes)
+    return;
+  unsigned count = store_class_count (store);
+  sample->classes = calloc (count, sizeof *sample->classes);
+  if (!sample->classes)
+    return;
+  sample->class_count = count;
+  for (unsigned i = 0; i < count; i++)
+    if (store_class_stats (store, i, &sample->classes[i]) == -1)
+      sample->classes[i].pages_used = 0;        /* left out */
+}
+
+void
+stats_sample_release (struct stats_sample *sample)
+{
+  free (sample->classes);
+  sample->classes = NULL;
+  sample->class_count = 0;
+}

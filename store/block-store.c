@@ -1,0 +1,382 @@
+/* The block store itself: its making and unmaking, its limits, its
+ * memory and its statistics.  See block-store.h for the design and the
+ * locks, block-store-internal.h for how its files divide the work
+ * (block-entry.c below every other, block-request.c above them all).
+ */
+
+#include <assert.h>
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "block-store-internal.h"
+
+struct block_store *
+store_create (const struct store_config *config)
+{
+  struct block_store *store = config->size ? calloc (1, sizeof *store) : NULL;
+  if (!store) {
+    if (config->size == 0)
+      errno = EINVAL;
+    int saved = errno;
+    backing_close (config->backing);
+    errno = saved;
+    return NULL;
+  }
+  store->size = config->size;
+  store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
+  store->created_ns = monotonic_ns ();
+  store->pool = zs_pool_create (&config->pool);
+  if (!store->pool)
+    goto fail;
+  if (config->recomp_count > STORE_RECOMP_MAX) {
+    errno = EINVAL;
+    goto fail;
+  }
+  store->recomp_count = config->recomp_count;
+  store->algorithms[0] = config->algorithm;
+  store->codecs[0] = codec_create (config->algorithm, config->level);
+  if (!store->codecs[0])
+    goto fail;
+  for (unsigned p = 1; p <= store->recomp_count; p++) {
+    store->algorithms[p] = config->recomp[p - 1].algorithm;
+    store->codecs[p] = codec_create (config->recomp[p - 1].algorithm,
+                                     config->recomp[p - 1].level);
+    if (!store->codecs[p])
+      goto fail;
+  }
+  store->pack_codec = codec_create (CODEC_ZSTD,
+                                    config->pack_level ? config->pack_level
+                                    : STORE_PACK_LEVEL_DEFAULT);
+  store->pack_blocks = config->pack_blocks ? config->pack_blocks
+    : STORE_PACK_DEFAULT;
+  if (store->pack_blocks < 2 || store->pack_blocks > STORE_PACK_MAX) {
+    errno = EINVAL;
+    goto fail;
+  }
+  store->write_batch = config->write_batch ? config->write_batch
+    : STORE_WRITE_BATCH_MAX;
+  if (store->write_batch > STORE_WRITE_BATCH_MAX) {
+    errno = EINVAL;
+    goto fail;
+  }
+  {
+    size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+    uint64_t cache = config->decode_cache ? config->decode_cache
+      : STORE_DECODE_CACHE_DEFAULT;
+    store->unit_cache_count = cache / unit_plain > 1 ? cache / unit_plain : 1;
+    if (store->unit_cache_count > STORE_DECODE_CACHE_SLOTS_MAX)
+      store->unit_cache_count = STORE_DECODE_CACHE_SLOTS_MAX;
+  }
+  store->unit_cache = calloc (store->unit_cache_count,
+                              sizeof *store->unit_cache);
+  if (!store->pack_codec || !store->unit_cache)
+    goto fail;
+  for (unsigned i = 0; i < store->unit_cache_count; i++)
+    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
+  pthread_mutex_init (&store->units_lock, NULL);
+  pthread_mutex_init (&store->writeback_lock, NULL);
+  store->writeback_batch = config->writeback_batch ? config->writeback_batch
+    : STORE_WRITEBACK_BATCH;
+  if (store->writeback_batch > STORE_WRITEBACK_BATCH_MAX) {
+    errno = EINVAL;
+    goto fail;
+  }
+  store->writeback_limit = config->writeback_limited ? config->writeback_limit
+    : UINT64_MAX;
+  store->backing = config->backing;   /* the store's from here */
+  store->readback_below = config->readback_below;
+  store->backing_sync = !config->backing_nosync;
+  store->raw_threshold = zs_huge_class_size (store->pool);
+  block_table_init (&store->table, store->blocks, store->pool);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_init (&store->stripes[i], NULL);
+  backing_map_settle (store, false);    /* the empty map's */
+  return store;
+
+ fail:;
+  int saved = errno;
+  if (store->pool)
+    zs_pool_destroy (store->pool);
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
+    codec_destroy (store->codecs[p]);
+  codec_destroy (store->pack_codec);
+  free (store->unit_cache);
+  free (store);
+  backing_close (config->backing);
+  errno = saved;
+  return NULL;
+}
+
+void
+store_destroy (struct block_store *store)
+{
+  if (!store)
+    return;
+  /* The table first: its nodes are charged to the pool.  The pool frees
+   * every object at once; the entries need no walk.
+   */
+  block_table_destroy (&store->table);
+  zs_pool_destroy (store->pool);
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
+    codec_destroy (store->codecs[p]);
+  codec_destroy (store->pack_codec);
+  for (unsigned i = 0; i < store->unit_cache_count; i++) {
+    pthread_mutex_destroy (&store->unit_cache[i].lock);
+    free (store->unit_cache[i].data);
+  }
+  free (store->unit_cache);
+  units_free_all (store);      /* their parts went with the pool */
+  pthread_mutex_destroy (&store->units_lock);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_destroy (&store->stripes[i]);
+  backing_close (store->backing);
+  pthread_mutex_destroy (&store->writeback_lock);
+  write_scratch_free (store);
+  free (store);
+}
+
+size_t
+store_raw_threshold (const struct block_store *store)
+{
+  return store->raw_threshold;
+}
+
+int
+store_set_mem_limit (struct block_store *store, uint64_t limit,
+                     uint64_t *held)
+{
+  uint64_t ignored;
+  if (zs_pool_set_mem_limit_held (store->pool, limit,
+                                  held ? held : &ignored) == 0)
+    return 0;
+  /* Refused: the decode cache's slots no read is using give way first
+   * (reads make them again), as they do to a write.
+   */
+  if (errno != ENOSPC || decode_cache_trim (store) == 0)
+    return -1;                  /* decode_cache_trim keeps errno */
+  return zs_pool_set_mem_limit_held (store->pool, limit,
+                                     held ? held : &ignored);
+}
+
+void
+store_reset_mem_used_max (struct block_store *store)
+{
+  zs_pool_reset_max (store->pool);
+}
+
+void
+store_print_classes (struct block_store *store, FILE *fp)
+{
+  zs_pool_print_stats (store->pool, fp);
+}
+
+unsigned
+store_class_count (struct block_store *store)
+{
+  return zs_class_count (store->pool);
+}
+
+int
+store_class_stats (struct block_store *store, unsigned class_number,
+                   struct zs_class_stats *stats)
+{
+  return zs_class_stats (store->pool, class_number, stats);
+}
+
+uint32_t
+store_now (const struct block_store *store)
+{
+  return store_clock (store);
+}
+/* The table's reclaim grace period: take and drop every stripe lock. */
+static void
+stripes_sweep (void *opaque)
+{
+  struct block_store *store = opaque;
+
+  for (unsigned i = 0; i < STORE_STRIPES; i++) {
+    pthread_mutex_lock (&store->stripes[i]);
+    pthread_mutex_unlock (&store->stripes[i]);
+  }
+}
+
+
+uint64_t
+store_freeable (struct block_store *store, uint64_t *pages_used)
+{
+  uint64_t freeable = 0;
+  *pages_used = 0;
+  for (unsigned c = 0; c < zs_class_count (store->pool); c++) {
+    struct zs_class_stats class;
+    zs_class_stats (store->pool, c, &class);
+    freeable += class.pages_freeable;
+    *pages_used += class.pages_used;
+  }
+  return freeable;
+}
+
+uint64_t
+store_compact (struct block_store *store)
+{
+  uint64_t start = monotonic_ns ();
+  uint64_t freed = zs_compact (store->pool);
+  counter_add (&store->compact_ns, monotonic_ns () - start);
+  return freed;
+}
+
+size_t
+store_release_idle_memory (struct block_store *store)
+{
+  size_t freed = codec_trim (store->pack_codec);
+  for (unsigned p = 0; p <= store->recomp_count; p++)
+    freed += codec_trim (store->codecs[p]);
+  if (!atomic_load (&store->keep_resident))
+    freed += write_scratch_trim (store) + decode_cache_trim (store);
+  /* What the data let go of, the process should too: the C library
+   * keeps freed request buffers and metadata in its arenas otherwise.
+   * Not when the serving path is to stay resident: the next request
+   * would fault those pages in again, maybe with memory gone.
+   */
+  if (!atomic_load (&store->keep_resident))
+    malloc_trim (0);
+  return freed;
+}
+
+static void
+stripe_lock_block (void *opaque, uint64_t block)
+{
+  pthread_mutex_lock (stripe_for (opaque, block));
+}
+
+static void
+stripe_unlock_block (void *opaque, uint64_t block)
+{
+  pthread_mutex_unlock (stripe_for (opaque, block));
+}
+
+int
+store_keep_resident (struct block_store *store, unsigned threads)
+{
+  atomic_store (&store->keep_resident, true);
+  if (block_table_populate (&store->table, store->blocks, stripe_lock_block,
+                            stripe_unlock_block, store) == -1)
+    return -1;
+  if (write_scratch_prepare (store) == -1)
+    return -1;
+  return codec_prepare (store->codecs[0], threads);
+}
+
+uint64_t
+store_reserve_refill (struct block_store *store)
+{
+  return zs_pool_reserve_refill (store->pool);
+}
+
+bool
+store_reserve_release_if_empty (struct block_store *store)
+{
+  struct zs_pool_stats pool;
+  zs_pool_stats (store->pool, &pool);
+  if (pool.pages_used > 0)
+    return false;
+  if (pool.reserve_bytes > 0)
+    zs_pool_reserve_release (store->pool);
+  return true;
+}
+
+bool
+store_reserve_low (struct block_store *store)
+{
+  return zs_pool_reserve_low (store->pool);
+}
+
+void
+store_open_reserve (struct block_store *store)
+{
+  zs_pool_open_reserve (store->pool);
+}
+
+void
+store_metadata_ready (struct block_store *store, uint64_t bytes)
+{
+  zs_pool_metadata_ready (store->pool, bytes);
+}
+
+void
+store_flush (struct block_store *store)
+{
+  block_table_reclaim (&store->table, stripes_sweep, store);
+  backing_map_settle (store, false);
+  zs_pool_flush (store->pool);
+}
+
+void
+store_stats (struct block_store *store, struct store_stats *stats)
+{
+  struct zs_pool_stats pool;
+  zs_pool_stats (store->pool, &pool);
+
+  memset (stats, 0, sizeof *stats);
+  stats->disk_size = store->size;
+  stats->orig_data_size = atomic_load (&store->stored_blocks) * STORE_BLOCK_SIZE;
+  stats->compr_data_size = atomic_load (&store->compr_bytes);
+  stats->mem_used_total = pool.pages_used * ZS_PAGE_SIZE;
+  stats->mem_limit = pool.mem_limit;
+  stats->limit_used = pool.limit_used;
+  stats->mem_used_max = pool.pages_used_max * ZS_PAGE_SIZE;
+  stats->same_pages = atomic_load (&store->same_blocks);
+  stats->pages_compacted = pool.pages_compacted;
+  stats->pages_freeable = pool.pages_freeable;
+  stats->compact_ms = atomic_load (&store->compact_ns) / 1000000;
+  stats->huge_pages = atomic_load (&store->raw_blocks);
+  stats->huge_pages_since = atomic_load (&store->raw_blocks_since);
+  stats->failed_reads = atomic_load (&store->failed_reads);
+  stats->failed_writes = atomic_load (&store->failed_writes);
+  stats->invalid_io = atomic_load (&store->invalid_io);
+  stats->notify_free = atomic_load (&store->notify_free);
+  stats->reads = atomic_load (&store->reads);
+  stats->writes = atomic_load (&store->writes);
+  stats->table_bytes = atomic_load (&store->table.bytes);
+  stats->metadata_bytes = pool.metadata_bytes;
+  for (unsigned p = 0; p <= store->recomp_count; p++)
+    stats->codec_bytes += codec_memory (store->codecs[p]);
+  stats->recomp_blocks = atomic_load (&store->recomp_blocks);
+  stats->packed_blocks = atomic_load (&store->packed_blocks);
+  stats->pack_units = atomic_load (&store->pack_units);
+  stats->recomp_bytes_saved = atomic_load (&store->recomp_bytes_saved);
+  stats->reserve_bytes = pool.reserve_bytes;
+  stats->reserve_refills = pool.reserve_refills;
+  stats->reserve_misses = pool.reserve_misses;
+  stats->reserve_metadata_misses = pool.metadata_misses;
+  stats->codec_bytes += codec_memory (store->pack_codec);
+  stats->codec_bytes += atomic_load (&store->write_scratch_bytes);
+  stats->decode_cache_bytes = atomic_load (&store->decode_cache_bytes);
+  stats->decode_cache_hits = atomic_load (&store->decode_cache_hits);
+  stats->decode_cache_misses = atomic_load (&store->decode_cache_misses);
+  stats->bd_count = atomic_load (&store->bd_count);
+  stats->bd_reads = atomic_load (&store->bd_reads);
+  stats->bd_writes = atomic_load (&store->bd_writes);
+  stats->bd_bytes = atomic_load (&store->bd_bytes);
+  stats->bd_failed_reads = atomic_load (&store->bd_failed_reads);
+  stats->bd_readbacks = atomic_load (&store->bd_readbacks);
+  if (store->backing) {
+    struct backing_stats backing;
+    backing_stats (store->backing, &backing);
+    stats->backing_capacity = backing.capacity;
+    stats->backing_used = backing.used;
+    stats->backing_map_bytes = backing.map_bytes;
+    stats->backing_failed = backing.failed;
+    stats->backing_reconnects = backing.reconnects;
+    stats->backing_timeouts = backing.timeouts;
+    stats->backing_corrupt = backing.corrupt;
+    stats->backing_abandoned = backing.abandoned;
+    stats->backing_quarantined_bytes = backing.quarantined_bytes;
+    stats->backing_errors_nospace = backing.errors_nospace;
+    stats->backing_errors_io = backing.errors_io;
+  }
+  stats->writeback_limit_left = atomic_load (&store->writeback_limit);
+}
+
