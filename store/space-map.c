@@ -27,11 +27,13 @@ space_map_init (struct space_map *map, uint64_t sectors)
   while (map->tree_base < map->leaf_count)
     map->tree_base *= 2;
   map->leaves = calloc (map->leaf_count ? map->leaf_count : 1,
-                            sizeof *map->leaves);
+                        sizeof *map->leaves);
   map->longest = calloc (2 * map->tree_base, sizeof *map->longest);
   map->longest_runs = calloc (map->leaf_count ? map->leaf_count : 1,
-                                  sizeof *map->longest_runs);
+                              sizeof *map->longest_runs);
   if (!map->leaves || !map->longest || !map->longest_runs) {
+    /* Nothing half made: the caller destroys only a map that was made. */
+    space_map_destroy (map);
     errno = ENOMEM;
     return -1;
   }

@@ -67,7 +67,9 @@ struct space_map {
   uint64_t quarantined_bytes;   /* their bytes, in whole sectors */
 };
 
-/* A map of sectors sectors, all free: 0, or -1 with errno ENOMEM. */
+/* A map of sectors sectors, all free: 0, or -1 with errno ENOMEM (and
+ * nothing to destroy).
+ */
 extern int space_map_init (struct space_map *map, uint64_t sectors);
 extern void space_map_destroy (struct space_map *map);
 
