@@ -273,7 +273,7 @@ lz4_compress (LZ4_stream_t *stream, const void *src, size_t length,
  * below for a leak: it lets the zstd calls, given the caller's buffers,
  * clobber the fresh context's "temporary", and it does not see the slot
  * take the context (an atomic builtin's store).  Its leak check is off
- * for these four functions only; check-valgrind (test-store) checks them.
+ * for these four functions only; check-valgrind (tests/test-store-*) checks them.
  */
 #if __GNUC__ >= 10 && !defined (__clang__)
 #pragma GCC diagnostic push

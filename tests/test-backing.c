@@ -7,7 +7,7 @@
  * The test counts the memory backing.c allocates itself: it is linked
  * with -Wl,--wrap for malloc, calloc, realloc, aligned_alloc,
  * posix_memalign and free, and adds up the usable size of every block.
- * (tests/test-store.c has the space map's older tests.)
+ * (tests/test-store-writeback.c has the space map's older tests.)
  */
 
 #ifndef _GNU_SOURCE
