@@ -78,6 +78,13 @@
 #                        print them grouped by thread and by code address,
 #                        with the server's mappings to resolve them
 #   ZRAM_VM_SMP          guest CPUs (default 2)
+#   ZRAM_VM_SWAP_KIND    nbd (default): swap to the server as above;
+#                        kernel: to the guest kernel's own zram, with the
+#                        same COMP, SIZE, MEM_LIMIT and min_free_kbytes
+#                        floor (bench/run-swap-vs-zram.sh compares them)
+#   ZRAM_VM_SIDES_MB     before the workload, each side of swap alone:
+#                        this many MiB pushed out at once and read back
+#                        (vmtouch -o), twice; default 0 (not run)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
 #   ZRAM_VM_STALL        the guest watchdog: seconds without progress
 #                        (default 120)
@@ -107,6 +114,8 @@ FILLERS=${ZRAM_VM_FILLERS:-2}
 TOUCH_MB=${ZRAM_VM_TOUCH_MB:-192}
 TOUCHERS=${ZRAM_VM_TOUCHERS:-2}
 VM_SMP=${ZRAM_VM_SMP:-2}
+SWAP_KIND=${ZRAM_VM_SWAP_KIND:-nbd}
+SIDES_MB=${ZRAM_VM_SIDES_MB:-0}
 VM_TIMEOUT=${ZRAM_VM_TIMEOUT:-900}
 STALL=${ZRAM_VM_STALL:-120}
 HOST_STALL=${ZRAM_VM_HOST_STALL:-240}
@@ -174,6 +183,12 @@ case "$COMP" in
     lz4|zstd) ;;
     *) fail "COMP=$COMP: lz4 or zstd" ;;
 esac
+case "$SWAP_KIND" in
+    nbd) guest_modules=nbd ;;
+    # zram's compressor comes from the kernel's crypto API: its module.
+    kernel) guest_modules="nbd zram $COMP" ;;
+    *) fail "ZRAM_VM_SWAP_KIND=$SWAP_KIND: nbd or kernel" ;;
+esac
 case "$SWAP_MODE" in
     on|try|off) ;;
     *) fail "SWAP_MODE=$SWAP_MODE: on, try or off" ;;
@@ -210,9 +225,11 @@ DATA='$DATA'
 TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
 FILL_UNLINK='$([ "$EXPECT" = recover ] && echo 1 || echo 0)'
 TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
+SWAP_KIND='$SWAP_KIND'
+SIDES_MB='$SIDES_MB'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
-    "$busybox" "$SRCDIR/tests/vm-nbd/init" nbd \
+    "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \
     "/etc/zram-vm.conf=$tmp/zram-vm.conf" \
     "/bin/nbdkit=$nbdkit_bin" \
     "/lib/nbdkit/nbdkit-zram-plugin.so=$PLUGIN" \
@@ -391,6 +408,7 @@ if [ -n "$faults_line" ] && [ -n "${st[swap_write_faults]:-}" ]; then
     read_faults=$(( ${st[swap_read_faults]} - $(field "$faults_line" read) ))
 fi
 knobs="swap=$SWAP_MODE"
+[ "$SWAP_KIND" = nbd ] || knobs="kind=$SWAP_KIND"
 [ -z "$RT" ] || knobs+=" rt=SCHED_RR:$RT"
 [ -z "$MIN_FREE_KB" ] || knobs+=" min_free_kbytes=$MIN_FREE_KB"
 [ -z "${ZRAM_VM_EXTRA:-}" ] || knobs+=" $ZRAM_VM_EXTRA"
@@ -401,7 +419,7 @@ server=$(field "$result_line" server)
 cat <<EOF
 $TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs ($FILLERS files) + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
 EOF
-grep -a '^ZRAM-VM: \(tool \|swap off with memory short\|booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|vm\.min\|workload\|touch .*: done\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
+grep -a '^ZRAM-VM: \(tool \|swap off with memory short\|booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|kernel zram:\|vm\.min\|workload\|touch .*: \(done\|sides\)\|profile\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
     sed 's/^ZRAM-VM: /  guest: /' || :
 [ -z "$hang_by" ] || echo "  hang detected by $hang_by"
 # At a hang the stats are the last the watchdog could read (the server's
@@ -423,7 +441,8 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "stack_faults=${st[swap_stack_faults]:-?} metadata_misses=${st[reserve_metadata_misses]:-?}" \
     "oom_kills_asked=${st[swap_full_oom_kills]:-?}" \
     "stall_max=${stall_max:-?}s server=${server:-?}" \
-    "workload_time=${guest_time:-?}s qemu_time=$((t_end - t_boot))s"
+    "workload_time=${guest_time:-?}s workload_time_cs=$(field "$result_line" time_cs)" \
+    "qemu_time=$((t_end - t_boot))s"
 
 # ---- for a hang: who is stuck where ----------------------------------------
 # Each task of the sysrq dumps (w: blocked, l: on a CPU, t: all; only the

@@ -7,6 +7,7 @@
  *              MIB SEED
  *        touch -d MIB SEED        (write the pages to stdout: to measure
  *                                  how they compress, on the host)
+ *        touch -o [-n NAME] MIB SEED   (each side of swap alone, timed)
  *
  * Maps MIB MiB (anonymous, or with -f a file of that size mapped shared:
  * on a tmpfs its pages are the tmpfs's; with -u the file is unlinked once
@@ -24,6 +25,21 @@
  * 8.1:1 with lz4 and 9.1:1 with zstd level 1, so that a full 1 GiB device
  * fits the guest test's mem_limit of 160M (RAND 128 and TEXT 512: 6.6:1
  * and 7.5:1, which overfill it; RAND 256 and TEXT 768: 4.5:1 and 5.2:1).
+ *
+ * With -o (swap out, swap in): the anonymous pages are filled, then all
+ * pushed out to swap at once with madvise (MADV_PAGEOUT: the kernel
+ * reclaims them now, whatever the memory pressure) and the writes waited
+ * for (Writeback: 0 in /proc/meminfo: a device that completes writes
+ * later, as nbd does, is timed to their end), which is the swap-out side
+ * alone.  The pages still in the swap cache once written are reclaimed
+ * (the root cgroup's memory.reclaim, when cgroup2 is mounted at
+ * /sys/fs/cgroup), so that each read comes from the device.  Then every
+ * page is read back in order and checked once, each read a fault that
+ * brings the page in from swap, the swap-in side alone.  Pages found
+ * resident (mincore) before the reads are counted: a page that was not
+ * swapped out is not timed as one that was.
+ * Its line:
+ *   ZRAM-VM: touch NAME: sides pages=P out=O pageout_s=S swapin_s=T bad=B
  *
  * Output, on stdout (the guest's console), lines the host reads:
  *   ZRAM-VM: touch NAME: PHASE N MiB          every 32 MiB of each phase
@@ -137,12 +153,84 @@ progress (const char *phase, uint64_t pages)
   if (pwrite (progress_fd, buf, n, 0) < 0) { /* a watchdog aid: ignore */ }
 }
 
+/* Whether /proc/meminfo says pages are under writeback. */
+static int
+writeback_pending (void)
+{
+  char line[128];
+  long kib = 0;
+  FILE *f = fopen ("/proc/meminfo", "r");
+  if (!f)
+    return 0;
+  while (fgets (line, sizeof line, f))
+    if (sscanf (line, "Writeback: %ld", &kib) == 1)
+      break;
+  fclose (f);
+  return kib > 0;
+}
+
+/* -o: the swap-out side alone, then the swap-in side alone (see the top). */
+static int
+swap_sides (const char *name, uint64_t mib, uint64_t seed, uint64_t pages)
+{
+  uint8_t *mem = mmap (NULL, mib << 20, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  unsigned char *resident = malloc (pages);
+  uint8_t expect[PAGE];
+  uint64_t i, out = 0, bad = 0;
+  double t0, t1, t1_reads, t2;
+
+  if (mem == MAP_FAILED || !resident) {
+    fprintf (stderr, "touch: -o %" PRIu64 " MiB: %m\n", mib);
+    return 2;
+  }
+  for (i = 0; i < pages; i++)
+    make_page (mem + i * PAGE, seed, i);
+  t0 = now ();
+  if (madvise (mem, mib << 20, MADV_PAGEOUT) < 0) {
+    fprintf (stderr, "touch: madvise MADV_PAGEOUT: %m\n");
+    return 2;
+  }
+  while (writeback_pending ())
+    usleep (1000);
+  t1 = now ();
+  {
+    FILE *reclaim = fopen ("/sys/fs/cgroup/memory.reclaim", "w");
+    if (reclaim) {
+      fprintf (reclaim, "%" PRIu64 "M\n", mib);
+      fclose (reclaim);             /* a partial reclaim fails: counted below */
+    }
+  }
+  if (mincore (mem, mib << 20, resident) < 0) {
+    fprintf (stderr, "touch: mincore: %m\n");
+    return 2;
+  }
+  for (i = 0; i < pages; i++)
+    out += !(resident[i] & 1);
+  t1_reads = now ();
+  for (i = 0; i < pages; i++) {
+    make_page (expect, seed, i);
+    if (memcmp (mem + i * PAGE, expect, PAGE) != 0) {
+      if (bad < 10)
+        printf ("ZRAM-VM: touch %s: MISMATCH swap-in page %" PRIu64 "\n",
+                name, i);
+      bad++;
+    }
+  }
+  t2 = now ();
+  printf ("ZRAM-VM: touch %s: sides pages=%" PRIu64 " out=%" PRIu64
+          " pageout_s=%.3f swapin_s=%.3f bad=%" PRIu64 "\n",
+          name, pages, out, t1 - t0, t2 - t1_reads, bad);
+  return bad ? 1 : 0;
+}
+
 static void
 usage (void)
 {
   fprintf (stderr, "usage: touch [-f FILE] [-p PROGRESS] [-n NAME] "
            "[-r RAND] [-x TEXT] MIB SEED\n"
-           "       touch [-r RAND] [-x TEXT] -d MIB SEED\n");
+           "       touch [-r RAND] [-x TEXT] -d MIB SEED\n"
+           "       touch [-n NAME] [-r RAND] [-x TEXT] -o MIB SEED\n");
   exit (2);
 }
 
@@ -150,17 +238,18 @@ int
 main (int argc, char **argv)
 {
   const char *file = NULL, *progress_file = NULL, *name = NULL;
-  int dump = 0, unlink_file = 0, c;
+  int dump = 0, unlink_file = 0, sides = 0, c;
   uint64_t mib, seed, pages, i, bad = 0, verified = 0;
   uint8_t *mem, expect[PAGE];
   double t0, t1, t2;
   int pass;
 
-  while ((c = getopt (argc, argv, "df:n:p:r:ux:")) != -1) {
+  while ((c = getopt (argc, argv, "df:n:op:r:ux:")) != -1) {
     switch (c) {
     case 'd': dump = 1; break;
     case 'f': file = optarg; break;
     case 'n': name = optarg; break;
+    case 'o': sides = 1; break;
     case 'p': progress_file = optarg; break;
     case 'r': rand_bytes = strtoul (optarg, NULL, 0); break;
     case 'u': unlink_file = 1; break;
@@ -187,6 +276,9 @@ main (int argc, char **argv)
     }
     return 0;
   }
+
+  if (sides)
+    return swap_sides (name, mib, seed, pages);
 
   if (progress_file) {
     progress_fd = open (progress_file, O_WRONLY | O_CREAT, 0644);

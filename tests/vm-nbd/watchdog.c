@@ -110,14 +110,16 @@ vmstat_field (const char *text, const char *name)
   return 0;
 }
 
-/* Used KiB of /dev/nbd0 in /proc/swaps. */
+/* Used KiB of the swap device (/dev/nbd0, or the kernel's /dev/zram0:
+ * the guest has one) in /proc/swaps: its first line after the header.
+ */
 static long long
 swap_used (const char *text)
 {
-  const char *p = strstr (text, "/dev/nbd0");
+  const char *p = strchr (text, '\n');
   long long size, used;
   char type[32];
-  if (!p || sscanf (p + 9, "%31s %lld %lld", type, &size, &used) != 3)
+  if (!p || sscanf (p + 1, "%*s %31s %lld %lld", type, &size, &used) != 3)
     return 0;
   return used;
 }
