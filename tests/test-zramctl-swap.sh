@@ -41,6 +41,11 @@ refused "--ratio: '0.5' is not a compression ratio" on --ratio 0.5
 refused "--ratio: 'x' is not a compression ratio" on --ratio x
 refused "--device: '/dev/sda' is not /dev/nbdN" on --device /dev/sda
 refused "--min-free-kbytes: '-5' is not a number" on --min-free-kbytes -5
+refused "--connections: 'x' is not a number from 1 to 16" on --connections x
+refused "--connections: '0' is not a number from 1 to 16" on --connections 0
+refused "--connections: 17 is above 16" on --connections 17
+refused "--page-cluster: 'big' is neither a number from 0 to 10 nor keep" on --page-cluster big
+refused "--page-cluster: 11 is above 10" on --page-cluster 11
 refused "swap on: unknown argument '--bogus'" on --bogus
 refused "'sideways' is none of on, off, status" sideways
 refused "usage:" off /dev/nbd0 /dev/nbd1
@@ -116,8 +121,13 @@ if [ "$(id -u)" = 0 ]; then
 
     # A swap on stopped midway (SIGKILL: no trap ran): status shows it,
     # off finishes it, stopping the server it recorded.
+    # It had set vm.page-cluster: off puts back the value recorded (the
+    # one there now, so that the machine is left as it was).
     mkdir -p "$tmp/run/nbd9"
     state "$stand_in" "$(start_of "$stand_in")" starting
+    page_cluster_before=$(cat /proc/sys/vm/page-cluster)
+    [ ! -w /proc/sys/vm/page-cluster ] ||
+        echo "old_page_cluster=$page_cluster_before" >> "$tmp/run/nbd9/state"
     rc=0
     "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
     [ "$rc" = 1 ] || fail "swap status of an interrupted swap on: exit status $rc"
@@ -126,6 +136,10 @@ if [ "$(id -u)" = 0 ]; then
     "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
     grep -q "swap off /dev/nbd9 (a swap on that was interrupted at: starting)" "$tmp/out" ||
         fail "swap off of an interrupted swap on: $(cat "$tmp/out")"
+    if [ -w /proc/sys/vm/page-cluster ]; then
+        grep -q "vm.page-cluster: back to $page_cluster_before" "$tmp/out" ||
+            fail "swap off did not put vm.page-cluster back: $(cat "$tmp/out")"
+    fi
     ! kill -0 "$stand_in" 2>/dev/null || fail "swap off left the server running"
     [ ! -e "$tmp/run/nbd9" ] || fail "swap off left $tmp/run/nbd9"
     [ "$(cat /proc/sys/vm/min_free_kbytes)" = "$min_free_before" ] ||
