@@ -121,13 +121,17 @@ if [ "$(id -u)" = 0 ]; then
 
     # A swap on stopped midway (SIGKILL: no trap ran): status shows it,
     # off finishes it, stopping the server it recorded.
-    # It had set vm.page-cluster: off puts back the value recorded (the
-    # one there now, so that the machine is left as it was).
-    mkdir -p "$tmp/run/nbd9"
+    # It had set vm.min_free_kbytes and vm.page-cluster (the values
+    # recorded are the ones there now, so that the machine is left as it
+    # was), and another device, set up later, had not: off hands the old
+    # values on to that one's state, whose own off puts them back.
+    mkdir -p "$tmp/run/nbd9" "$tmp/run/nbd8"
     state "$stand_in" "$(start_of "$stand_in")" starting
     page_cluster_before=$(cat /proc/sys/vm/page-cluster)
-    [ ! -w /proc/sys/vm/page-cluster ] ||
-        echo "old_page_cluster=$page_cluster_before" >> "$tmp/run/nbd9/state"
+    printf 'old_min_free=%s\nold_page_cluster=%s\n' "$min_free_before" \
+        "$page_cluster_before" >> "$tmp/run/nbd9/state"
+    printf 'device=/dev/nbd8\nserver_pid=%s\nserver_start=12345\nphase=on\n' \
+        "$gone" > "$tmp/run/nbd8/state"
     rc=0
     "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
     [ "$rc" = 1 ] || fail "swap status of an interrupted swap on: exit status $rc"
@@ -136,10 +140,15 @@ if [ "$(id -u)" = 0 ]; then
     "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
     grep -q "swap off /dev/nbd9 (a swap on that was interrupted at: starting)" "$tmp/out" ||
         fail "swap off of an interrupted swap on: $(cat "$tmp/out")"
-    if [ -w /proc/sys/vm/page-cluster ]; then
+    grep -qx "old_min_free=$min_free_before" "$tmp/run/nbd8/state" &&
+        grep -qx "old_page_cluster=$page_cluster_before" "$tmp/run/nbd8/state" ||
+        fail "swap off did not hand the old settings on: $(cat "$tmp/run/nbd8/state")"
+    "$ZRAMCTL" swap off /dev/nbd8 > "$tmp/out" 2>&1 || fail "swap off /dev/nbd8: $(cat "$tmp/out")"
+    grep -q "vm.min_free_kbytes: back to $min_free_before" "$tmp/out" &&
         grep -q "vm.page-cluster: back to $page_cluster_before" "$tmp/out" ||
-            fail "swap off did not put vm.page-cluster back: $(cat "$tmp/out")"
-    fi
+        fail "the last swap off did not put the settings back: $(cat "$tmp/out")"
+    [ "$(cat /proc/sys/vm/page-cluster)" = "$page_cluster_before" ] ||
+        fail "swap off changed vm.page-cluster"
     ! kill -0 "$stand_in" 2>/dev/null || fail "swap off left the server running"
     [ ! -e "$tmp/run/nbd9" ] || fail "swap off left $tmp/run/nbd9"
     [ "$(cat /proc/sys/vm/min_free_kbytes)" = "$min_free_before" ] ||
