@@ -101,21 +101,11 @@ zs_compact (struct zs_pool *pool)
 int
 move_locks_init (struct zs_pool *pool)
 {
-  pool->move_locks = aligned_alloc (_Alignof (struct move_lock),
-                                    ZS_MOVE_LOCKS * sizeof *pool->move_locks);
+  pool->move_locks = pool_memory_alloc (pool->config.region,
+                                        ZS_MOVE_LOCKS * sizeof *pool->move_locks,
+                                        _Alignof (struct move_lock));
   if (!pool->move_locks)
     return -1;
-  /* Writers first: a mover waiting for a zspage's lock stops new readers
-   * of it, so steady reads cannot starve it.
-   */
-  pthread_rwlockattr_t attributes;
-  pthread_rwlockattr_init (&attributes);
-  pthread_rwlockattr_setkind_np (&attributes,
-                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
-    pthread_rwlock_init (&pool->move_locks[i].lock, &attributes);
-  pthread_rwlockattr_destroy (&attributes);
-  pthread_mutex_init (&pool->compact_lock, NULL);
   atomic_fetch_add (&pool->metadata_bytes,
                     ZS_MOVE_LOCKS * sizeof *pool->move_locks);
   return 0;
@@ -127,5 +117,5 @@ move_locks_destroy (struct zs_pool *pool)
   for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
     pthread_rwlock_destroy (&pool->move_locks[i].lock);
   pthread_mutex_destroy (&pool->compact_lock);
-  free (pool->move_locks);
+  pool_memory_free (pool->config.region, pool->move_locks);
 }

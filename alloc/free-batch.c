@@ -163,14 +163,13 @@ free_batches_pending (struct zs_pool *pool)
 int
 free_batches_init (struct zs_pool *pool)
 {
-  pool->batches = aligned_alloc (_Alignof (struct free_batch),
-                                 ZS_FREE_BATCHES * sizeof *pool->batches);
+  pool->batches = pool_memory_alloc (pool->config.region,
+                                     ZS_FREE_BATCHES * sizeof *pool->batches,
+                                     _Alignof (struct free_batch));
   if (!pool->batches)
     return -1;
-  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++) {
-    pthread_mutex_init (&pool->batches[n].lock, NULL);
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
     pool->batches[n].count = 0;
-  }
   atomic_fetch_add (&pool->metadata_bytes,
                     ZS_FREE_BATCHES * sizeof *pool->batches);
   return 0;
@@ -184,5 +183,5 @@ free_batches_destroy (struct zs_pool *pool)
 {
   for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
     pthread_mutex_destroy (&pool->batches[n].lock);
-  free (pool->batches);
+  pool_memory_free (pool->config.region, pool->batches);
 }

@@ -7,6 +7,7 @@
 
 #include "dlist.h"
 #include "page-source.h"
+#include "zsalloc-internal.h"
 
 #ifndef MADV_DONTNEED_LOCKED
 #define MADV_DONTNEED_LOCKED 24 /* Linux 5.18 */
@@ -19,8 +20,13 @@
  * splits the mapping.
  */
 static bool
-range_give_back (unsigned char *start, size_t length, bool *unlocked)
+range_give_back (struct page_source *source, unsigned char *start,
+                 size_t length, bool *unlocked)
 {
+  if (source->region) {
+    region_punch (source->region, start, length);
+    return true;
+  }
   if (madvise (start, length, MADV_DONTNEED) == 0)
     return true;
   if (errno != EINVAL)
@@ -37,18 +43,31 @@ range_give_back (unsigned char *start, size_t length, bool *unlocked)
  * not, and without splitting the mapping (an older kernel keeps it).
  */
 static void
-range_give_back_unlocked (unsigned char *start, size_t length)
+range_give_back_unlocked (struct page_source *source, unsigned char *start,
+                          size_t length)
 {
-  if (madvise (start, length, MADV_DONTNEED) == -1 && errno == EINVAL)
+  if (source->region)
+    region_punch (source->region, start, length);
+  else if (madvise (start, length, MADV_DONTNEED) == -1 && errno == EINVAL)
     madvise (start, length, MADV_DONTNEED_LOCKED);
 }
 
 void
-page_source_init (struct page_source *source, bool resident_only)
+page_source_locks_init (struct page_source *source)
 {
-  atomic_init (&source->pages_returned, 0);
   pthread_mutex_init (&source->purge_lock, NULL);
   pthread_mutex_init (&source->reserve_lock, NULL);
+  for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++)
+    pthread_mutex_init (&source->lists[len].lock, NULL);
+}
+
+void
+page_source_init (struct page_source *source, bool resident_only,
+                  struct region *region)
+{
+  source->region = region;
+  atomic_init (&source->pages_returned, 0);
+  page_source_locks_init (source);
   source->reserve = NULL;
   atomic_init (&source->reserve_chunks, 0);
   atomic_init (&source->reserve_misses, 0);
@@ -60,7 +79,6 @@ page_source_init (struct page_source *source, bool resident_only)
   source->chunk_bytes = (size_t) source->chunk_pages * ZS_PAGE_SIZE;
   atomic_init (&source->runs_readied, 0);
   for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
-    pthread_mutex_init (&source->lists[len].lock, NULL);
     source->lists[len].partial = NULL;
     source->lists[len].all = NULL;
     source->lists[len].dirty = NULL;
@@ -80,13 +98,23 @@ chunk_spare_pages (const struct page_chunk *chunk)
     ? (uint64_t) (chunk->runs - chunk->never_used) * chunk->run_pages : 0;
 }
 
+/* Give a chunk's worth of address space back (chunk_mapping's). */
+static void
+mapping_free (struct page_source *source, void *base)
+{
+  if (source->region)
+    region_free (source->region, base);
+  else
+    munmap (base, source->chunk_bytes);
+}
+
 /* Unmap a chunk, whose list lock is not held (it is off every list). */
 static void
 chunk_unmap (struct page_source *source, struct page_chunk *chunk)
 {
   atomic_fetch_sub (&source->reserve_spare_pages, chunk_spare_pages (chunk));
-  munmap (chunk->base, source->chunk_bytes);
-  free (chunk);
+  mapping_free (source, chunk->base);
+  pool_memory_free (source->region, chunk);
 }
 
 /* The newest reserve chunk, or NULL.  spare_pages of it stay populated
@@ -123,7 +151,7 @@ page_source_destroy (struct page_source *source)
   /* The reserve's chunks (the spare runs went with their chunks). */
   void *base;
   while ((base = reserve_take (source, 0)))
-    munmap (base, source->chunk_bytes);
+    mapping_free (source, base);
   pthread_mutex_destroy (&source->reserve_lock);
   pthread_mutex_destroy (&source->purge_lock);
 }
@@ -132,6 +160,9 @@ page_source_destroy (struct page_source *source)
 static void *
 chunk_mapping (struct page_source *source)
 {
+  if (source->region)
+    return region_alloc (source->region, source->chunk_bytes,
+                         REGION_PAGE_SIZE);
   void *base = mmap (NULL, source->chunk_bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
@@ -186,7 +217,7 @@ reserve_spare_drop (struct page_source *source)
         continue;
       size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
       bool unlocked = false;
-      range_give_back (chunk->base + chunk->never_used * run_bytes,
+      range_give_back (source, chunk->base + chunk->never_used * run_bytes,
                        spare * ZS_PAGE_SIZE, &unlocked);
       chunk->locked |= unlocked;
       chunk->from_reserve = false;
@@ -206,7 +237,7 @@ page_source_reserve_drop (struct page_source *source)
 {
   void *base = reserve_take (source, 0);
   if (base) {
-    munmap (base, source->chunk_bytes);
+    mapping_free (source, base);
     return true;
   }
   return reserve_spare_drop (source);
@@ -219,7 +250,9 @@ static struct page_chunk *
 chunk_map (struct page_source *source, unsigned run_pages)
 {
   unsigned runs = source->chunk_pages / run_pages;
-  struct page_chunk *chunk = malloc (sizeof *chunk + runs * sizeof (uint16_t));
+  struct page_chunk *chunk = pool_memory_alloc (source->region, sizeof *chunk
+                                               + runs * sizeof (uint16_t),
+                                               _Alignof (struct page_chunk));
   if (!chunk)
     return NULL;
   void *base = reserve_take (source, (uint64_t) runs * run_pages);
@@ -234,21 +267,21 @@ chunk_map (struct page_source *source, unsigned run_pages)
     if (used < source->chunk_bytes && source->resident_only)
       chunk->tail_resident = true;
     else if (used < source->chunk_bytes)
-      range_give_back_unlocked ((unsigned char *) base + used,
+      range_give_back_unlocked (source, (unsigned char *) base + used,
                                 source->chunk_bytes - used);
   }
   else {
     if (source->reserve_target)
       atomic_fetch_add (&source->reserve_misses, 1);
     if (source->resident_only) {
-      free (chunk);
+      pool_memory_free (source->region, chunk);
       errno = EAGAIN;
       return NULL;
     }
     base = chunk_mapping (source);
   }
   if (!base) {
-    free (chunk);
+    pool_memory_free (source->region, chunk);
     return NULL;
   }
   chunk->base = base;
@@ -518,7 +551,8 @@ purge_runs (struct page_source *source, struct page_run_list *list,
     if (!entries[i].run)
       continue;
     bool unlocked = false;
-    if (!range_give_back (entries[i].run, (j - i) * run_bytes, &unlocked))
+    if (!range_give_back (source, entries[i].run, (j - i) * run_bytes,
+                          &unlocked))
       atomic_fetch_sub_explicit (&source->pages_returned,
                                  (uint64_t) (j - i) * run_pages,
                                  memory_order_relaxed);
@@ -593,7 +627,7 @@ tails_give_back (struct page_source *source, struct page_run_list *list,
       }
     pthread_mutex_unlock (&list->lock);
     for (unsigned i = 0; i < n; i++)
-      range_give_back_unlocked (tails[i], source->chunk_bytes - used);
+      range_give_back_unlocked (source, tails[i], source->chunk_bytes - used);
     if (n < 16)
       return;
   }

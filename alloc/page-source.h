@@ -83,6 +83,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "region.h"
 #include "zsalloc.h"
 
 /* A chunk's size: 2 MiB; in resident_only a quarter of that, as each run
@@ -162,9 +163,16 @@ struct page_source {
   size_t chunk_bytes;             /* the same in bytes */
   _Atomic uint64_t runs_readied;  /* free runs made resident again by
                                      page_source_ready_runs, ever */
+  struct region *region;          /* chunks come from this region (and
+                                     go back to it, punched out); NULL:
+                                     anonymous mappings.  This process's
+                                     view: set anew by a take-over */
 };
 
-extern void page_source_init (struct page_source *source, bool resident_only);
+extern void page_source_init (struct page_source *source, bool resident_only,
+                              struct region *region);
+/* Every lock of the source made anew (init, and a take-over). */
+extern void page_source_locks_init (struct page_source *source);
 /* Unmap every chunk, whether or not its runs were freed. */
 extern void page_source_destroy (struct page_source *source);
 /* A run of run_pages pages, or NULL with errno ENOMEM (resident_only:

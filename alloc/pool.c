@@ -29,45 +29,72 @@ config_is_valid (const struct zs_pool_config *config)
         || config->free_mode == ZS_FREE_IMMEDIATE);
 }
 
+/* Writers first: a change of the limit is not starved by charges, and a
+ * mover waiting for a zspage's move lock stops new readers of it, so
+ * steady reads cannot starve it.
+ */
+static void
+rwlock_init_writers_first (pthread_rwlock_t *lock)
+{
+  pthread_rwlockattr_t attributes;
+  pthread_rwlockattr_init (&attributes);
+#ifdef __GLIBC__
+  pthread_rwlockattr_setkind_np (&attributes,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+  pthread_rwlock_init (lock, &attributes);
+  pthread_rwlockattr_destroy (&attributes);
+}
+
+void
+pool_locks_init (struct zs_pool *pool)
+{
+  rwlock_init_writers_first (&pool->limit_lock);
+  pthread_mutex_init (&pool->pool_lock, NULL);
+  pthread_mutex_init (&pool->compact_lock, NULL);
+  page_source_locks_init (&pool->pages);
+  for (unsigned c = 0; c < pool->distinct_classes; c++)
+    pthread_mutex_init (&pool->classes[c].own_lock, NULL);
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
+    pthread_mutex_init (&pool->batches[n].lock, NULL);
+  for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
+    rwlock_init_writers_first (&pool->move_locks[i].lock);
+}
+
 struct zs_pool *
 zs_pool_create (const struct zs_pool_config *config)
 {
-  struct zs_pool *pool = calloc (1, sizeof *pool);
+  struct zs_pool_config chosen;
+  if (config)
+    chosen = *config;
+  else
+    zs_pool_config_init (&chosen);
+  if (!config_is_valid (&chosen)) {
+    errno = EINVAL;
+    return NULL;
+  }
+  struct zs_pool *pool = pool_memory_alloc (chosen.region, sizeof *pool,
+                                            _Alignof (struct zs_pool));
   if (!pool) {
     errno = ENOMEM;
     return NULL;
   }
-  if (config)
-    pool->config = *config;
-  else
-    zs_pool_config_init (&pool->config);
-  if (!config_is_valid (&pool->config)) {
-    free (pool);
-    errno = EINVAL;
-    return NULL;
-  }
+  memset (pool, 0, sizeof *pool);
+  pool->config = chosen;
 
   atomic_init (&pool->mem_limit, pool->config.mem_limit);
-  /* Writers first: a change of the limit is not starved by charges. */
-  pthread_rwlockattr_t attr;
-  pthread_rwlockattr_init (&attr);
-#ifdef __GLIBC__
-  pthread_rwlockattr_setkind_np (&attr,
-                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-#endif
-  pthread_rwlock_init (&pool->limit_lock, &attr);
-  pthread_rwlockattr_destroy (&attr);
-  page_source_init (&pool->pages, pool->config.resident_only);
+  page_source_init (&pool->pages, pool->config.resident_only,
+                    pool->config.region);
   size_t chunk_bytes = pool->pages.chunk_bytes;
   pool->pages.reserve_target = (pool->config.reserve_bytes + chunk_bytes - 1)
     / chunk_bytes;
-  pthread_mutex_init (&pool->pool_lock, NULL);
   if (size_classes_init (pool) == -1)
     goto fail_classes;
   if (free_batches_init (pool) == -1)
     goto fail_batches;
   if (move_locks_init (pool) == -1)
     goto fail_move_locks;
+  pool_locks_init (pool);
   return pool;
 
  fail_move_locks:
@@ -75,12 +102,28 @@ zs_pool_create (const struct zs_pool_config *config)
  fail_batches:
   size_classes_destroy (pool);
  fail_classes:
-  pthread_mutex_destroy (&pool->pool_lock);
-  pthread_rwlock_destroy (&pool->limit_lock);
   page_source_destroy (&pool->pages);
-  free (pool);
+  pool_memory_free (pool->config.region, pool);
   errno = ENOMEM;
   return NULL;
+}
+
+/* The deferred frees drained and the free pages given back: what is
+ * handed over is the objects, nothing pending.
+ */
+void
+zs_pool_hand_over (struct zs_pool *pool)
+{
+  zs_pool_flush (pool);
+}
+
+struct zs_pool *
+zs_pool_take_over (struct zs_pool *pool, struct region *region)
+{
+  pool->config.region = region;
+  pool->pages.region = region;
+  pool_locks_init (pool);
+  return pool;
 }
 
 void
@@ -91,14 +134,14 @@ zs_pool_destroy (struct zs_pool *pool)
   free_batches_destroy (pool);
   for (unsigned c = 0; c < pool->distinct_classes; c++) {
     class_destroy_zspages (pool, &pool->classes[c]);
-    cells_destroy (&pool->classes[c]);
+    cells_destroy (pool, &pool->classes[c]);
   }
   move_locks_destroy (pool);
   size_classes_destroy (pool);
   page_source_destroy (&pool->pages);
   pthread_mutex_destroy (&pool->pool_lock);
   pthread_rwlock_destroy (&pool->limit_lock);
-  free (pool);
+  pool_memory_free (pool->config.region, pool);
 }
 
 /* Add to the limit account (bytes, and zspages in transit in the high

@@ -45,7 +45,8 @@ size_classes_init (struct zs_pool *pool)
     distinct += starts_class[i];
   }
 
-  pool->classes = aligned_alloc (64, distinct * sizeof *pool->classes);
+  pool->classes = pool_memory_alloc (pool->config.region,
+                                     distinct * sizeof *pool->classes, 64);
   if (!pool->classes) {
     errno = ENOMEM;
     return -1;
@@ -70,7 +71,6 @@ size_classes_init (struct zs_pool *pool)
       class->index = i;
       class->pages_per_zspage = pages[i];
       class->objs_per_zspage = objs[i];
-      pthread_mutex_init (&class->own_lock, NULL);
       class->lock = pool->config.lock_mode == ZS_LOCK_POOL
         ? &pool->pool_lock : &class->own_lock;
     }
@@ -87,5 +87,5 @@ size_classes_destroy (struct zs_pool *pool)
 {
   for (unsigned c = 0; c < pool->distinct_classes; c++)
     pthread_mutex_destroy (&pool->classes[c].own_lock);
-  free (pool->classes);
+  pool_memory_free (pool->config.region, pool->classes);
 }

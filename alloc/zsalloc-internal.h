@@ -208,9 +208,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "zsalloc.h"
 #include "page-source.h"
+#include "region.h"
 
 #define ZS_SIZE_CLASS_DELTA 16
 #define ZS_RAW_CLASSES (ZS_MAX_OBJECT_SIZE / ZS_SIZE_CLASS_DELTA) /* 256 */
@@ -343,6 +345,30 @@ struct zs_pool {
  */
 extern bool metadata_take (struct zs_pool *pool, size_t bytes);
 
+/* Memory for the pool's own structures (the pool, classes, batches,
+ * move locks, descriptors, cell blocks, page chunks' records): from the
+ * pool's region when it has one, else the C heap.  align: a power of two,
+ * at most a page.
+ */
+static inline void *
+pool_memory_alloc (struct region *region, size_t bytes, size_t align)
+{
+  if (region)
+    return region_alloc (region, bytes, align);
+  return aligned_alloc (align, (bytes + align - 1) / align * align);
+}
+static inline void
+pool_memory_free (struct region *region, void *p)
+{
+  if (region)
+    region_free (region, p);
+  else
+    free (p);
+}
+
+/* pool.c: every lock of the pool made anew (creation, take-over). */
+extern void pool_locks_init (struct zs_pool *pool);
+
 /* The limit account (see MEMORY LIMIT). */
 #define LIMIT_TRANSIT ((uint64_t) 1 << 48)   /* one zspage in transit */
 static inline uint64_t
@@ -434,7 +460,7 @@ class_of_handle (struct zs_pool *pool, zs_handle_t handle)
 extern _Atomic uint64_t *cell_alloc (struct zs_pool *pool, struct size_class *class);
 extern void cell_release (struct zs_pool *pool, struct size_class *class,
                           _Atomic uint64_t *cell);
-extern void cells_destroy (struct size_class *class);
+extern void cells_destroy (struct zs_pool *pool, struct size_class *class);
 
 /* zspage.c */
 extern struct zspage *zspage_create (struct zs_pool *pool, struct size_class *class);

@@ -70,6 +70,9 @@ enum zs_free_mode {
   ZS_FREE_IMMEDIATE,          /* every zs_free frees at once, for A/B benchmarks */
 };
 
+struct region;                  /* memory that outlives the process:
+                                   alloc/region.h */
+
 struct zs_pool_config {
   unsigned chain_pages;           /* zspage chain limit, 1..16, default 8 */
   uint64_t mem_limit;             /* bytes the pool may hold: pages, their
@@ -90,6 +93,12 @@ struct zs_pool_config {
                                      ready (swap: a write never waits on
                                      reclaim; RESIDENT ONLY in
                                      page-source.h) */
+  struct region *region;          /* where the pool lives - its own
+                                     structures, zspages, descriptors and
+                                     cells - so that another process can
+                                     take it over (zs_pool_take_over);
+                                     NULL (default): the C heap and
+                                     anonymous mappings */
 };
 
 struct zs_pool;
@@ -106,6 +115,18 @@ extern struct zs_pool *zs_pool_create (const struct zs_pool_config *config);
  * No other call on the pool may be running or follow.
  */
 extern void zs_pool_destroy (struct zs_pool *pool);
+
+/* A pool in a region, handed from one process to the next (HANDOVER in
+ * alloc/region.h).  zs_pool_hand_over drains the deferred frees and
+ * leaves every structure whole; no other call on the pool may be running
+ * or follow in this process (hand the region over next).  In the process
+ * that attached the region, zs_pool_take_over makes the pool's locks
+ * anew and points it at its region's new view; then the pool serves
+ * every object as it was, its handles unchanged.  Returns pool.
+ */
+extern void zs_pool_hand_over (struct zs_pool *pool);
+extern struct zs_pool *zs_pool_take_over (struct zs_pool *pool,
+                                          struct region *region);
 
 /* Allocate an object of size bytes (1..ZS_MAX_OBJECT_SIZE).  Its content
  * is undefined until written.  Returns 0 and sets errno on failure.

@@ -26,7 +26,9 @@
 # Environment: BUILD_DIR (build), ROUNDS (3), COMPS ("lz4 zstd"),
 # KINDS ("kernel nbd"), SIDES_MB (64), NBD_EXTRA (more plugin parameters
 # for the nbd runs, e.g. "threads=..."), NBD_CLIENT_EXTRA (more
-# nbd-client arguments for the nbd runs), APPEND (more guest kernel
+# nbd-client arguments for the nbd runs), MAX_SECTORS_KB (the nbd
+# queue's largest request for the nbd runs; the driver's default is
+# 128), APPEND (more guest kernel
 # command line, both kinds), KEEP (a folder: each run's output kept
 # there), RAW=1 (every run's figures too).
 set -euo pipefail
@@ -57,6 +59,7 @@ run_one ()
         ZRAM_VM_EXTRA="$([ "$kind" = nbd ] && echo "${NBD_EXTRA:-}")" \
         ZRAM_VM_NBD_CLIENT_EXTRA="$([ "$kind" = nbd ] && echo "${NBD_CLIENT_EXTRA:-}")" \
         ZRAM_VM_APPEND="${APPEND:-}" \
+        ZRAM_VM_MAX_SECTORS_KB="$([ "$kind" = nbd ] && echo "${MAX_SECTORS_KB:-}")" \
         bash tests/test-vm-nbd-swap.sh > "$out" 2>&1 || r=$?
     [ -z "$KEEP" ] || cp "$out" "$KEEP/$kind-$comp-$(date +%H%M%S).out"
     local result profile sides
@@ -77,8 +80,8 @@ echo "# swap to nbdkit-zram vs the kernel's zram, in the check-swap guest"
 echo
 echo "- $(date -u '+%Y-%m-%d %H:%M UTC'), host: $(nproc) CPUs, load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "- plugin: $PLUGIN; rounds: $ROUNDS (medians); sides: $SIDES_MB MiB"
-[ -z "${NBD_EXTRA:-}${NBD_CLIENT_EXTRA:-}${APPEND:-}" ] ||
-    echo "- nbd runs: plugin '${NBD_EXTRA:-}', nbd-client '${NBD_CLIENT_EXTRA:-}'; guest append '${APPEND:-}'"
+[ -z "${NBD_EXTRA:-}${NBD_CLIENT_EXTRA:-}${APPEND:-}${MAX_SECTORS_KB:-}" ] ||
+    echo "- nbd runs: plugin '${NBD_EXTRA:-}', nbd-client '${NBD_CLIENT_EXTRA:-}', max_sectors_kb '${MAX_SECTORS_KB:-}'; guest append '${APPEND:-}'"
 for round in $(seq 1 "$ROUNDS"); do
     for comp in $COMPS; do
         order=$KINDS

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "crc32c.h"
 #include "space-map.h"
 
 #define LEAF_SECTORS SPACE_MAP_LEAF_SECTORS
@@ -383,33 +384,13 @@ leaf_sums (uint64_t *bits)
   return (uint32_t *) (bits + LEAF_WORDS);
 }
 
-/* CRC-32C (Castagnoli), bitwise with a table made once. */
-static uint32_t crc_table[256];
-static pthread_once_t crc_table_once = PTHREAD_ONCE_INIT;
-
-static void
-crc_table_make (void)
-{
-  for (uint32_t i = 0; i < 256; i++) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; k++)
-      c = c & 1 ? (c >> 1) ^ 0x82f63b78 : c >> 1;
-    crc_table[i] = c;
-  }
-}
-
+/* A block's checksum: CRC-32C, never 0, so that a sector whose checksum
+ * was never set is told apart (it reads as a mismatch).
+ */
 static uint32_t
-crc32c (const void *data, size_t length)
+block_checksum (const void *data, size_t length)
 {
-  pthread_once (&crc_table_once, crc_table_make);
-  const unsigned char *p = data;
-  uint32_t c = 0xffffffff;
-  while (length--)
-    c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
-  /* Never 0, so that a sector whose checksum was never set is told
-   * apart (it reads as a mismatch).
-   */
-  c = ~c;
+  uint32_t c = crc32c (data, length);
   return c ? c : 1;
 }
 
@@ -430,7 +411,7 @@ void
 space_map_checksum_set (struct space_map *map, uint64_t offset,
                         const void *bytes, size_t length)
 {
-  uint32_t sum = crc32c (bytes, length);
+  uint32_t sum = block_checksum (bytes, length);
   pthread_mutex_lock (&map->lock);
   uint32_t *slot = sum_slot (map, offset);
   if (slot)
@@ -446,7 +427,7 @@ space_map_checksum_matches (struct space_map *map, uint64_t offset,
   uint32_t *slot = sum_slot (map, offset);
   uint32_t sum = slot ? *slot : 0;
   pthread_mutex_unlock (&map->lock);
-  return sum == crc32c (bytes, length);
+  return sum == block_checksum (bytes, length);
 }
 
 void

@@ -85,6 +85,8 @@
 #   ZRAM_VM_SIDES_MB     before the workload, each side of swap alone:
 #                        this many MiB pushed out at once and read back
 #                        (vmtouch -o), twice; default 0 (not run)
+#   ZRAM_VM_MAX_SECTORS_KB  the nbd queue's max_sectors_kb, set after
+#                        swap on (default: the driver's, 128)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
 #   ZRAM_VM_STALL        the guest watchdog: seconds without progress
 #                        (default 120)
@@ -227,6 +229,7 @@ FILL_UNLINK='$([ "$EXPECT" = recover ] && echo 1 || echo 0)'
 TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 SWAP_KIND='$SWAP_KIND'
 SIDES_MB='$SIDES_MB'
+MAX_SECTORS_KB='${ZRAM_VM_MAX_SECTORS_KB:-}'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \

@@ -1,0 +1,287 @@
+/* The region's heap: runs of whole pages and slabs of small slots, all
+ * recorded in the region itself (LAYOUT in region.h), under heap_lock.
+ *
+ * Runs are found first-fit in the page bitmap from a rover, so a run of
+ * n pages costs a scan of the bitmap's words from there (runs are a
+ * chunk of a page source, a cell block, a large descriptor: rare next to
+ * the objects stored).  A slab page is cut into equal slots of one
+ * class; its free slots are threaded through their first two bytes (a
+ * slot index) and slots never used are handed out in order, as a
+ * zspage's are.  Slab pages with a free slot are listed by class, linked
+ * by page number in their page records; a slab whose slots are all free
+ * again goes back to the pages.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+
+#include "region.h"
+
+#define SLAB_NO_SLOT 0xffff
+
+static inline bool
+page_taken (const struct region *region, uint64_t page)
+{
+  return region->page_bits[page / 64] >> (page % 64) & 1;
+}
+
+static void
+pages_mark (struct region *region, uint64_t first, uint64_t count, bool taken)
+{
+  for (uint64_t p = first; p < first + count; p++) {
+    uint64_t bit = (uint64_t) 1 << (p % 64);
+    if (taken)
+      region->page_bits[p / 64] |= bit;
+    else
+      region->page_bits[p / 64] &= ~bit;
+  }
+}
+
+/* The first page of count free pages at or after start, below end;
+ * REGION_NO_PAGE if none.
+ */
+static uint64_t
+run_find (struct region *region, uint64_t start, uint64_t end, uint64_t count)
+{
+  uint64_t p = start, found = 0;
+  while (p < end) {
+    if ((p % 64) == 0 && region->page_bits[p / 64] == UINT64_MAX) {
+      p += 64;                  /* a word of taken pages */
+      found = 0;
+      continue;
+    }
+    if (page_taken (region, p)) {
+      p++;
+      found = 0;
+      continue;
+    }
+    if (found++ == 0)
+      start = p;
+    p++;
+    if (found == count)
+      return start;
+  }
+  return REGION_NO_PAGE;
+}
+
+/* Take a run of count pages: its first page, or REGION_NO_PAGE. */
+static uint64_t
+run_take (struct region *region, uint64_t count)
+{
+  struct region_header *header = region->header;
+  uint64_t pages = region->bytes / REGION_PAGE_SIZE;
+  uint64_t first = run_find (region, header->rover, pages, count);
+  if (first == REGION_NO_PAGE)
+    first = run_find (region, header->map_pages, pages, count);
+  if (first == REGION_NO_PAGE)
+    return REGION_NO_PAGE;
+  pages_mark (region, first, count, true);
+  for (uint64_t p = first; p < first + count; p++) {
+    if (region->pages[p].kind == REGION_PAGE_FREE_RESIDENT)
+      header->pages_resident_free--;
+    region->pages[p].kind = p == first ? REGION_PAGE_RUN : REGION_PAGE_RUN_TAIL;
+  }
+  region->pages[first].run_pages = count;
+  header->pages_taken += count;
+  header->rover = first + count;
+  if (header->high_water < first + count)
+    header->high_water = first + count;
+  return first;
+}
+
+static void *
+page_address (struct region *region, uint64_t page)
+{
+  return (char *) region->header + page * REGION_PAGE_SIZE;
+}
+
+static uint64_t
+page_of (struct region *region, const void *p)
+{
+  return ((const char *) p - (const char *) region->header) / REGION_PAGE_SIZE;
+}
+
+static void
+punch (struct region *region, uint64_t offset, uint64_t bytes)
+{
+  fallocate (region->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+             offset, bytes);
+}
+
+/* Give a run back; it is punched out if long, else kept resident. */
+static void
+run_release (struct region *region, uint64_t first, uint64_t count)
+{
+  struct region_header *header = region->header;
+  bool punched = count >= REGION_PUNCH_PAGES;
+  if (punched)
+    punch (region, first * REGION_PAGE_SIZE, count * REGION_PAGE_SIZE);
+  for (uint64_t p = first; p < first + count; p++)
+    region->pages[p].kind = punched ? REGION_PAGE_FREE : REGION_PAGE_FREE_RESIDENT;
+  if (!punched)
+    header->pages_resident_free += count;
+  pages_mark (region, first, count, false);
+  header->pages_taken -= count;
+  if (first < header->rover)
+    header->rover = first;
+}
+
+/* ---- slabs ------------------------------------------------------------ */
+
+static unsigned
+slab_class_for (size_t bytes)
+{
+  unsigned k = 0;
+  while ((size_t) REGION_SLAB_MIN << k < bytes)
+    k++;
+  return k;
+}
+
+static size_t
+slab_slot_bytes (unsigned class)
+{
+  return (size_t) REGION_SLAB_MIN << class;
+}
+
+static void
+slab_list_push (struct region *region, unsigned class, uint64_t page)
+{
+  uint32_t *head = &region->header->slab_partial[class];
+  region->pages[page].prev = REGION_NO_PAGE;
+  region->pages[page].next = *head;
+  if (*head != REGION_NO_PAGE)
+    region->pages[*head].prev = page;
+  *head = page;
+}
+
+static void
+slab_list_remove (struct region *region, unsigned class, uint64_t page)
+{
+  struct region_page *record = &region->pages[page];
+  if (record->prev != REGION_NO_PAGE)
+    region->pages[record->prev].next = record->next;
+  else
+    region->header->slab_partial[class] = record->next;
+  if (record->next != REGION_NO_PAGE)
+    region->pages[record->next].prev = record->prev;
+  record->prev = record->next = REGION_NO_PAGE;
+}
+
+static void *
+slab_alloc (struct region *region, unsigned class)
+{
+  uint64_t page = region->header->slab_partial[class];
+  if (page == REGION_NO_PAGE) {
+    page = run_take (region, 1);
+    if (page == REGION_NO_PAGE)
+      return NULL;
+    struct region_page *record = &region->pages[page];
+    record->kind = REGION_PAGE_SLAB;
+    record->slab_class = class;
+    record->slab_used = 0;
+    record->slab_free_head = SLAB_NO_SLOT;
+    record->slab_never_used = 0;
+    slab_list_push (region, class, page);
+  }
+  struct region_page *record = &region->pages[page];
+  size_t slot_bytes = slab_slot_bytes (class);
+  char *base = page_address (region, page);
+  unsigned slot;
+  if (record->slab_free_head != SLAB_NO_SLOT) {
+    slot = record->slab_free_head;
+    memcpy (&record->slab_free_head, base + slot * slot_bytes,
+            sizeof record->slab_free_head);
+  }
+  else
+    slot = record->slab_never_used++;
+  if (++record->slab_used == REGION_PAGE_SIZE / slot_bytes)
+    slab_list_remove (region, class, page);
+  return base + slot * slot_bytes;
+}
+
+static void
+slab_free (struct region *region, uint64_t page, void *p)
+{
+  struct region_page *record = &region->pages[page];
+  unsigned class = record->slab_class;
+  size_t slot_bytes = slab_slot_bytes (class);
+  char *base = page_address (region, page);
+  uint16_t slot = ((char *) p - base) / slot_bytes;
+  if (record->slab_used == REGION_PAGE_SIZE / slot_bytes)
+    slab_list_push (region, class, page);
+  memcpy (p, &record->slab_free_head, sizeof record->slab_free_head);
+  record->slab_free_head = slot;
+  if (--record->slab_used == 0) {
+    slab_list_remove (region, class, page);
+    run_release (region, page, 1);
+  }
+}
+
+/* ---- the heap's calls ------------------------------------------------- */
+
+void *
+region_alloc (struct region *region, size_t bytes, size_t align)
+{
+  struct region_header *header = region->header;
+  void *p = NULL;
+  pthread_mutex_lock (&header->heap_lock);
+  if (bytes <= slab_slot_bytes (REGION_SLAB_CLASSES - 1)
+      && align <= slab_slot_bytes (slab_class_for (bytes)))
+    p = slab_alloc (region, slab_class_for (bytes));
+  else {
+    uint64_t first = run_take (region, (bytes + REGION_PAGE_SIZE - 1)
+                               / REGION_PAGE_SIZE);
+    if (first != REGION_NO_PAGE)
+      p = page_address (region, first);
+  }
+  pthread_mutex_unlock (&header->heap_lock);
+  if (!p)
+    errno = ENOMEM;
+  return p;
+}
+
+void
+region_free (struct region *region, void *p)
+{
+  if (!p)
+    return;
+  struct region_header *header = region->header;
+  uint64_t page = page_of (region, p);
+  pthread_mutex_lock (&header->heap_lock);
+  if (region->pages[page].kind == REGION_PAGE_SLAB)
+    slab_free (region, page, p);
+  else
+    run_release (region, page, region->pages[page].run_pages);
+  pthread_mutex_unlock (&header->heap_lock);
+}
+
+void
+region_punch (struct region *region, void *start, size_t bytes)
+{
+  punch (region, (char *) start - (char *) region->header, bytes);
+}
+
+uint64_t
+region_trim (struct region *region)
+{
+  struct region_header *header = region->header;
+  uint64_t trimmed = 0;
+  pthread_mutex_lock (&header->heap_lock);
+  for (uint64_t p = header->map_pages; p < header->high_water;) {
+    if (region->pages[p].kind != REGION_PAGE_FREE_RESIDENT) {
+      p++;
+      continue;
+    }
+    uint64_t end = p;
+    while (end < header->high_water
+           && region->pages[end].kind == REGION_PAGE_FREE_RESIDENT)
+      region->pages[end++].kind = REGION_PAGE_FREE;
+    punch (region, p * REGION_PAGE_SIZE, (end - p) * REGION_PAGE_SIZE);
+    trimmed += end - p;
+    p = end;
+  }
+  header->pages_resident_free -= trimmed;
+  pthread_mutex_unlock (&header->heap_lock);
+  return trimmed;
+}

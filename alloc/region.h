@@ -1,0 +1,231 @@
+/* The region: memory that outlives the process that fills it.
+ *
+ * A device's data is the server's memory, so a server that exits takes
+ * the device with it - unless that memory is a file another process can
+ * open.  A region is one memfd, mapped shared, whose pages hold
+ * everything needed to serve the device: the allocator's pool, its
+ * zspages, descriptors and handle cells, and whatever its user (the
+ * store) allocates there.  A holder keeps a descriptor of the memfd
+ * across the gap (systemd's file descriptor store, or a small holder of
+ * our own); the next server maps the same memfd and serves on.
+ *
+ * POINTERS
+ *   Every structure in a region is full of pointers (list links, the
+ *   zspage address in each handle cell), so a region is mapped at the
+ *   same address in every process that serves it: the address the first
+ *   mapping got from the kernel is written in the header, and a later
+ *   process maps there with MAP_FIXED_NOREPLACE.  If something of its
+ *   own already sits there (address space layouts are randomised, so the
+ *   chance is small but not nil), the attach is refused with that
+ *   message and the memory is untouched: the holder keeps it, and a
+ *   retry - a new process, a new layout - can succeed.
+ *
+ * LAYOUT (version REGION_LAYOUT_VERSION; all sizes in 4 KiB pages)
+ *   page 0          the header (struct region_header): identity, then
+ *                   state, then the heap's own state.
+ *   pages 1..       the heap's maps: a bit per page, set when the page is
+ *                   taken; then a struct region_page per page (what a
+ *                   taken page holds: part of a run, or a slab).
+ *   the rest        the heap: runs of whole pages (a zspage chunk, a cell
+ *                   block, anything of 2 KiB or more) and slabs (a page
+ *                   cut into equal slots of 64..1024 bytes, for the small
+ *                   descriptors).
+ *   The memfd is as large as the mapping, and sparse: only pages that
+ *   were written take memory.  A run given back is punched out of the
+ *   file (fallocate PUNCH_HOLE), which returns its memory at once -
+ *   madvise(MADV_DONTNEED) would only drop this process's view of a
+ *   shared page - and works on locked pages too.  Freed slab and small
+ *   run pages stay resident until region_trim (a write may take them
+ *   again with no fault).
+ *
+ * HEADER and VERSION
+ *   The identity (magic, layout version, sizes, the mapping address, the
+ *   device's id) is written once and covered by a CRC-32C; the state
+ *   (generation, the owner's pid, whether it was handed over cleanly,
+ *   the user's root object) is covered by a second one, rewritten at
+ *   each change of owner.  An attach checks, in order: the file is at
+ *   least a header long, the magic, the identity checksum, the layout
+ *   version (one this build knows: REGION_LAYOUT_VERSION exactly, for
+ *   now), the file's size against the header's, the page size, the
+ *   device's size when the caller names one; each failure is refused
+ *   with a message naming what differed, and nothing in the file is
+ *   written.  A change to any structure kept in a region (here, in the
+ *   allocator, in the store) must raise REGION_LAYOUT_VERSION.
+ *
+ * OWNERSHIP
+ *   One process serves a region at a time.  Each owner opens the memfd
+ *   again through /proc/self/fd (a new open file description: the fd a
+ *   holder passes over a socket shares its description with the
+ *   sender's, and so would share the lock) and holds flock(LOCK_EX) on
+ *   it while it owns the region; a second taker is refused (EBUSY, with
+ *   the owner's pid).  The lock goes with the owner's process, however it
+ *   ends, so a crashed owner never blocks the next one.
+ *
+ * HANDOVER
+ *   A clean handover: the owner stops every user of the region, makes its
+ *   structures quiescent (the allocator drains its deferred frees), sets
+ *   the state to "handed over" and unlocks.  The next owner finds that
+ *   state and takes the structures as they are, after initialising every
+ *   lock in them anew (a pthread lock's state is the old process's).  A
+ *   region whose state still says "serving" was left by a crash: only a
+ *   recovery that rebuilds what a crash can leave half done may take it;
+ *   region_attach reports it (REGION_ATTACH_CRASHED) and the caller
+ *   decides.
+ *
+ * LOCKS
+ *   region_header.heap_lock   the heap: its bitmap, its page records and
+ *                             its slab lists.  A leaf: taken with any of
+ *                             the allocator's or the store's locks held,
+ *                             nothing taken under it.
+ */
+
+#ifndef ZSALLOC_REGION_H
+#define ZSALLOC_REGION_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
+#define REGION_LAYOUT_VERSION 1
+#define REGION_PAGE_SIZE 4096
+
+enum region_state {
+  REGION_SERVING = 1,           /* an owner has it (or had it, and died) */
+  REGION_HANDED_OVER = 2,       /* quiescent, its structures whole */
+};
+
+/* Slab slot sizes: REGION_SLAB_MIN << k, k < REGION_SLAB_CLASSES.
+ * Larger allocations take whole pages.
+ */
+#define REGION_SLAB_MIN 64
+#define REGION_SLAB_CLASSES 5           /* 64, 128, 256, 512, 1024 */
+#define REGION_NO_PAGE 0                /* page 0 is the header: never listed */
+/* A freed run of this many pages or more is punched out at once (a page
+ * source's chunk); smaller ones stay resident until region_trim.
+ */
+#define REGION_PUNCH_PAGES 16
+
+/* What one page of the region holds; guarded by heap_lock. */
+struct region_page {
+  uint32_t prev, next;          /* slab pages of one class with a free
+                                   slot: a list by page number */
+  uint32_t run_pages;           /* first page of a taken run: its length */
+  uint16_t slab_used;           /* a slab: slots taken */
+  uint16_t slab_free_head;      /* a slab: first free slot, threaded
+                                   through the free slots' first bytes;
+                                   0xffff: none */
+  uint16_t slab_never_used;     /* a slab: slots >= this never taken */
+  uint8_t kind;                 /* REGION_PAGE_* */
+  uint8_t slab_class;
+};
+
+enum {
+  REGION_PAGE_FREE = 0,         /* free, punched out (or never written) */
+  REGION_PAGE_FREE_RESIDENT,    /* free, its memory still there */
+  REGION_PAGE_RUN,              /* the first page of a taken run */
+  REGION_PAGE_RUN_TAIL,         /* another page of a taken run */
+  REGION_PAGE_SLAB,
+  REGION_PAGE_MAPS,             /* the header and the maps */
+};
+
+struct region_header {
+  /* Identity: written at creation, covered by identity_checksum. */
+  char magic[8];
+  uint32_t layout_version;
+  uint32_t header_bytes;        /* sizeof (struct region_header) */
+  uint64_t region_bytes;        /* the memfd's size, and the mapping's */
+  uint64_t base_address;        /* where every owner maps it */
+  uint64_t page_size;
+  uint64_t device_bytes;        /* the user's device size */
+  uint8_t device_id[16];        /* random, made at creation */
+  uint64_t map_pages;           /* pages 1..map_pages hold the maps */
+  uint32_t identity_checksum;
+  uint32_t pad0;
+
+  /* State: covered by state_checksum, written at each change of owner. */
+  uint64_t generation;          /* owners so far, the first one 1 */
+  uint32_t state;               /* enum region_state */
+  uint32_t owner_pid;           /* the last owner, for messages */
+  uint64_t root;                /* the user's root object's address */
+  uint64_t user_version;        /* the user's own layout version */
+  uint32_t state_checksum;
+  uint32_t pad1;
+
+  /* The heap: guarded by heap_lock (its own state is rebuilt with it). */
+  pthread_mutex_t heap_lock;
+  uint64_t rover;               /* where the next run search starts */
+  uint64_t pages_taken;         /* heap pages taken (runs and slabs) */
+  uint64_t pages_resident_free; /* free pages not yet punched out */
+  uint64_t high_water;          /* pages below it were ever taken */
+  uint32_t slab_partial[REGION_SLAB_CLASSES]; /* slab pages with room */
+};
+
+/* A process's view of a region (not in the region). */
+struct region {
+  struct region_header *header; /* = the mapping's base */
+  uint64_t bytes;
+  int fd;                       /* the memfd: as created, or a duplicate
+                                   of the one received; hand it on */
+  int lock_fd;                  /* the owner's own description, flocked */
+  uint64_t *page_bits;          /* in the region: a bit per page taken */
+  struct region_page *pages;    /* in the region: a record per page */
+};
+
+/* Create a region of bytes (rounded up to whole pages; at least enough
+ * for its header and maps) for a device of device_bytes, map it, and own
+ * it.  NULL with errno on failure.
+ */
+extern struct region *region_create (uint64_t bytes, uint64_t device_bytes);
+
+enum region_attach_result {
+  REGION_ATTACH_CLEAN,          /* handed over: its structures are whole */
+  REGION_ATTACH_CRASHED,        /* its owner died serving it */
+};
+
+/* Take over the region in fd (the descriptor stays the caller's: the
+ * region keeps a duplicate).  device_bytes: the device size the caller serves, checked
+ * against the header's (0: any).  NULL on refusal, with errno (EINVAL: a
+ * file that is not a region or is damaged; EPROTO: a layout of another
+ * version; EBUSY: another process owns it; EEXIST: its address is taken
+ * in this process; ENOMEM) and a message for the user in why[].  On
+ * success *how says how the last owner left it; the state is "serving"
+ * again, owned by this process, its generation one more.
+ */
+extern struct region *region_attach (int fd, uint64_t device_bytes,
+                                     enum region_attach_result *how,
+                                     char *why, size_t why_bytes);
+
+/* The user's root object and its layout version, set by the creator. */
+extern void region_set_root (struct region *region, void *root,
+                             uint64_t user_version);
+extern void *region_root (const struct region *region);
+
+/* Mark the region handed over, clean (every user stopped, every
+ * structure quiescent), and give up ownership; the mapping is unmapped
+ * and the descriptors closed: hand fd on first (region->fd).
+ */
+extern void region_hand_over (struct region *region);
+
+/* Unmap and close without changing the state: a region dropped by a
+ * server that stops for good, or by a test simulating a crash.
+ */
+extern void region_close (struct region *region);
+
+/* The heap.  region_alloc: bytes (> 0) aligned to align (a power of two,
+ * at most a page); sizes of REGION_SLAB_MIN << (REGION_SLAB_CLASSES - 1)
+ * or less come from slabs, larger ones are whole pages.  NULL with errno
+ * ENOMEM when the region is full.  region_free gives it back (NULL: a
+ * no-op), its size known from the page records.
+ */
+extern void *region_alloc (struct region *region, size_t bytes, size_t align);
+extern void region_free (struct region *region, void *p);
+/* Give pages of a taken run back to the system (they read as zeros
+ * after): a page source's purge.
+ */
+extern void region_punch (struct region *region, void *start, size_t bytes);
+/* Punch out every free page still resident.  Returns the pages. */
+extern uint64_t region_trim (struct region *region);
+
+#endif /* ZSALLOC_REGION_H */
