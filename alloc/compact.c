@@ -101,7 +101,7 @@ zs_compact (struct zs_pool *pool)
 int
 move_locks_init (struct zs_pool *pool)
 {
-  pool->move_locks = pool_memory_alloc (pool->config.region,
+  pool->move_locks = region_memory_alloc (pool->config.region,
                                         ZS_MOVE_LOCKS * sizeof *pool->move_locks,
                                         _Alignof (struct move_lock));
   if (!pool->move_locks)
@@ -117,5 +117,5 @@ move_locks_destroy (struct zs_pool *pool)
   for (unsigned i = 0; i < ZS_MOVE_LOCKS; i++)
     pthread_rwlock_destroy (&pool->move_locks[i].lock);
   pthread_mutex_destroy (&pool->compact_lock);
-  pool_memory_free (pool->config.region, pool->move_locks);
+  region_memory_free (pool->config.region, pool->move_locks);
 }

@@ -163,7 +163,7 @@ free_batches_pending (struct zs_pool *pool)
 int
 free_batches_init (struct zs_pool *pool)
 {
-  pool->batches = pool_memory_alloc (pool->config.region,
+  pool->batches = region_memory_alloc (pool->config.region,
                                      ZS_FREE_BATCHES * sizeof *pool->batches,
                                      _Alignof (struct free_batch));
   if (!pool->batches)
@@ -183,5 +183,5 @@ free_batches_destroy (struct zs_pool *pool)
 {
   for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
     pthread_mutex_destroy (&pool->batches[n].lock);
-  pool_memory_free (pool->config.region, pool->batches);
+  region_memory_free (pool->config.region, pool->batches);
 }

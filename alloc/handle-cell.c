@@ -58,7 +58,7 @@ block_new (struct zs_pool *pool, struct size_class *class)
     limit_discharge (pool, ZS_PAGE_SIZE);
     return NULL;
   }
-  struct cell_block *block = pool_memory_alloc (pool->config.region,
+  struct cell_block *block = region_memory_alloc (pool->config.region,
                                                 ZS_PAGE_SIZE, ZS_PAGE_SIZE);
   if (!block) {
     limit_discharge (pool, ZS_PAGE_SIZE);
@@ -107,7 +107,7 @@ cell_release (struct zs_pool *pool, struct size_class *class,
     DLIST_REMOVE (class->cell_blocks_with_room, block, prev, next);
     DLIST_REMOVE (class->cell_blocks, block, all_prev, all_next);
     class->cell_blocks_count--;
-    pool_memory_free (pool->config.region, block);
+    region_memory_free (pool->config.region, block);
     atomic_fetch_sub_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
                                memory_order_relaxed);
     limit_discharge (pool, ZS_PAGE_SIZE);
@@ -121,7 +121,7 @@ cells_destroy (struct zs_pool *pool, struct size_class *class)
   while (class->cell_blocks) {
     struct cell_block *block = class->cell_blocks;
     DLIST_REMOVE (class->cell_blocks, block, all_prev, all_next);
-    pool_memory_free (pool->config.region, block);
+    region_memory_free (pool->config.region, block);
   }
   class->cell_blocks_with_room = NULL;
   class->cell_blocks_count = 0;

@@ -114,7 +114,7 @@ chunk_unmap (struct page_source *source, struct page_chunk *chunk)
 {
   atomic_fetch_sub (&source->reserve_spare_pages, chunk_spare_pages (chunk));
   mapping_free (source, chunk->base);
-  pool_memory_free (source->region, chunk);
+  region_memory_free (source->region, chunk);
 }
 
 /* The newest reserve chunk, or NULL.  spare_pages of it stay populated
@@ -250,7 +250,7 @@ static struct page_chunk *
 chunk_map (struct page_source *source, unsigned run_pages)
 {
   unsigned runs = source->chunk_pages / run_pages;
-  struct page_chunk *chunk = pool_memory_alloc (source->region, sizeof *chunk
+  struct page_chunk *chunk = region_memory_alloc (source->region, sizeof *chunk
                                                + runs * sizeof (uint16_t),
                                                _Alignof (struct page_chunk));
   if (!chunk)
@@ -274,14 +274,14 @@ chunk_map (struct page_source *source, unsigned run_pages)
     if (source->reserve_target)
       atomic_fetch_add (&source->reserve_misses, 1);
     if (source->resident_only) {
-      pool_memory_free (source->region, chunk);
+      region_memory_free (source->region, chunk);
       errno = EAGAIN;
       return NULL;
     }
     base = chunk_mapping (source);
   }
   if (!base) {
-    pool_memory_free (source->region, chunk);
+    region_memory_free (source->region, chunk);
     return NULL;
   }
   chunk->base = base;

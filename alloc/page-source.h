@@ -165,8 +165,7 @@ struct page_source {
                                      page_source_ready_runs, ever */
   struct region *region;          /* chunks come from this region (and
                                      go back to it, punched out); NULL:
-                                     anonymous mappings.  This process's
-                                     view: set anew by a take-over */
+                                     anonymous mappings */
 };
 
 extern void page_source_init (struct page_source *source, bool resident_only,

@@ -73,7 +73,7 @@ zs_pool_create (const struct zs_pool_config *config)
     errno = EINVAL;
     return NULL;
   }
-  struct zs_pool *pool = pool_memory_alloc (chosen.region, sizeof *pool,
+  struct zs_pool *pool = region_memory_alloc (chosen.region, sizeof *pool,
                                             _Alignof (struct zs_pool));
   if (!pool) {
     errno = ENOMEM;
@@ -103,7 +103,7 @@ zs_pool_create (const struct zs_pool_config *config)
   size_classes_destroy (pool);
  fail_classes:
   page_source_destroy (&pool->pages);
-  pool_memory_free (pool->config.region, pool);
+  region_memory_free (pool->config.region, pool);
   errno = ENOMEM;
   return NULL;
 }
@@ -118,10 +118,8 @@ zs_pool_hand_over (struct zs_pool *pool)
 }
 
 struct zs_pool *
-zs_pool_take_over (struct zs_pool *pool, struct region *region)
+zs_pool_take_over (struct zs_pool *pool)
 {
-  pool->config.region = region;
-  pool->pages.region = region;
   pool_locks_init (pool);
   return pool;
 }
@@ -141,7 +139,7 @@ zs_pool_destroy (struct zs_pool *pool)
   page_source_destroy (&pool->pages);
   pthread_mutex_destroy (&pool->pool_lock);
   pthread_rwlock_destroy (&pool->limit_lock);
-  pool_memory_free (pool->config.region, pool);
+  region_memory_free (pool->config.region, pool);
 }
 
 /* Add to the limit account (bytes, and zspages in transit in the high

@@ -21,9 +21,9 @@
 #define SLAB_NO_SLOT 0xffff
 
 static inline bool
-page_taken (const struct region *region, uint64_t page)
+page_taken (struct region *region, uint64_t page)
 {
-  return region->page_bits[page / 64] >> (page % 64) & 1;
+  return region_page_bits (region)[page / 64] >> (page % 64) & 1;
 }
 
 static void
@@ -32,9 +32,9 @@ pages_mark (struct region *region, uint64_t first, uint64_t count, bool taken)
   for (uint64_t p = first; p < first + count; p++) {
     uint64_t bit = (uint64_t) 1 << (p % 64);
     if (taken)
-      region->page_bits[p / 64] |= bit;
+      region_page_bits (region)[p / 64] |= bit;
     else
-      region->page_bits[p / 64] &= ~bit;
+      region_page_bits (region)[p / 64] &= ~bit;
   }
 }
 
@@ -46,7 +46,7 @@ run_find (struct region *region, uint64_t start, uint64_t end, uint64_t count)
 {
   uint64_t p = start, found = 0;
   while (p < end) {
-    if ((p % 64) == 0 && region->page_bits[p / 64] == UINT64_MAX) {
+    if ((p % 64) == 0 && region_page_bits (region)[p / 64] == UINT64_MAX) {
       p += 64;                  /* a word of taken pages */
       found = 0;
       continue;
@@ -69,43 +69,42 @@ run_find (struct region *region, uint64_t start, uint64_t end, uint64_t count)
 static uint64_t
 run_take (struct region *region, uint64_t count)
 {
-  struct region_header *header = region->header;
-  uint64_t pages = region->bytes / REGION_PAGE_SIZE;
-  uint64_t first = run_find (region, header->rover, pages, count);
+  uint64_t pages = region->region_bytes / REGION_PAGE_SIZE;
+  uint64_t first = run_find (region, region->rover, pages, count);
   if (first == REGION_NO_PAGE)
-    first = run_find (region, header->map_pages, pages, count);
+    first = run_find (region, region->map_pages, pages, count);
   if (first == REGION_NO_PAGE)
     return REGION_NO_PAGE;
   pages_mark (region, first, count, true);
   for (uint64_t p = first; p < first + count; p++) {
-    if (region->pages[p].kind == REGION_PAGE_FREE_RESIDENT)
-      header->pages_resident_free--;
-    region->pages[p].kind = p == first ? REGION_PAGE_RUN : REGION_PAGE_RUN_TAIL;
+    if (region_pages (region)[p].kind == REGION_PAGE_FREE_RESIDENT)
+      region->pages_resident_free--;
+    region_pages (region)[p].kind = p == first ? REGION_PAGE_RUN : REGION_PAGE_RUN_TAIL;
   }
-  region->pages[first].run_pages = count;
-  header->pages_taken += count;
-  header->rover = first + count;
-  if (header->high_water < first + count)
-    header->high_water = first + count;
+  region_pages (region)[first].run_pages = count;
+  region->pages_taken += count;
+  region->rover = first + count;
+  if (region->high_water < first + count)
+    region->high_water = first + count;
   return first;
 }
 
 static void *
 page_address (struct region *region, uint64_t page)
 {
-  return (char *) region->header + page * REGION_PAGE_SIZE;
+  return (char *) region + page * REGION_PAGE_SIZE;
 }
 
 static uint64_t
 page_of (struct region *region, const void *p)
 {
-  return ((const char *) p - (const char *) region->header) / REGION_PAGE_SIZE;
+  return ((const char *) p - (const char *) region) / REGION_PAGE_SIZE;
 }
 
 static void
 punch (struct region *region, uint64_t offset, uint64_t bytes)
 {
-  fallocate (region->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+  fallocate (region->owner_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
              offset, bytes);
 }
 
@@ -113,18 +112,17 @@ punch (struct region *region, uint64_t offset, uint64_t bytes)
 static void
 run_release (struct region *region, uint64_t first, uint64_t count)
 {
-  struct region_header *header = region->header;
   bool punched = count >= REGION_PUNCH_PAGES;
   if (punched)
     punch (region, first * REGION_PAGE_SIZE, count * REGION_PAGE_SIZE);
   for (uint64_t p = first; p < first + count; p++)
-    region->pages[p].kind = punched ? REGION_PAGE_FREE : REGION_PAGE_FREE_RESIDENT;
+    region_pages (region)[p].kind = punched ? REGION_PAGE_FREE : REGION_PAGE_FREE_RESIDENT;
   if (!punched)
-    header->pages_resident_free += count;
+    region->pages_resident_free += count;
   pages_mark (region, first, count, false);
-  header->pages_taken -= count;
-  if (first < header->rover)
-    header->rover = first;
+  region->pages_taken -= count;
+  if (first < region->rover)
+    region->rover = first;
 }
 
 /* ---- slabs ------------------------------------------------------------ */
@@ -147,36 +145,36 @@ slab_slot_bytes (unsigned class)
 static void
 slab_list_push (struct region *region, unsigned class, uint64_t page)
 {
-  uint32_t *head = &region->header->slab_partial[class];
-  region->pages[page].prev = REGION_NO_PAGE;
-  region->pages[page].next = *head;
+  uint32_t *head = &region->slab_partial[class];
+  region_pages (region)[page].prev = REGION_NO_PAGE;
+  region_pages (region)[page].next = *head;
   if (*head != REGION_NO_PAGE)
-    region->pages[*head].prev = page;
+    region_pages (region)[*head].prev = page;
   *head = page;
 }
 
 static void
 slab_list_remove (struct region *region, unsigned class, uint64_t page)
 {
-  struct region_page *record = &region->pages[page];
+  struct region_page *record = &region_pages (region)[page];
   if (record->prev != REGION_NO_PAGE)
-    region->pages[record->prev].next = record->next;
+    region_pages (region)[record->prev].next = record->next;
   else
-    region->header->slab_partial[class] = record->next;
+    region->slab_partial[class] = record->next;
   if (record->next != REGION_NO_PAGE)
-    region->pages[record->next].prev = record->prev;
+    region_pages (region)[record->next].prev = record->prev;
   record->prev = record->next = REGION_NO_PAGE;
 }
 
 static void *
 slab_alloc (struct region *region, unsigned class)
 {
-  uint64_t page = region->header->slab_partial[class];
+  uint64_t page = region->slab_partial[class];
   if (page == REGION_NO_PAGE) {
     page = run_take (region, 1);
     if (page == REGION_NO_PAGE)
       return NULL;
-    struct region_page *record = &region->pages[page];
+    struct region_page *record = &region_pages (region)[page];
     record->kind = REGION_PAGE_SLAB;
     record->slab_class = class;
     record->slab_used = 0;
@@ -184,7 +182,7 @@ slab_alloc (struct region *region, unsigned class)
     record->slab_never_used = 0;
     slab_list_push (region, class, page);
   }
-  struct region_page *record = &region->pages[page];
+  struct region_page *record = &region_pages (region)[page];
   size_t slot_bytes = slab_slot_bytes (class);
   char *base = page_address (region, page);
   unsigned slot;
@@ -203,7 +201,7 @@ slab_alloc (struct region *region, unsigned class)
 static void
 slab_free (struct region *region, uint64_t page, void *p)
 {
-  struct region_page *record = &region->pages[page];
+  struct region_page *record = &region_pages (region)[page];
   unsigned class = record->slab_class;
   size_t slot_bytes = slab_slot_bytes (class);
   char *base = page_address (region, page);
@@ -223,9 +221,8 @@ slab_free (struct region *region, uint64_t page, void *p)
 void *
 region_alloc (struct region *region, size_t bytes, size_t align)
 {
-  struct region_header *header = region->header;
   void *p = NULL;
-  pthread_mutex_lock (&header->heap_lock);
+  pthread_mutex_lock (&region->heap_lock);
   if (bytes <= slab_slot_bytes (REGION_SLAB_CLASSES - 1)
       && align <= slab_slot_bytes (slab_class_for (bytes)))
     p = slab_alloc (region, slab_class_for (bytes));
@@ -235,7 +232,7 @@ region_alloc (struct region *region, size_t bytes, size_t align)
     if (first != REGION_NO_PAGE)
       p = page_address (region, first);
   }
-  pthread_mutex_unlock (&header->heap_lock);
+  pthread_mutex_unlock (&region->heap_lock);
   if (!p)
     errno = ENOMEM;
   return p;
@@ -246,42 +243,40 @@ region_free (struct region *region, void *p)
 {
   if (!p)
     return;
-  struct region_header *header = region->header;
   uint64_t page = page_of (region, p);
-  pthread_mutex_lock (&header->heap_lock);
-  if (region->pages[page].kind == REGION_PAGE_SLAB)
+  pthread_mutex_lock (&region->heap_lock);
+  if (region_pages (region)[page].kind == REGION_PAGE_SLAB)
     slab_free (region, page, p);
   else
-    run_release (region, page, region->pages[page].run_pages);
-  pthread_mutex_unlock (&header->heap_lock);
+    run_release (region, page, region_pages (region)[page].run_pages);
+  pthread_mutex_unlock (&region->heap_lock);
 }
 
 void
 region_punch (struct region *region, void *start, size_t bytes)
 {
-  punch (region, (char *) start - (char *) region->header, bytes);
+  punch (region, (char *) start - (char *) region, bytes);
 }
 
 uint64_t
 region_trim (struct region *region)
 {
-  struct region_header *header = region->header;
   uint64_t trimmed = 0;
-  pthread_mutex_lock (&header->heap_lock);
-  for (uint64_t p = header->map_pages; p < header->high_water;) {
-    if (region->pages[p].kind != REGION_PAGE_FREE_RESIDENT) {
+  pthread_mutex_lock (&region->heap_lock);
+  for (uint64_t p = region->map_pages; p < region->high_water;) {
+    if (region_pages (region)[p].kind != REGION_PAGE_FREE_RESIDENT) {
       p++;
       continue;
     }
     uint64_t end = p;
-    while (end < header->high_water
-           && region->pages[end].kind == REGION_PAGE_FREE_RESIDENT)
-      region->pages[end++].kind = REGION_PAGE_FREE;
+    while (end < region->high_water
+           && region_pages (region)[end].kind == REGION_PAGE_FREE_RESIDENT)
+      region_pages (region)[end++].kind = REGION_PAGE_FREE;
     punch (region, p * REGION_PAGE_SIZE, (end - p) * REGION_PAGE_SIZE);
     trimmed += end - p;
     p = end;
   }
-  header->pages_resident_free -= trimmed;
-  pthread_mutex_unlock (&header->heap_lock);
+  region->pages_resident_free -= trimmed;
+  pthread_mutex_unlock (&region->heap_lock);
   return trimmed;
 }

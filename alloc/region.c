@@ -23,21 +23,21 @@
 #endif
 
 static uint32_t
-identity_checksum (const struct region_header *header)
+identity_checksum (const struct region *header)
 {
-  return crc32c (header, offsetof (struct region_header, identity_checksum));
+  return crc32c (header, offsetof (struct region, identity_checksum));
 }
 
 static uint32_t
-state_checksum (const struct region_header *header)
+state_checksum (const struct region *header)
 {
-  size_t start = offsetof (struct region_header, generation);
+  size_t start = offsetof (struct region, generation);
   return crc32c ((const char *) header + start,
-                 offsetof (struct region_header, state_checksum) - start);
+                 offsetof (struct region, state_checksum) - start);
 }
 
 static void
-state_write (struct region_header *header, enum region_state state)
+state_write (struct region *header, enum region_state state)
 {
   header->state = state;
   header->owner_pid = getpid ();
@@ -52,17 +52,6 @@ map_pages_for (uint64_t pages)
 {
   uint64_t bytes = (pages + 63) / 64 * 8 + pages * sizeof (struct region_page);
   return 1 + (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE;
-}
-
-static void
-region_view (struct region *region, void *base, uint64_t bytes, int fd)
-{
-  region->header = base;
-  region->bytes = bytes;
-  region->fd = fd;
-  region->page_bits = (uint64_t *) ((char *) base + REGION_PAGE_SIZE);
-  uint64_t pages = bytes / REGION_PAGE_SIZE;
-  region->pages = (struct region_page *) (region->page_bits + (pages + 63) / 64);
 }
 
 /* Own the region in fd: flock on a description of our own (OWNERSHIP in
@@ -85,13 +74,17 @@ ownership_take (int fd)
   return lock_fd;
 }
 
+/* This process owns the region from now: the heap's lock made anew (a
+ * pthread lock's state is the last owner's) and its descriptor noted.
+ */
 static void
-heap_lock_init (struct region_header *header)
+heap_own (struct region *region, int fd)
 {
-  pthread_mutex_init (&header->heap_lock, NULL);
+  pthread_mutex_init (&region->heap_lock, NULL);
+  region->owner_fd = fd;
 }
 
-struct region *
+struct region_owner *
 region_create (uint64_t bytes, uint64_t device_bytes)
 {
   bytes = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE * REGION_PAGE_SIZE;
@@ -101,8 +94,8 @@ region_create (uint64_t bytes, uint64_t device_bytes)
     errno = EINVAL;
     return NULL;
   }
-  struct region *region = calloc (1, sizeof *region);
-  if (!region)
+  struct region_owner *owner = calloc (1, sizeof *owner);
+  if (!owner)
     return NULL;
   int err;
   int fd = memfd_create ("nbdkit-zram", MFD_CLOEXEC);
@@ -110,58 +103,58 @@ region_create (uint64_t bytes, uint64_t device_bytes)
     goto fail;
   if (ftruncate (fd, bytes) == -1)
     goto fail_fd;
-  region->lock_fd = ownership_take (fd);
-  if (region->lock_fd == -1)
+  owner->lock_fd = ownership_take (fd);
+  if (owner->lock_fd == -1)
     goto fail_fd;
-  void *base = mmap (NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_NORESERVE, fd, 0);
-  if (base == MAP_FAILED)
+  struct region *region = mmap (NULL, bytes, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (region == MAP_FAILED)
     goto fail_lock;
-  region_view (region, base, bytes, fd);
+  owner->region = region;
+  owner->fd = fd;
 
-  struct region_header *header = region->header;
-  memcpy (header->magic, REGION_MAGIC, sizeof header->magic);
-  header->layout_version = REGION_LAYOUT_VERSION;
-  header->header_bytes = sizeof *header;
-  header->region_bytes = bytes;
-  header->base_address = (uintptr_t) base;
-  header->page_size = REGION_PAGE_SIZE;
-  header->device_bytes = device_bytes;
-  if (getrandom (header->device_id, sizeof header->device_id, 0)
-      != sizeof header->device_id)
+  memcpy (region->magic, REGION_MAGIC, sizeof region->magic);
+  region->layout_version = REGION_LAYOUT_VERSION;
+  region->header_bytes = sizeof *region;
+  region->region_bytes = bytes;
+  region->base_address = (uintptr_t) region;
+  region->page_size = REGION_PAGE_SIZE;
+  region->device_bytes = device_bytes;
+  if (getrandom (region->device_id, sizeof region->device_id, 0)
+      != sizeof region->device_id)
     goto fail_map;
-  header->map_pages = map_pages;
-  header->identity_checksum = identity_checksum (header);
-  header->generation = 1;
-  header->root = 0;
-  header->user_version = 0;
-  state_write (header, REGION_SERVING);
+  region->map_pages = map_pages;
+  region->identity_checksum = identity_checksum (region);
+  region->generation = 1;
+  region->root = 0;
+  region->user_version = 0;
+  state_write (region, REGION_SERVING);
 
-  heap_lock_init (header);
-  header->rover = map_pages;
+  heap_own (region, fd);
+  region->rover = map_pages;
   for (uint64_t p = 0; p < map_pages; p++) {
-    region->page_bits[p / 64] |= (uint64_t) 1 << (p % 64);
-    region->pages[p].kind = REGION_PAGE_MAPS;
+    region_page_bits (region)[p / 64] |= (uint64_t) 1 << (p % 64);
+    region_pages (region)[p].kind = REGION_PAGE_MAPS;
   }
-  return region;
+  return owner;
 
  fail_map:
-  munmap (base, bytes);
+  munmap (region, bytes);
  fail_lock:
   err = errno;
-  close (region->lock_fd);
+  close (owner->lock_fd);
   errno = err;
  fail_fd:
   err = errno;
   close (fd);
   errno = err;
  fail:
-  free (region);
+  free (owner);
   return NULL;
 }
 
 /* A refusal: errno err and the message in why[]. */
-static struct region *
+static struct region_owner *
 refuse (int err, char *why, size_t why_bytes, const char *format, ...)
 {
   va_list args;
@@ -173,12 +166,12 @@ refuse (int err, char *why, size_t why_bytes, const char *format, ...)
   return NULL;
 }
 
-struct region *
+struct region_owner *
 region_attach (int fd, uint64_t device_bytes, enum region_attach_result *how,
                char *why, size_t why_bytes)
 {
   struct stat st;
-  struct region_header seen;
+  struct region seen;
   if (fstat (fd, &st) == -1)
     return refuse (errno, why, why_bytes, "cannot read the memory's size: %m");
   if ((uint64_t) st.st_size < sizeof seen)
@@ -251,58 +244,60 @@ region_attach (int fd, uint64_t device_bytes, enum region_attach_result *how,
                    ? "this process has something there already"
                    : strerror (err));
   }
-  struct region *region = calloc (1, sizeof *region);
-  int own_fd = region ? fcntl (fd, F_DUPFD_CLOEXEC, 0) : -1;
+  struct region_owner *owner = calloc (1, sizeof *owner);
+  int own_fd = owner ? fcntl (fd, F_DUPFD_CLOEXEC, 0) : -1;
   if (own_fd == -1) {
-    free (region);
+    free (owner);
     munmap (base, seen.region_bytes);
     close (lock_fd);
     return refuse (ENOMEM, why, why_bytes, "out of memory or descriptors");
   }
-  region_view (region, base, seen.region_bytes, own_fd);
-  region->lock_fd = lock_fd;
+  struct region *region = base;
+  owner->region = region;
+  owner->fd = own_fd;
+  owner->lock_fd = lock_fd;
   *how = seen.state == REGION_HANDED_OVER
     ? REGION_ATTACH_CLEAN : REGION_ATTACH_CRASHED;
-  heap_lock_init (region->header);
-  region->header->generation++;
-  state_write (region->header, REGION_SERVING);
-  return region;
+  heap_own (region, own_fd);
+  region->generation++;
+  state_write (region, REGION_SERVING);
+  return owner;
 }
 
 void
 region_set_root (struct region *region, void *root, uint64_t user_version)
 {
-  region->header->root = (uintptr_t) root;
-  region->header->user_version = user_version;
-  region->header->state_checksum = state_checksum (region->header);
+  region->root = (uintptr_t) root;
+  region->user_version = user_version;
+  region->state_checksum = state_checksum (region);
 }
 
 void *
 region_root (const struct region *region)
 {
-  return (void *) (uintptr_t) region->header->root;
+  return (void *) (uintptr_t) region->root;
 }
 
 static void
-region_unmap (struct region *region)
+owner_end (struct region_owner *owner)
 {
-  munmap (region->header, region->bytes);
-  close (region->lock_fd);    /* ownership goes with the description */
-  close (region->fd);
-  free (region);
+  munmap (owner->region, owner->region->region_bytes);
+  close (owner->lock_fd);       /* ownership goes with the description */
+  close (owner->fd);
+  free (owner);
 }
 
 void
-region_hand_over (struct region *region)
+region_hand_over (struct region_owner *owner)
 {
-  pthread_mutex_destroy (&region->header->heap_lock);
-  state_write (region->header, REGION_HANDED_OVER);
-  region_unmap (region);
+  pthread_mutex_destroy (&owner->region->heap_lock);
+  state_write (owner->region, REGION_HANDED_OVER);
+  owner_end (owner);
 }
 
 void
-region_close (struct region *region)
+region_close (struct region_owner *owner)
 {
-  if (region)
-    region_unmap (region);
+  if (owner)
+    owner_end (owner);
 }

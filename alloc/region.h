@@ -21,7 +21,7 @@
  *   retry - a new process, a new layout - can succeed.
  *
  * LAYOUT (version REGION_LAYOUT_VERSION; all sizes in 4 KiB pages)
- *   page 0          the header (struct region_header): identity, then
+ *   page 0          the header (struct region): identity, then
  *                   state, then the heap's own state.
  *   pages 1..       the heap's maps: a bit per page, set when the page is
  *                   taken; then a struct region_page per page (what a
@@ -73,7 +73,7 @@
  *   decides.
  *
  * LOCKS
- *   region_header.heap_lock   the heap: its bitmap, its page records and
+ *   region.heap_lock         the heap: its bitmap, its page records and
  *                             its slab lists.  A leaf: taken with any of
  *                             the allocator's or the store's locks held,
  *                             nothing taken under it.
@@ -86,6 +86,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
 #define REGION_LAYOUT_VERSION 1
@@ -130,11 +131,11 @@ enum {
   REGION_PAGE_MAPS,             /* the header and the maps */
 };
 
-struct region_header {
+struct region {
   /* Identity: written at creation, covered by identity_checksum. */
   char magic[8];
   uint32_t layout_version;
-  uint32_t header_bytes;        /* sizeof (struct region_header) */
+  uint32_t header_bytes;        /* sizeof (struct region) */
   uint64_t region_bytes;        /* the memfd's size, and the mapping's */
   uint64_t base_address;        /* where every owner maps it */
   uint64_t page_size;
@@ -159,25 +160,42 @@ struct region_header {
   uint64_t pages_taken;         /* heap pages taken (runs and slabs) */
   uint64_t pages_resident_free; /* free pages not yet punched out */
   uint64_t high_water;          /* pages below it were ever taken */
+  int32_t owner_fd;             /* the owner's descriptor of the memfd,
+                                   for punching: each owner writes its
+                                   own, so a pointer to the region is all
+                                   the heap's callers keep */
   uint32_t slab_partial[REGION_SLAB_CLASSES]; /* slab pages with room */
 };
 
-/* A process's view of a region (not in the region). */
-struct region {
-  struct region_header *header; /* = the mapping's base */
-  uint64_t bytes;
+/* The maps: a bit per page, then a record per page (LAYOUT). */
+static inline uint64_t *
+region_page_bits (struct region *region)
+{
+  return (uint64_t *) ((char *) region + REGION_PAGE_SIZE);
+}
+static inline struct region_page *
+region_pages (struct region *region)
+{
+  uint64_t pages = region->region_bytes / REGION_PAGE_SIZE;
+  return (struct region_page *) (region_page_bits (region) + (pages + 63) / 64);
+}
+
+/* A process's ownership of a region (not in the region): what it maps
+ * and the descriptors it holds.
+ */
+struct region_owner {
+  struct region *region;        /* = the mapping's base */
   int fd;                       /* the memfd: as created, or a duplicate
                                    of the one received; hand it on */
   int lock_fd;                  /* the owner's own description, flocked */
-  uint64_t *page_bits;          /* in the region: a bit per page taken */
-  struct region_page *pages;    /* in the region: a record per page */
 };
 
 /* Create a region of bytes (rounded up to whole pages; at least enough
  * for its header and maps) for a device of device_bytes, map it, and own
  * it.  NULL with errno on failure.
  */
-extern struct region *region_create (uint64_t bytes, uint64_t device_bytes);
+extern struct region_owner *region_create (uint64_t bytes,
+                                          uint64_t device_bytes);
 
 enum region_attach_result {
   REGION_ATTACH_CLEAN,          /* handed over: its structures are whole */
@@ -193,9 +211,9 @@ enum region_attach_result {
  * success *how says how the last owner left it; the state is "serving"
  * again, owned by this process, its generation one more.
  */
-extern struct region *region_attach (int fd, uint64_t device_bytes,
-                                     enum region_attach_result *how,
-                                     char *why, size_t why_bytes);
+extern struct region_owner *region_attach (int fd, uint64_t device_bytes,
+                                           enum region_attach_result *how,
+                                           char *why, size_t why_bytes);
 
 /* The user's root object and its layout version, set by the creator. */
 extern void region_set_root (struct region *region, void *root,
@@ -204,14 +222,14 @@ extern void *region_root (const struct region *region);
 
 /* Mark the region handed over, clean (every user stopped, every
  * structure quiescent), and give up ownership; the mapping is unmapped
- * and the descriptors closed: hand fd on first (region->fd).
+ * and the descriptors closed: hand fd on first (owner->fd).
  */
-extern void region_hand_over (struct region *region);
+extern void region_hand_over (struct region_owner *owner);
 
 /* Unmap and close without changing the state: a region dropped by a
  * server that stops for good, or by a test simulating a crash.
  */
-extern void region_close (struct region *region);
+extern void region_close (struct region_owner *owner);
 
 /* The heap.  region_alloc: bytes (> 0) aligned to align (a power of two,
  * at most a page); sizes of REGION_SLAB_MIN << (REGION_SLAB_CLASSES - 1)
@@ -227,5 +245,26 @@ extern void region_free (struct region *region, void *p);
 extern void region_punch (struct region *region, void *start, size_t bytes);
 /* Punch out every free page still resident.  Returns the pages. */
 extern uint64_t region_trim (struct region *region);
+
+/* Memory for a structure that lives in a region when its owner does
+ * (region not NULL), else on the C heap: the one way the allocator and
+ * the store allocate what a take-over needs.  align: a power of two, at
+ * most a page.
+ */
+static inline void *
+region_memory_alloc (struct region *region, size_t bytes, size_t align)
+{
+  if (region)
+    return region_alloc (region, bytes, align);
+  return aligned_alloc (align, (bytes + align - 1) / align * align);
+}
+static inline void
+region_memory_free (struct region *region, void *p)
+{
+  if (region)
+    region_free (region, p);
+  else
+    free (p);
+}
 
 #endif /* ZSALLOC_REGION_H */

@@ -45,7 +45,7 @@ size_classes_init (struct zs_pool *pool)
     distinct += starts_class[i];
   }
 
-  pool->classes = pool_memory_alloc (pool->config.region,
+  pool->classes = region_memory_alloc (pool->config.region,
                                      distinct * sizeof *pool->classes, 64);
   if (!pool->classes) {
     errno = ENOMEM;
@@ -87,5 +87,5 @@ size_classes_destroy (struct zs_pool *pool)
 {
   for (unsigned c = 0; c < pool->distinct_classes; c++)
     pthread_mutex_destroy (&pool->classes[c].own_lock);
-  pool_memory_free (pool->config.region, pool->classes);
+  region_memory_free (pool->config.region, pool->classes);
 }

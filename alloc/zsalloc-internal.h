@@ -208,7 +208,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "zsalloc.h"
 #include "page-source.h"
@@ -344,27 +343,6 @@ struct zs_pool {
  * too: callers ask for the worst case.
  */
 extern bool metadata_take (struct zs_pool *pool, size_t bytes);
-
-/* Memory for the pool's own structures (the pool, classes, batches,
- * move locks, descriptors, cell blocks, page chunks' records): from the
- * pool's region when it has one, else the C heap.  align: a power of two,
- * at most a page.
- */
-static inline void *
-pool_memory_alloc (struct region *region, size_t bytes, size_t align)
-{
-  if (region)
-    return region_alloc (region, bytes, align);
-  return aligned_alloc (align, (bytes + align - 1) / align * align);
-}
-static inline void
-pool_memory_free (struct region *region, void *p)
-{
-  if (region)
-    region_free (region, p);
-  else
-    free (p);
-}
 
 /* pool.c: every lock of the pool made anew (creation, take-over). */
 extern void pool_locks_init (struct zs_pool *pool);

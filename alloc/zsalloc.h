@@ -96,7 +96,9 @@ struct zs_pool_config {
   struct region *region;          /* where the pool lives - its own
                                      structures, zspages, descriptors and
                                      cells - so that another process can
-                                     take it over (zs_pool_take_over);
+                                     take it over (zs_pool_take_over):
+                                     the region itself (owner->region),
+                                     the same address in every owner;
                                      NULL (default): the C heap and
                                      anonymous mappings */
 };
@@ -121,12 +123,11 @@ extern void zs_pool_destroy (struct zs_pool *pool);
  * leaves every structure whole; no other call on the pool may be running
  * or follow in this process (hand the region over next).  In the process
  * that attached the region, zs_pool_take_over makes the pool's locks
- * anew and points it at its region's new view; then the pool serves
- * every object as it was, its handles unchanged.  Returns pool.
+ * anew; then the pool serves every object as it was, its handles
+ * unchanged.  Returns pool.
  */
 extern void zs_pool_hand_over (struct zs_pool *pool);
-extern struct zs_pool *zs_pool_take_over (struct zs_pool *pool,
-                                          struct region *region);
+extern struct zs_pool *zs_pool_take_over (struct zs_pool *pool);
 
 /* Allocate an object of size bytes (1..ZS_MAX_OBJECT_SIZE).  Its content
  * is undefined until written.  Returns 0 and sets errno on failure.

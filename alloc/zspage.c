@@ -100,7 +100,7 @@ zspage_create (struct zs_pool *pool, struct size_class *class)
 {
   if (!metadata_take (pool, zspage_descriptor_bytes (class) + ZSPAGE_ALIGN))
     return NULL;
-  struct zspage *zspage = pool_memory_alloc (pool->config.region,
+  struct zspage *zspage = region_memory_alloc (pool->config.region,
                                              zspage_descriptor_bytes (class),
                                              ZSPAGE_ALIGN);
   if (!zspage) {
@@ -109,14 +109,14 @@ zspage_create (struct zs_pool *pool, struct size_class *class)
   }
   /* The cell keeps the descriptor's address in 44 bits. */
   if ((uintptr_t) zspage >> 48) {
-    pool_memory_free (pool->config.region, zspage);
+    region_memory_free (pool->config.region, zspage);
     errno = ENOMEM;
     return NULL;
   }
   zspage->base = page_run_alloc (&pool->pages, class->pages_per_zspage,
                                  &zspage->chunk);
   if (!zspage->base) {
-    pool_memory_free (pool->config.region, zspage);
+    region_memory_free (pool->config.region, zspage);
     return NULL;
   }
   zspage->inuse = 0;
@@ -142,7 +142,7 @@ zspage_release (struct zs_pool *pool, struct size_class *class,
   atomic_fetch_sub_explicit (&pool->metadata_bytes,
                              zspage_descriptor_bytes (class),
                              memory_order_relaxed);
-  pool_memory_free (pool->config.region, zspage);
+  region_memory_free (pool->config.region, zspage);
 }
 
 void
@@ -215,7 +215,7 @@ class_destroy_zspages (struct zs_pool *pool, struct size_class *class)
     while (class->groups[group]) {
       struct zspage *zspage = class->groups[group];
       group_unlink (class, zspage);
-      pool_memory_free (pool->config.region, zspage);
+      region_memory_free (pool->config.region, zspage);
     }
   }
   class->zspages = 0;

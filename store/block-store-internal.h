@@ -116,9 +116,15 @@ struct unit_cache {
 /* Batched writes (block-batch.c) run STORE_WRITE_SLOTS at once at most. */
 #define STORE_WRITE_SLOTS 16
 
+/* The store.  With a region (store_config.pool.region) it lives there,
+ * with everything it points to, except what a new owner makes anew
+ * (HANDOVER in block-store.h): the codecs, the decode cache's slots, the
+ * write scratch, the backing store, and every lock's state.
+ */
 struct block_store {
   uint64_t size;
   uint64_t blocks;
+  struct region *region;          /* where it lives; NULL: the C heap */
   struct zs_pool *pool;
   /* codecs[0] compresses every write; codecs[1..recomp_count], the
    * recompression algorithms by priority, only recompress.  A block's

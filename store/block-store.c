@@ -13,18 +13,95 @@
 
 #include "block-store-internal.h"
 
+/* This process's parts of a store: the codecs (the algorithms are the
+ * store's, the levels config's), the decode cache's slots, the write
+ * batch, and every lock - a store taken over from another process gets
+ * them anew (HANDOVER in block-store.h).  0, or -1 with errno.
+ */
+static int
+process_parts_make (struct block_store *store, const struct store_config *config)
+{
+  store->codecs[0] = codec_create (store->algorithms[0], config->level);
+  if (!store->codecs[0])
+    return -1;
+  for (unsigned p = 1; p <= store->recomp_count; p++) {
+    store->codecs[p] = codec_create (store->algorithms[p],
+                                     config->recomp[p - 1].level);
+    if (!store->codecs[p])
+      return -1;
+  }
+  store->pack_codec = codec_create (CODEC_ZSTD,
+                                    config->pack_level ? config->pack_level
+                                    : STORE_PACK_LEVEL_DEFAULT);
+  store->write_batch = config->write_batch ? config->write_batch
+    : STORE_WRITE_BATCH_MAX;
+  if (store->write_batch > STORE_WRITE_BATCH_MAX) {
+    errno = EINVAL;
+    return -1;
+  }
+  size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
+  uint64_t cache = config->decode_cache ? config->decode_cache
+    : STORE_DECODE_CACHE_DEFAULT;
+  unsigned slots = cache / unit_plain > 1 ? cache / unit_plain : 1;
+  if (slots > STORE_DECODE_CACHE_SLOTS_MAX)
+    slots = STORE_DECODE_CACHE_SLOTS_MAX;
+  store->unit_cache = calloc (slots, sizeof *store->unit_cache);
+  if (!store->pack_codec || !store->unit_cache)
+    return -1;
+  store->unit_cache_count = slots;
+  for (unsigned i = 0; i < slots; i++)
+    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
+  pthread_mutex_init (&store->units_lock, NULL);
+  pthread_mutex_init (&store->writeback_lock, NULL);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_init (&store->stripes[i], NULL);
+  return 0;
+}
+
+/* Undo process_parts_make (what of it was made). */
+static void
+process_parts_free (struct block_store *store)
+{
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++) {
+    codec_destroy (store->codecs[p]);
+    store->codecs[p] = NULL;
+  }
+  codec_destroy (store->pack_codec);
+  store->pack_codec = NULL;
+  if (!store->unit_cache_count)
+    return;
+  for (unsigned i = 0; i < store->unit_cache_count; i++) {
+    pthread_mutex_destroy (&store->unit_cache[i].lock);
+    free (store->unit_cache[i].data);
+  }
+  free (store->unit_cache);
+  store->unit_cache = NULL;
+  store->unit_cache_count = 0;
+  pthread_mutex_destroy (&store->units_lock);
+  pthread_mutex_destroy (&store->writeback_lock);
+  for (unsigned i = 0; i < STORE_STRIPES; i++)
+    pthread_mutex_destroy (&store->stripes[i]);
+}
+
 struct block_store *
 store_create (const struct store_config *config)
 {
-  struct block_store *store = config->size ? calloc (1, sizeof *store) : NULL;
+  struct region *region = config->pool.region;
+  /* A cold tier is not yet kept across a take-over. */
+  bool valid = config->size && !(region && config->backing);
+  struct block_store *store = valid
+    ? region_memory_alloc (region, sizeof *store, _Alignof (struct block_store))
+    : NULL;
   if (!store) {
-    if (config->size == 0)
+    if (!valid)
       errno = EINVAL;
     int saved = errno;
     backing_close (config->backing);
     errno = saved;
     return NULL;
   }
+  memset (store, 0, sizeof *store);
+  store->region = region;
   store->size = config->size;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
   store->created_ns = monotonic_ns ();
@@ -37,47 +114,16 @@ store_create (const struct store_config *config)
   }
   store->recomp_count = config->recomp_count;
   store->algorithms[0] = config->algorithm;
-  store->codecs[0] = codec_create (config->algorithm, config->level);
-  if (!store->codecs[0])
-    goto fail;
-  for (unsigned p = 1; p <= store->recomp_count; p++) {
+  for (unsigned p = 1; p <= store->recomp_count; p++)
     store->algorithms[p] = config->recomp[p - 1].algorithm;
-    store->codecs[p] = codec_create (config->recomp[p - 1].algorithm,
-                                     config->recomp[p - 1].level);
-    if (!store->codecs[p])
-      goto fail;
-  }
-  store->pack_codec = codec_create (CODEC_ZSTD,
-                                    config->pack_level ? config->pack_level
-                                    : STORE_PACK_LEVEL_DEFAULT);
   store->pack_blocks = config->pack_blocks ? config->pack_blocks
     : STORE_PACK_DEFAULT;
   if (store->pack_blocks < 2 || store->pack_blocks > STORE_PACK_MAX) {
     errno = EINVAL;
     goto fail;
   }
-  store->write_batch = config->write_batch ? config->write_batch
-    : STORE_WRITE_BATCH_MAX;
-  if (store->write_batch > STORE_WRITE_BATCH_MAX) {
-    errno = EINVAL;
+  if (process_parts_make (store, config) == -1)
     goto fail;
-  }
-  {
-    size_t unit_plain = (size_t) store->pack_blocks * STORE_BLOCK_SIZE;
-    uint64_t cache = config->decode_cache ? config->decode_cache
-      : STORE_DECODE_CACHE_DEFAULT;
-    store->unit_cache_count = cache / unit_plain > 1 ? cache / unit_plain : 1;
-    if (store->unit_cache_count > STORE_DECODE_CACHE_SLOTS_MAX)
-      store->unit_cache_count = STORE_DECODE_CACHE_SLOTS_MAX;
-  }
-  store->unit_cache = calloc (store->unit_cache_count,
-                              sizeof *store->unit_cache);
-  if (!store->pack_codec || !store->unit_cache)
-    goto fail;
-  for (unsigned i = 0; i < store->unit_cache_count; i++)
-    pthread_mutex_init (&store->unit_cache[i].lock, NULL);
-  pthread_mutex_init (&store->units_lock, NULL);
-  pthread_mutex_init (&store->writeback_lock, NULL);
   store->writeback_batch = config->writeback_batch ? config->writeback_batch
     : STORE_WRITEBACK_BATCH;
   if (store->writeback_batch > STORE_WRITEBACK_BATCH_MAX) {
@@ -90,9 +136,7 @@ store_create (const struct store_config *config)
   store->readback_below = config->readback_below;
   store->backing_sync = !config->backing_nosync;
   store->raw_threshold = zs_huge_class_size (store->pool);
-  block_table_init (&store->table, store->blocks, store->pool);
-  for (unsigned i = 0; i < STORE_STRIPES; i++)
-    pthread_mutex_init (&store->stripes[i], NULL);
+  block_table_init (&store->table, store->blocks, store->pool, region);
   backing_map_settle (store, false);    /* the empty map's */
   return store;
 
@@ -100,14 +144,66 @@ store_create (const struct store_config *config)
   int saved = errno;
   if (store->pool)
     zs_pool_destroy (store->pool);
-  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
-    codec_destroy (store->codecs[p]);
-  codec_destroy (store->pack_codec);
-  free (store->unit_cache);
-  free (store);
+  process_parts_free (store);
+  region_memory_free (region, store);
   backing_close (config->backing);
   errno = saved;
   return NULL;
+}
+
+int
+store_hand_over (struct block_store *store)
+{
+  if (!store->region) {
+    errno = EINVAL;
+    return -1;
+  }
+  decode_cache_trim (store);    /* this process's memory, discharged */
+  write_scratch_trim (store);
+  process_parts_free (store);
+  zs_pool_hand_over (store->pool);
+  region_set_root (store->region, store, STORE_LAYOUT_VERSION);
+  return 0;
+}
+
+struct block_store *
+store_take_over (struct region *region, const struct store_config *config,
+                 char *why, size_t why_bytes)
+{
+  struct block_store *store = region_root (region);
+  const char *wrong = NULL;
+  if (!store || region->user_version != STORE_LAYOUT_VERSION)
+    wrong = "the region holds no store of this build's layout";
+  else if (store->size != config->size)
+    wrong = "the stored device has another size";
+  else if (store->algorithms[0] != config->algorithm
+           || store->recomp_count != config->recomp_count)
+    wrong = "the stored blocks were compressed with another algorithm";
+  else if (config->backing)
+    wrong = "a cold tier is not yet kept across a take-over";
+  for (unsigned p = 1; !wrong && p <= store->recomp_count; p++)
+    if (store->algorithms[p] != config->recomp[p - 1].algorithm)
+      wrong = "the stored blocks were recompressed with other algorithms";
+  if (wrong) {
+    snprintf (why, why_bytes, "%s", wrong);
+    errno = EINVAL;
+    return NULL;
+  }
+  zs_pool_take_over (store->pool);
+  block_table_take_over (&store->table);
+  atomic_store (&store->keep_resident, false);
+  for (unsigned i = 0; i < STORE_WRITE_SLOTS; i++) {
+    atomic_store (&store->write_scratch[i].busy, false);
+    atomic_store (&store->write_scratch[i].bytes, NULL);
+  }
+  atomic_store (&store->write_scratch_bytes, 0);
+  atomic_store (&store->decode_cache_bytes, 0);
+  if (process_parts_make (store, config) == -1) {
+    snprintf (why, why_bytes, "cannot make the codecs and caches: %m");
+    return NULL;
+  }
+  store->raw_threshold = zs_huge_class_size (store->pool);
+  return store;
 }
 
 void
@@ -120,22 +216,11 @@ store_destroy (struct block_store *store)
    */
   block_table_destroy (&store->table);
   zs_pool_destroy (store->pool);
-  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
-    codec_destroy (store->codecs[p]);
-  codec_destroy (store->pack_codec);
-  for (unsigned i = 0; i < store->unit_cache_count; i++) {
-    pthread_mutex_destroy (&store->unit_cache[i].lock);
-    free (store->unit_cache[i].data);
-  }
-  free (store->unit_cache);
+  process_parts_free (store);
   units_free_all (store);      /* their parts went with the pool */
-  pthread_mutex_destroy (&store->units_lock);
-  for (unsigned i = 0; i < STORE_STRIPES; i++)
-    pthread_mutex_destroy (&store->stripes[i]);
   backing_close (store->backing);
-  pthread_mutex_destroy (&store->writeback_lock);
   write_scratch_free (store);
-  free (store);
+  region_memory_free (store->region, store);
 }
 
 size_t

@@ -104,7 +104,27 @@
  *   context for its own length, frees go to the pool's batches, and no
  *   pthread key or thread-exit hook exists.  So nbdkit's threads may exit
  *   at any time, even after .unload destroyed the store and the plugin
- *   was unmapped, without running any of its code.  store_destroy requires that no call is running.
+ *   was unmapped, without running any of its code.  store_destroy
+ *   requires that no call is running.
+ *
+ * HANDOVER (a store that outlives its process; alloc/region.h)
+ *   With a region (config.pool.region) the store is allocated there with
+ *   everything a read needs: the struct, the table's nodes, the units'
+ *   descriptors, the pool and its pages.  Nothing in it points outside
+ *   the region except this process's parts - the codecs (their contexts),
+ *   the decode cache's slots and their data, the write scratch, the
+ *   backing store - and the state of its locks.  store_hand_over gives
+ *   those parts up (the decode cache and scratch freed and discharged,
+ *   the codecs closed), drains the pool's deferred frees and makes the
+ *   store the region's root, under STORE_LAYOUT_VERSION; store_take_over,
+ *   in the next owner, finds it there, checks that config describes the
+ *   same device (size, algorithms: a block is decoded by the algorithm
+ *   its priority bits name), and makes the parts and every lock anew.
+ *   The blocks are not touched: no copy, no recompression.  Block access
+ *   times are seconds of CLOCK_MONOTONIC since created_ns, one clock for
+ *   every process of a boot (and a memfd does not outlive a boot).
+ *   Not yet: a backing store with a region (store_create refuses it,
+ *   EINVAL), and a take-over after a crash (the region says so).
  */
 
 #ifndef ZRAM_BLOCK_STORE_H
@@ -122,6 +142,11 @@
 
 #define STORE_BLOCK_SIZE 4096
 #define STORE_STRIPES 1024
+/* The store's layout in a region (HANDOVER): raise it with any change to
+ * a structure the store keeps there (struct block_store, the table, the
+ * units), as REGION_LAYOUT_VERSION for the allocator's.
+ */
+#define STORE_LAYOUT_VERSION 1
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32
@@ -233,6 +258,18 @@ struct block_store;
 /* NULL with errno on failure. */
 extern struct block_store *store_create (const struct store_config *config);
 extern void store_destroy (struct block_store *store);
+
+/* HANDOVER, above.  store_hand_over: no call on the store may be
+ * running or follow in this process; then hand its region over
+ * (region_hand_over).  0, or -1 with errno EINVAL for a store in no
+ * region.  store_take_over: the store at the root of a region attached
+ * clean, for a server configured by config; NULL with errno EINVAL and
+ * the reason in why[] when config describes another device.
+ */
+extern int store_hand_over (struct block_store *store);
+extern struct block_store *store_take_over (struct region *region,
+                                            const struct store_config *config,
+                                            char *why, size_t why_bytes);
 
 /* Byte-range operations; any offset and length within the device.
  * 0, or -1 with errno (ENOSPC when memory is full, ENOMEM, EIO).

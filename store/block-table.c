@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "block-table.h"
 
@@ -13,10 +14,11 @@
 typedef _Atomic (void *) node_slot;
 
 /* The mark reclaim leaves in every slot of an inner node it is freeing,
- * so that no child can be made under it meanwhile.
+ * so that no child can be made under it meanwhile: a value no node's
+ * address can be, and the same in every process (a table in a region
+ * outlives the process that made it).
  */
-static char sealed_mark;
-#define SEALED ((void *) &sealed_mark)
+#define SEALED ((void *) (uintptr_t) 1)
 
 /* A leaf's used count, with LEAF_DEAD set once reclaim took it: it has
  * no entry and can get none.
@@ -30,7 +32,7 @@ struct block_leaf {
 
 void
 block_table_init (struct block_table *table, uint64_t blocks,
-                  struct zs_pool *pool)
+                  struct zs_pool *pool, struct region *region)
 {
   unsigned bits = 0;
   while (bits < 64 && (blocks - 1) >> bits)
@@ -42,6 +44,13 @@ block_table_init (struct block_table *table, uint64_t blocks,
   atomic_init (&table->nodes_to_check, false);
   atomic_init (&table->keep_nodes, false);
   table->pool = pool;
+  table->region = region;
+  pthread_rwlock_init (&table->walk_lock, NULL);
+}
+
+void
+block_table_take_over (struct block_table *table)
+{
   pthread_rwlock_init (&table->walk_lock, NULL);
 }
 
@@ -56,7 +65,7 @@ node_bytes (unsigned level)
 static void
 node_release (struct block_table *table, void *node, unsigned level)
 {
-  free (node);
+  region_memory_free (table->region, node);
   atomic_fetch_sub_explicit (&table->bytes, node_bytes (level),
                              memory_order_relaxed);
   if (table->pool)
@@ -99,8 +108,11 @@ slot_child (struct block_table *table, node_slot *slot, unsigned level,
 
   if (table->pool && zs_pool_charge (table->pool, node_bytes (level)) == -1)
     return NULL;
-  void *fresh = calloc (1, node_bytes (level));
-  if (!fresh) {
+  void *fresh = region_memory_alloc (table->region, node_bytes (level),
+                                     _Alignof (struct block_leaf));
+  if (fresh)
+    memset (fresh, 0, node_bytes (level));
+  else {
     if (table->pool)
       zs_pool_discharge (table->pool, node_bytes (level));
     errno = ENOMEM;
@@ -115,7 +127,8 @@ slot_child (struct block_table *table, node_slot *slot, unsigned level,
     atomic_store_explicit (&table->nodes_to_check, true, memory_order_relaxed);
     return fresh;
   }
-  free (fresh);                 /* another thread won (or sealed it) */
+  region_memory_free (table->region, fresh); /* another thread won (or
+                                                sealed it) */
   if (table->pool)
     zs_pool_discharge (table->pool, node_bytes (level));
   return node;

@@ -39,6 +39,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "region.h"
 #include "zsalloc.h"
 
 #define BLOCK_TABLE_BITS 9
@@ -136,12 +137,15 @@ struct block_table {
   _Atomic bool nodes_to_check; /* a node may be empty: reclaim has work */
   _Atomic bool keep_nodes;    /* block_table_populate ran: reclaim is off */
   struct zs_pool *pool;       /* charged for the nodes; NULL: not charged */
+  struct region *region;      /* where the nodes live; NULL: the C heap */
   pthread_rwlock_t walk_lock; /* read: walkers without stripe locks;
                                  write: reclaim.  See LIFETIME. */
 };
 
 extern void block_table_init (struct block_table *table, uint64_t blocks,
-                              struct zs_pool *pool);
+                              struct zs_pool *pool, struct region *region);
+/* A table in a region, taken over by a new owner: its lock made anew. */
+extern void block_table_take_over (struct block_table *table);
 /* Free every node; the caller frees what the entries point to first. */
 extern void block_table_destroy (struct block_table *table);
 

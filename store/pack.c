@@ -139,7 +139,8 @@ unit_create (struct block_store *store, const struct pack_member *members,
   size_t descriptor = unit_bytes (parts, count);
   if (zs_pool_charge (store->pool, descriptor) == -1)
     return NULL;
-  struct pack_unit *unit = aligned_alloc (STORE_PACK_MAX, descriptor);
+  struct pack_unit *unit = region_memory_alloc (store->region, descriptor,
+                                                STORE_PACK_MAX);
   if (!unit) {
     zs_pool_discharge (store->pool, descriptor);
     return NULL;
@@ -162,7 +163,7 @@ unit_create (struct block_store *store, const struct pack_member *members,
       for (unsigned j = 0; j < i; j++)
         zs_free (store->pool, unit_parts (unit)[j]);
       zs_pool_discharge (store->pool, descriptor);
-      free (unit);
+      region_memory_free (store->region, unit);
       errno = err;
       return NULL;
     }

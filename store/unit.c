@@ -27,7 +27,7 @@ unit_destroy (struct block_store *store, struct pack_unit *unit)
   counter_add (&store->pack_units, -1);
   zs_pool_discharge (store->pool, unit_bytes (unit->parts, unit->count));
   decode_cache_forget (store, unit->id);
-  free (unit);
+  region_memory_free (store->region, unit);
 }
 
 
@@ -37,7 +37,7 @@ units_free_all (struct block_store *store)
   while (store->units) {
     struct pack_unit *unit = store->units;
     store->units = unit->next;
-    free (unit);
+    region_memory_free (store->region, unit);
   }
 }
 

@@ -8,9 +8,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/socket.h>
 
 #include "crc32c.h"
+#include "fd-pass.h"
 #include "region.h"
 
 #define REGION_BYTES (256u << 20)
@@ -25,45 +25,6 @@ struct handover_root {
   uint16_t sizes[OBJECTS];
 };
 
-/* ---- passing a descriptor, as a holder does ---------------------------- */
-
-static void
-fd_send (int sock, int fd)
-{
-  char byte = 0;
-  struct iovec iov = { .iov_base = &byte, .iov_len = 1 };
-  union { struct cmsghdr align; char buf[CMSG_SPACE (sizeof (int))]; } control;
-  struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
-                        .msg_control = control.buf,
-                        .msg_controllen = sizeof control.buf };
-  struct cmsghdr *cmsg = CMSG_FIRSTHDR (&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN (sizeof (int));
-  memcpy (CMSG_DATA (cmsg), &fd, sizeof fd);
-  if (sendmsg (sock, &msg, 0) != 1)
-    _exit (2);
-}
-
-static int
-fd_receive (int sock)
-{
-  char byte;
-  struct iovec iov = { .iov_base = &byte, .iov_len = 1 };
-  union { struct cmsghdr align; char buf[CMSG_SPACE (sizeof (int))]; } control;
-  struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
-                        .msg_control = control.buf,
-                        .msg_controllen = sizeof control.buf };
-  if (recvmsg (sock, &msg, 0) != 1)
-    return -1;
-  struct cmsghdr *cmsg = CMSG_FIRSTHDR (&msg);
-  if (!cmsg || cmsg->cmsg_type != SCM_RIGHTS)
-    return -1;
-  int fd;
-  memcpy (&fd, CMSG_DATA (cmsg), sizeof fd);
-  return fd;
-}
-
 /* ---- the heap ------------------------------------------------------------ */
 
 /* Random sizes from slabs and runs, each filled with its own byte, freed
@@ -75,8 +36,9 @@ static void
 test_region_heap (void **state)
 {
   (void) state;
-  struct region *region = region_create (64u << 20, DEVICE_BYTES);
-  assert_non_null (region);
+  struct region_owner *owner = region_create (64u << 20, DEVICE_BYTES);
+  assert_non_null (owner);
+  struct region *region = owner->region;
   uint64_t seed = 42;
   enum { N = 3000 };
   static void *p[N];
@@ -104,11 +66,11 @@ test_region_heap (void **state)
                   bytes[i], p[i], k, b[k], want);
     region_free (region, p[i]);
   }
-  assert_int_equal (region->header->pages_taken, 0);
-  uint64_t resident = region->header->pages_resident_free;
+  assert_int_equal (region->pages_taken, 0);
+  uint64_t resident = region->pages_resident_free;
   assert_true (resident > 0);
   assert_int_equal (region_trim (region), resident);
-  assert_int_equal (region->header->pages_resident_free, 0);
+  assert_int_equal (region->pages_resident_free, 0);
 
   /* Full: runs until none fits, then the refusal. */
   unsigned runs = 0;
@@ -116,7 +78,7 @@ test_region_heap (void **state)
     runs++;
   assert_int_equal (errno, ENOMEM);
   assert_true (runs >= 60);
-  region_close (region);
+  region_close (owner);
 }
 
 /* ---- handover ------------------------------------------------------------ */
@@ -136,9 +98,10 @@ fill_in_child (int *fd, bool clean)
   assert_true (pid >= 0);
   if (pid == 0) {
     close (sockets[0]);
-    struct region *region = region_create (REGION_BYTES, DEVICE_BYTES);
-    if (!region)
+    struct region_owner *owner = region_create (REGION_BYTES, DEVICE_BYTES);
+    if (!owner)
       _exit (3);
+    struct region *region = owner->region;
     struct zs_pool_config config;
     zs_pool_config_init (&config);
     config.region = region;
@@ -161,9 +124,9 @@ fill_in_child (int *fd, bool clean)
     region_set_root (region, root, 1);
     if (clean)
       zs_pool_hand_over (pool);
-    fd_send (sockets[1], region->fd);
+    fd_send (sockets[1], owner->fd);
     if (clean) {
-      region_hand_over (region);
+      region_hand_over (owner);
       _exit (0);
     }
     pause ();                   /* until the parent kills it */
@@ -187,13 +150,15 @@ test_handover_clean (void **state)
 
   enum region_attach_result how;
   char why[256] = "";
-  struct region *region = region_attach (fd, DEVICE_BYTES, &how, why, sizeof why);
-  if (!region)
+  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+                                              sizeof why);
+  if (!owner)
     fail_msg ("region_attach: %s", why);
+  struct region *region = owner->region;
   assert_int_equal (how, REGION_ATTACH_CLEAN);
-  assert_int_equal (region->header->generation, 2);
-  assert_int_equal (region->header->state, REGION_SERVING);
-  assert_int_equal (region->header->user_version, 1);
+  assert_int_equal (region->generation, 2);
+  assert_int_equal (region->state, REGION_SERVING);
+  assert_int_equal (region->user_version, 1);
 
   /* A second taker, while this process owns it: refused. */
   enum region_attach_result how2;
@@ -202,7 +167,7 @@ test_handover_clean (void **state)
   assert_non_null (strstr (why, "owned by another process"));
 
   struct handover_root *root = region_root (region);
-  struct zs_pool *pool = zs_pool_take_over (root->pool, region);
+  struct zs_pool *pool = zs_pool_take_over (root->pool);
   unsigned live = 0;
   for (unsigned i = 0; i < root->count; i++)
     if (root->handles[i]) {
@@ -234,8 +199,8 @@ test_handover_clean (void **state)
   /* Everything the pool held goes back to the region: nothing leaked. */
   zs_pool_destroy (pool);
   region_free (region, root);
-  assert_int_equal (region->header->pages_taken, 0);
-  region_close (region);
+  assert_int_equal (region->pages_taken, 0);
+  region_close (owner);
   close (fd);
 }
 
@@ -255,12 +220,14 @@ test_crash_reported (void **state)
 
   enum region_attach_result how;
   char why[256] = "";
-  struct region *region = region_attach (fd, DEVICE_BYTES, &how, why, sizeof why);
-  if (!region)
+  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+                                              sizeof why);
+  if (!owner)
     fail_msg ("region_attach: %s", why);
+  struct region *region = owner->region;
   assert_int_equal (how, REGION_ATTACH_CRASHED);
-  assert_int_equal (region->header->generation, 2);
-  region_close (region);
+  assert_int_equal (region->generation, 2);
+  region_close (owner);
   close (fd);
 }
 
@@ -272,21 +239,21 @@ test_crash_reported (void **state)
 static int
 closed_region (void)
 {
-  struct region *region = region_create (16u << 20, DEVICE_BYTES);
-  assert_non_null (region);
-  int fd = dup (region->fd);
-  region_close (region);
+  struct region_owner *owner = region_create (16u << 20, DEVICE_BYTES);
+  assert_non_null (owner);
+  int fd = dup (owner->fd);
+  region_close (owner);
   return fd;
 }
 
 static void
-header_read (int fd, struct region_header *header)
+header_read (int fd, struct region *header)
 {
   assert_int_equal (pread (fd, header, sizeof *header, 0), sizeof *header);
 }
 
 static void
-header_write (int fd, const struct region_header *header)
+header_write (int fd, const struct region *header)
 {
   assert_int_equal (pwrite (fd, header, sizeof *header, 0), sizeof *header);
 }
@@ -303,8 +270,9 @@ refused (int fd, uint64_t device_bytes, int err, const char *text)
   ssize_t got = pread (fd, before, sizeof before, 0);
   enum region_attach_result how;
   char why[256] = "";
-  struct region *region = region_attach (fd, device_bytes, &how, why, sizeof why);
-  if (region)
+  struct region_owner *owner = region_attach (fd, device_bytes, &how, why,
+                                              sizeof why);
+  if (owner)
     fail_msg ("attach accepted what it should refuse (%s)", text);
   assert_int_equal (errno, err);
   if (!strstr (why, text))
@@ -317,7 +285,7 @@ static void
 test_refusals (void **state)
 {
   (void) state;
-  struct region_header header;
+  struct region header;
 
   /* Memory of something else. */
   int fd = memfd_create ("other", 0);
@@ -359,7 +327,7 @@ test_refusals (void **state)
   header_read (fd, &header);
   header.layout_version = REGION_LAYOUT_VERSION + 1;
   header.identity_checksum
-    = crc32c (&header, offsetof (struct region_header, identity_checksum));
+    = crc32c (&header, offsetof (struct region, identity_checksum));
   header_write (fd, &header);
   refused (fd, 0, EPROTO, "layout version");
   close (fd);
@@ -382,11 +350,13 @@ test_refusals (void **state)
    */
   enum region_attach_result how;
   char why[256] = "";
-  struct region *region = region_attach (fd, DEVICE_BYTES, &how, why, sizeof why);
-  if (!region)
+  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+                                              sizeof why);
+  if (!owner)
     fail_msg ("region_attach: %s", why);
   assert_int_equal (how, REGION_ATTACH_CRASHED);
-  region_close (region);
+  assert_int_equal (owner->region->generation, 2);
+  region_close (owner);
   close (fd);
 }
 
