@@ -13,8 +13,8 @@
  */
 
 #include <errno.h>
-#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "region.h"
 
@@ -101,11 +101,18 @@ page_of (struct region *region, const void *p)
   return ((const char *) p - (const char *) region) / REGION_PAGE_SIZE;
 }
 
+/* Remove pages from the segment: their memory goes back at once.  Under
+ * mlockall the mapping is locked and MADV_REMOVE refuses it (EINVAL):
+ * the region's mapping is unlocked then, once - a locked region
+ * (SHM_LOCK) keeps its pages resident without it.
+ */
 static void
 punch (struct region *region, uint64_t offset, uint64_t bytes)
 {
-  fallocate (region->owner_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-             offset, bytes);
+  char *start = (char *) region + offset;
+  if (madvise (start, bytes, MADV_REMOVE) == -1 && errno == EINVAL
+      && munlock (region, region->region_bytes) == 0)
+    madvise (start, bytes, MADV_REMOVE);
 }
 
 /* Give a run back; it is punched out if long, else kept resident. */

@@ -10,17 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/stat.h>
+#include <sys/shm.h>
 #include <unistd.h>
 
 #include "crc32c.h"
 #include "region.h"
-
-#ifndef MAP_FIXED_NOREPLACE
-#define MAP_FIXED_NOREPLACE 0x100000    /* Linux 4.17 */
-#endif
 
 static uint32_t
 identity_checksum (const struct region *header)
@@ -54,38 +49,75 @@ map_pages_for (uint64_t pages)
   return 1 + (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE;
 }
 
-/* Own the region in fd: flock on a description of our own (OWNERSHIP in
- * region.h).  -1 with errno EBUSY when another process owns it.
+/* Own the region file at path (made if missing): its descriptor, locked
+ * (OWNERSHIP in region.h); -1 with errno EBUSY when another process owns
+ * it.
  */
 static int
-ownership_take (int fd)
+ownership_take (const char *path, int flags)
 {
-  char path[64];
-  snprintf (path, sizeof path, "/proc/self/fd/%d", fd);
-  int lock_fd = open (path, O_RDWR | O_CLOEXEC);
-  if (lock_fd == -1)
+  int fd = open (path, O_RDWR | O_CLOEXEC | flags, 0600);
+  if (fd == -1)
     return -1;
-  if (flock (lock_fd, LOCK_EX | LOCK_NB) == -1) {
+  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
     int err = errno == EWOULDBLOCK ? EBUSY : errno;
-    close (lock_fd);
+    close (fd);
     errno = err;
     return -1;
   }
-  return lock_fd;
+  return fd;
+}
+
+/* The region file's line. */
+#define REGION_FILE_FORMAT "nbdkit-zram region shm=%d device=%32s\n"
+
+static void
+device_id_text (const uint8_t id[16], char text[33])
+{
+  for (unsigned i = 0; i < 16; i++)
+    snprintf (text + 2 * i, 3, "%02x", id[i]);
+}
+
+/* Write the region file's line, replacing the file atomically (the lock
+ * is on the old inode: the new one is locked before the rename).
+ */
+static int
+region_file_write (struct region_owner *owner)
+{
+  char id[33], tmp[4096];
+  device_id_text (owner->region->device_id, id);
+  if (snprintf (tmp, sizeof tmp, "%s.new", owner->path) >= (int) sizeof tmp) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = ownership_take (tmp, O_CREAT | O_TRUNC);
+  if (fd == -1)
+    return -1;
+  if (dprintf (fd, REGION_FILE_FORMAT, owner->shm_id, id) < 0
+      || fsync (fd) == -1 || rename (tmp, owner->path) == -1) {
+    int err = errno;
+    close (fd);
+    unlink (tmp);
+    errno = err;
+    return -1;
+  }
+  close (owner->lock_fd);
+  owner->lock_fd = fd;
+  return 0;
 }
 
 /* This process owns the region from now: the heap's lock made anew (a
- * pthread lock's state is the last owner's) and its descriptor noted.
+ * pthread lock's state is the last owner's).
  */
 static void
-heap_own (struct region *region, int fd)
+heap_own (struct region *region)
 {
   pthread_mutex_init (&region->heap_lock, NULL);
-  region->owner_fd = fd;
 }
 
 struct region_owner *
-region_create (uint64_t bytes, uint64_t device_bytes)
+region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
+               bool locked)
 {
   bytes = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE * REGION_PAGE_SIZE;
   uint64_t pages = bytes / REGION_PAGE_SIZE;
@@ -95,23 +127,21 @@ region_create (uint64_t bytes, uint64_t device_bytes)
     return NULL;
   }
   struct region_owner *owner = calloc (1, sizeof *owner);
-  if (!owner)
-    return NULL;
-  int err;
-  int fd = memfd_create ("nbdkit-zram", MFD_CLOEXEC);
-  if (fd == -1)
+  if (!owner || !(owner->path = strdup (path)))
     goto fail;
-  if (ftruncate (fd, bytes) == -1)
-    goto fail_fd;
-  owner->lock_fd = ownership_take (fd);
+  owner->shm_id = -1;
+  owner->lock_fd = ownership_take (path, O_CREAT);
   if (owner->lock_fd == -1)
-    goto fail_fd;
-  struct region *region = mmap (NULL, bytes, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_NORESERVE, fd, 0);
-  if (region == MAP_FAILED)
-    goto fail_lock;
+    goto fail;
+  owner->shm_id = shmget (IPC_PRIVATE, bytes, IPC_CREAT | 0600 | SHM_NORESERVE);
+  if (owner->shm_id == -1)
+    goto fail;
+  if (locked && shmctl (owner->shm_id, SHM_LOCK, NULL) == -1)
+    goto fail;
+  struct region *region = shmat (owner->shm_id, NULL, 0);
+  if (region == (void *) -1)
+    goto fail;
   owner->region = region;
-  owner->fd = fd;
 
   memcpy (region->magic, REGION_MAGIC, sizeof region->magic);
   region->layout_version = REGION_LAYOUT_VERSION;
@@ -122,7 +152,7 @@ region_create (uint64_t bytes, uint64_t device_bytes)
   region->device_bytes = device_bytes;
   if (getrandom (region->device_id, sizeof region->device_id, 0)
       != sizeof region->device_id)
-    goto fail_map;
+    goto fail;
   region->map_pages = map_pages;
   region->identity_checksum = identity_checksum (region);
   region->generation = 1;
@@ -130,26 +160,29 @@ region_create (uint64_t bytes, uint64_t device_bytes)
   region->user_version = 0;
   state_write (region, REGION_SERVING);
 
-  heap_own (region, fd);
+  heap_own (region);
   region->rover = map_pages;
   for (uint64_t p = 0; p < map_pages; p++) {
     region_page_bits (region)[p / 64] |= (uint64_t) 1 << (p % 64);
     region_pages (region)[p].kind = REGION_PAGE_MAPS;
   }
+  if (region_file_write (owner) == -1)
+    goto fail;
   return owner;
 
- fail_map:
-  munmap (region, bytes);
- fail_lock:
-  err = errno;
-  close (owner->lock_fd);
+ fail:;
+  int err = errno;
+  if (owner) {
+    if (owner->region)
+      shmdt (owner->region);
+    if (owner->shm_id != -1)
+      shmctl (owner->shm_id, IPC_RMID, NULL);
+    if (owner->lock_fd > 0)
+      close (owner->lock_fd);
+    free (owner->path);
+    free (owner);
+  }
   errno = err;
- fail_fd:
-  err = errno;
-  close (fd);
-  errno = err;
- fail:
-  free (owner);
   return NULL;
 }
 
@@ -166,102 +199,163 @@ refuse (int err, char *why, size_t why_bytes, const char *format, ...)
   return NULL;
 }
 
-struct region_owner *
-region_attach (int fd, uint64_t device_bytes, enum region_attach_result *how,
-               char *why, size_t why_bytes)
+/* The region file's segment id and device id; -1 (errno ENOENT) when it
+ * names none.
+ */
+static int
+region_file_read (int fd, char device_text[33])
 {
-  struct stat st;
-  struct region seen;
-  if (fstat (fd, &st) == -1)
-    return refuse (errno, why, why_bytes, "cannot read the memory's size: %m");
-  if ((uint64_t) st.st_size < sizeof seen)
-    return refuse (EINVAL, why, why_bytes,
-                   "the memory is %jd bytes, smaller than a region's header: "
-                   "not a region, or truncated", (intmax_t) st.st_size);
-  if (pread (fd, &seen, sizeof seen, 0) != (ssize_t) sizeof seen)
-    return refuse (EINVAL, why, why_bytes, "cannot read the region's header");
-  if (memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) != 0)
-    return refuse (EINVAL, why, why_bytes,
-                   "not an nbdkit-zram region (no magic): memory of "
-                   "something else");
-  if (seen.identity_checksum != identity_checksum (&seen))
-    return refuse (EINVAL, why, why_bytes,
-                   "the region's header is damaged (identity checksum "
-                   "%08" PRIx32 ", computed %08" PRIx32 ")",
-                   seen.identity_checksum, identity_checksum (&seen));
-  if (seen.layout_version != REGION_LAYOUT_VERSION
-      || seen.header_bytes != sizeof seen)
-    return refuse (EPROTO, why, why_bytes,
-                   "the region has layout version %" PRIu32 ", this build "
-                   "knows version %d only: left as it is, for a server "
-                   "that knows its layout", seen.layout_version,
-                   REGION_LAYOUT_VERSION);
-  if ((uint64_t) st.st_size != seen.region_bytes)
-    return refuse (EINVAL, why, why_bytes,
-                   "the region is truncated or grown: its memory is %jd "
-                   "bytes, its header says %" PRIu64, (intmax_t) st.st_size,
-                   seen.region_bytes);
-  if (seen.page_size != REGION_PAGE_SIZE
-      || seen.region_bytes % REGION_PAGE_SIZE != 0
-      || seen.map_pages != map_pages_for (seen.region_bytes / REGION_PAGE_SIZE))
-    return refuse (EINVAL, why, why_bytes,
-                   "the region's header describes another page size or map "
-                   "(page size %" PRIu64 ")", seen.page_size);
-  if (device_bytes && seen.device_bytes != device_bytes)
-    return refuse (EINVAL, why, why_bytes,
-                   "the region holds a device of %" PRIu64 " bytes, not %"
-                   PRIu64 ": memory of another device", seen.device_bytes,
-                   device_bytes);
-  if (seen.state_checksum != state_checksum (&seen)
-      || (seen.state != REGION_SERVING && seen.state != REGION_HANDED_OVER))
-    return refuse (EINVAL, why, why_bytes,
-                   "the region's state is damaged (state checksum %08"
-                   PRIx32 ", computed %08" PRIx32 ")", seen.state_checksum,
-                   state_checksum (&seen));
+  char line[256];
+  ssize_t n = pread (fd, line, sizeof line - 1, 0);
+  int shm_id;
+  if (n <= 0) {
+    errno = ENOENT;
+    return -1;
+  }
+  line[n] = '\0';
+  if (sscanf (line, "nbdkit-zram region shm=%d device=%32s", &shm_id,
+              device_text) != 2) {
+    errno = ENOENT;
+    return -1;
+  }
+  return shm_id;
+}
 
-  int lock_fd = ownership_take (fd);
-  if (lock_fd == -1 && errno == EBUSY)
+struct region_owner *
+region_attach (const char *path, uint64_t device_bytes,
+               enum region_attach_result *how, char *why, size_t why_bytes)
+{
+  int lock_fd = ownership_take (path, 0);
+  if (lock_fd == -1 && errno == EBUSY) {
+    struct region seen = { 0 };
+    char device_text[33];
+    int shm_id = -1;
+    int fd = open (path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      shm_id = region_file_read (fd, device_text);
+      close (fd);
+    }
+    void *peek = shm_id >= 0 ? shmat (shm_id, NULL, SHM_RDONLY) : (void *) -1;
+    if (peek != (void *) -1) {
+      memcpy (&seen, peek, sizeof seen);
+      shmdt (peek);
+    }
     return refuse (EBUSY, why, why_bytes,
                    "the region is owned by another process (last owner "
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
                    seen.owner_pid, seen.generation);
+  }
   if (lock_fd == -1)
-    return refuse (errno, why, why_bytes, "cannot lock the region: %m");
+    return refuse (errno, why, why_bytes, "no region file %s: %m", path);
+  char device_text[33];
+  int shm_id = region_file_read (lock_fd, device_text);
+  struct shmid_ds info;
+  if (shm_id == -1 || shmctl (shm_id, IPC_STAT, &info) == -1) {
+    close (lock_fd);
+    return refuse (ENOENT, why, why_bytes, "the region file %s names no "
+                   "segment that exists (removed, or the machine "
+                   "restarted)", path);
+  }
+
+  struct region seen;
+  if (info.shm_segsz < sizeof seen) {
+    refuse (EINVAL, why, why_bytes, "the segment is %zu bytes, smaller than "
+            "a region's header: not a region", (size_t) info.shm_segsz);
+    goto refused;
+  }
+  void *peek = shmat (shm_id, NULL, SHM_RDONLY);
+  if (peek == (void *) -1) {
+    refuse (errno, why, why_bytes, "cannot attach the segment: %m");
+    goto refused;
+  }
+  memcpy (&seen, peek, sizeof seen);
+  shmdt (peek);
+  char seen_text[33];
+  device_id_text (seen.device_id, seen_text);
+  bool bad = true;
+  if (memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) != 0)
+    refuse (EINVAL, why, why_bytes,
+            "not an nbdkit-zram region (no magic): memory of "
+            "something else");
+  else if (seen.identity_checksum != identity_checksum (&seen))
+    refuse (EINVAL, why, why_bytes,
+            "the region's header is damaged (identity checksum "
+            "%08" PRIx32 ", computed %08" PRIx32 ")",
+            seen.identity_checksum, identity_checksum (&seen));
+  else if (seen.layout_version != REGION_LAYOUT_VERSION
+           || seen.header_bytes != sizeof seen)
+    refuse (EPROTO, why, why_bytes,
+            "the region has layout version %" PRIu32 ", this "
+            "build knows version %d only: left as it is, for a "
+            "server that knows its layout", seen.layout_version,
+            REGION_LAYOUT_VERSION);
+  else if (info.shm_segsz != seen.region_bytes)
+    refuse (EINVAL, why, why_bytes,
+            "the region is truncated or grown: its segment is "
+            "%zu bytes, its header says %" PRIu64,
+            (size_t) info.shm_segsz, seen.region_bytes);
+  else if (seen.page_size != REGION_PAGE_SIZE
+           || seen.region_bytes % REGION_PAGE_SIZE != 0
+           || seen.map_pages != map_pages_for (seen.region_bytes
+                                     / REGION_PAGE_SIZE))
+    refuse (EINVAL, why, why_bytes,
+            "the region's header describes another page size or "
+            "map (page size %" PRIu64 ")", seen.page_size);
+  else if (strcmp (seen_text, device_text) != 0)
+    refuse (EINVAL, why, why_bytes,
+            "the segment holds device %s, the region file names "
+            "device %s: memory of another device", seen_text,
+            device_text);
+  else if (device_bytes && seen.device_bytes != device_bytes)
+    refuse (EINVAL, why, why_bytes,
+            "the region holds a device of %" PRIu64 " bytes, not "
+            "%" PRIu64 ": memory of another device",
+            seen.device_bytes, device_bytes);
+  else if (seen.state_checksum != state_checksum (&seen)
+           || (seen.state != REGION_SERVING
+               && seen.state != REGION_HANDED_OVER))
+    refuse (EINVAL, why, why_bytes,
+            "the region's state is damaged (state checksum %08"
+            PRIx32 ", computed %08" PRIx32 ")",
+            seen.state_checksum, state_checksum (&seen));
+  else
+    bad = false;
+  if (bad)
+    goto refused;
 
   void *want = (void *) (uintptr_t) seen.base_address;
-  void *base = mmap (want, seen.region_bytes, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_NORESERVE | MAP_FIXED_NOREPLACE, fd, 0);
-  if (base != want) {
-    int err = base == MAP_FAILED ? errno : EEXIST;
-    if (base != MAP_FAILED)
-      munmap (base, seen.region_bytes);
+  struct region *region = shmat (shm_id, want, 0);
+  if (region != want) {
+    int err = region == (void *) -1 ? errno : EEXIST;
+    if (region != (void *) -1)
+      shmdt (region);
     close (lock_fd);
-    errno = err;
-    return refuse (err == EEXIST ? EEXIST : ENOMEM, why, why_bytes,
-                   "cannot map the region at %p, where its pointers "
-                   "need it (%s): try again in a new process",
-                   want, err == EEXIST
-                   ? "this process has something there already"
+    return refuse (err == EINVAL ? EEXIST : err, why, why_bytes,
+                   "cannot attach the region at %p, where its pointers "
+                   "need it (%s): try again in a new process", want,
+                   err == EINVAL ? "this process has something there already"
                    : strerror (err));
   }
   struct region_owner *owner = calloc (1, sizeof *owner);
-  int own_fd = owner ? fcntl (fd, F_DUPFD_CLOEXEC, 0) : -1;
-  if (own_fd == -1) {
+  if (!owner || !(owner->path = strdup (path))) {
     free (owner);
-    munmap (base, seen.region_bytes);
+    shmdt (region);
     close (lock_fd);
-    return refuse (ENOMEM, why, why_bytes, "out of memory or descriptors");
+    return refuse (ENOMEM, why, why_bytes, "out of memory");
   }
-  struct region *region = base;
   owner->region = region;
-  owner->fd = own_fd;
+  owner->shm_id = shm_id;
   owner->lock_fd = lock_fd;
   *how = seen.state == REGION_HANDED_OVER
     ? REGION_ATTACH_CLEAN : REGION_ATTACH_CRASHED;
-  heap_own (region, own_fd);
+  heap_own (region);
   region->generation++;
   state_write (region, REGION_SERVING);
   return owner;
+
+ refused:
+  close (lock_fd);
+  return NULL;
 }
 
 void
@@ -281,9 +375,9 @@ region_root (const struct region *region)
 static void
 owner_end (struct region_owner *owner)
 {
-  munmap (owner->region, owner->region->region_bytes);
-  close (owner->lock_fd);       /* ownership goes with the description */
-  close (owner->fd);
+  shmdt (owner->region);
+  close (owner->lock_fd);       /* ownership goes with it */
+  free (owner->path);
   free (owner);
 }
 
@@ -300,4 +394,14 @@ region_close (struct region_owner *owner)
 {
   if (owner)
     owner_end (owner);
+}
+
+void
+region_destroy (struct region_owner *owner)
+{
+  if (!owner)
+    return;
+  shmctl (owner->shm_id, IPC_RMID, NULL);
+  unlink (owner->path);
+  owner_end (owner);
 }

@@ -1,24 +1,36 @@
 /* The region: memory that outlives the process that fills it.
  *
  * A device's data is the server's memory, so a server that exits takes
- * the device with it - unless that memory is a file another process can
- * open.  A region is one memfd, mapped shared, whose pages hold
- * everything needed to serve the device: the allocator's pool, its
- * zspages, descriptors and handle cells, and whatever its user (the
- * store) allocates there.  A holder keeps a descriptor of the memfd
- * across the gap (systemd's file descriptor store, or a small holder of
- * our own); the next server maps the same memfd and serves on.
+ * the device with it - unless that memory belongs to something that
+ * outlives the server.  A region is one System V shared memory segment
+ * whose pages hold everything needed to serve the device: the
+ * allocator's pool, its zspages, descriptors and handle cells, and
+ * whatever its user (the store) allocates there.  The kernel keeps the
+ * segment until it is removed (region_destroy), whoever attaches it or
+ * not: no holder process, so no holder whose death loses the device.  A
+ * small file, the region file, names the segment (its id) and is the
+ * region's lock; the next server opens it, attaches the same segment and
+ * serves on.
+ *
+ * Why not a memfd kept in a holder (systemd's file descriptor store):
+ * for swap, the region's pages must stay resident while no server runs -
+ * a page of the device swapped out to the device itself while its server
+ * is down never comes back - and only a segment can be locked in memory
+ * on its own (SHM_LOCK: every page, present and future, unevictable
+ * whoever maps it); a memfd's pages are locked only while some process
+ * maps and mlocks them, page by page.  Removing the segment is the one
+ * way its memory is lost: by region_destroy (the device is given up), by
+ * `ipcrm`, or by a reboot.
  *
  * POINTERS
  *   Every structure in a region is full of pointers (list links, the
- *   zspage address in each handle cell), so a region is mapped at the
+ *   zspage address in each handle cell), so a region is attached at the
  *   same address in every process that serves it: the address the first
- *   mapping got from the kernel is written in the header, and a later
- *   process maps there with MAP_FIXED_NOREPLACE.  If something of its
- *   own already sits there (address space layouts are randomised, so the
- *   chance is small but not nil), the attach is refused with that
- *   message and the memory is untouched: the holder keeps it, and a
- *   retry - a new process, a new layout - can succeed.
+ *   attach got from the kernel is written in the header, and a later
+ *   process attaches there.  If something of its own already sits there
+ *   (address space layouts are randomised, so the chance is small but
+ *   not nil), the attach is refused with that message and the memory is
+ *   untouched: a retry - a new process, a new layout - can succeed.
  *
  * LAYOUT (version REGION_LAYOUT_VERSION; all sizes in 4 KiB pages)
  *   page 0          the header (struct region): identity, then
@@ -27,50 +39,54 @@
  *                   taken; then a struct region_page per page (what a
  *                   taken page holds: part of a run, or a slab).
  *   the rest        the heap: runs of whole pages (a zspage chunk, a cell
- *                   block, anything of 2 KiB or more) and slabs (a page
+ *                   block, anything larger than 1 KiB) and slabs (a page
  *                   cut into equal slots of 64..1024 bytes, for the small
  *                   descriptors).
- *   The memfd is as large as the mapping, and sparse: only pages that
- *   were written take memory.  A run given back is punched out of the
- *   file (fallocate PUNCH_HOLE), which returns its memory at once -
- *   madvise(MADV_DONTNEED) would only drop this process's view of a
- *   shared page - and works on locked pages too.  Freed slab and small
- *   run pages stay resident until region_trim (a write may take them
- *   again with no fault).
+ *   The segment is sparse: only pages that were written take memory.  A
+ *   run given back is removed from it (madvise MADV_REMOVE), which
+ *   returns its memory at once - MADV_DONTNEED would only drop this
+ *   process's view of a shared page.  Freed slab and small run pages
+ *   stay resident until region_trim (a write may take them again with
+ *   no fault).
+ *
+ * THE REGION FILE
+ *   One line, "nbdkit-zram region shm=ID device=HEX": the segment's id
+ *   and the device id its header must carry (a segment id can be reused
+ *   by another segment once the first is removed: the device id tells
+ *   them apart).  Written at creation, replaced atomically (rename).
  *
  * HEADER and VERSION
  *   The identity (magic, layout version, sizes, the mapping address, the
  *   device's id) is written once and covered by a CRC-32C; the state
  *   (generation, the owner's pid, whether it was handed over cleanly,
  *   the user's root object) is covered by a second one, rewritten at
- *   each change of owner.  An attach checks, in order: the file is at
+ *   each change of owner.  An attach checks, in order: the segment is at
  *   least a header long, the magic, the identity checksum, the layout
  *   version (one this build knows: REGION_LAYOUT_VERSION exactly, for
- *   now), the file's size against the header's, the page size, the
- *   device's size when the caller names one; each failure is refused
- *   with a message naming what differed, and nothing in the file is
- *   written.  A change to any structure kept in a region (here, in the
- *   allocator, in the store) must raise REGION_LAYOUT_VERSION.
+ *   now), the segment's size against the header's, the page size, the
+ *   device id against the region file's, the device's size when the
+ *   caller names one, the state checksum; each failure is refused with a
+ *   message naming what differed, and nothing in the segment is written.
+ *   A change to any structure kept in a region (here, in the allocator,
+ *   in the store) must raise REGION_LAYOUT_VERSION.
  *
  * OWNERSHIP
- *   One process serves a region at a time.  Each owner opens the memfd
- *   again through /proc/self/fd (a new open file description: the fd a
- *   holder passes over a socket shares its description with the
- *   sender's, and so would share the lock) and holds flock(LOCK_EX) on
- *   it while it owns the region; a second taker is refused (EBUSY, with
- *   the owner's pid).  The lock goes with the owner's process, however it
- *   ends, so a crashed owner never blocks the next one.
+ *   One process serves a region at a time: its owner holds
+ *   flock(LOCK_EX) on the region file while it owns the region, and a
+ *   second taker is refused (EBUSY, with the owner's pid).  The lock goes
+ *   with the owner's process however it ends, so a crashed owner never
+ *   blocks the next one.
  *
  * HANDOVER
  *   A clean handover: the owner stops every user of the region, makes its
  *   structures quiescent (the allocator drains its deferred frees), sets
- *   the state to "handed over" and unlocks.  The next owner finds that
- *   state and takes the structures as they are, after initialising every
- *   lock in them anew (a pthread lock's state is the old process's).  A
- *   region whose state still says "serving" was left by a crash: only a
- *   recovery that rebuilds what a crash can leave half done may take it;
- *   region_attach reports it (REGION_ATTACH_CRASHED) and the caller
- *   decides.
+ *   the state to "handed over", detaches and unlocks.  The next owner
+ *   finds that state and takes the structures as they are, after
+ *   initialising every lock in them anew (a pthread lock's state is the
+ *   old process's).  A region whose state still says "serving" was left
+ *   by a crash: only a recovery that rebuilds what a crash can leave half
+ *   done may take it; region_attach reports it (REGION_ATTACH_CRASHED)
+ *   and the caller decides.
  *
  * LOCKS
  *   region.heap_lock         the heap: its bitmap, its page records and
@@ -136,7 +152,7 @@ struct region {
   char magic[8];
   uint32_t layout_version;
   uint32_t header_bytes;        /* sizeof (struct region) */
-  uint64_t region_bytes;        /* the memfd's size, and the mapping's */
+  uint64_t region_bytes;        /* the segment's size */
   uint64_t base_address;        /* where every owner maps it */
   uint64_t page_size;
   uint64_t device_bytes;        /* the user's device size */
@@ -160,10 +176,6 @@ struct region {
   uint64_t pages_taken;         /* heap pages taken (runs and slabs) */
   uint64_t pages_resident_free; /* free pages not yet punched out */
   uint64_t high_water;          /* pages below it were ever taken */
-  int32_t owner_fd;             /* the owner's descriptor of the memfd,
-                                   for punching: each owner writes its
-                                   own, so a pointer to the region is all
-                                   the heap's callers keep */
   uint32_t slab_partial[REGION_SLAB_CLASSES]; /* slab pages with room */
 };
 
@@ -180,38 +192,41 @@ region_pages (struct region *region)
   return (struct region_page *) (region_page_bits (region) + (pages + 63) / 64);
 }
 
-/* A process's ownership of a region (not in the region): what it maps
- * and the descriptors it holds.
- */
+/* A process's ownership of a region (not in the region). */
 struct region_owner {
-  struct region *region;        /* = the mapping's base */
-  int fd;                       /* the memfd: as created, or a duplicate
-                                   of the one received; hand it on */
-  int lock_fd;                  /* the owner's own description, flocked */
+  struct region *region;        /* where it is attached */
+  int shm_id;                   /* the segment */
+  int lock_fd;                  /* the region file, flocked */
+  char *path;                   /* the region file's */
 };
 
 /* Create a region of bytes (rounded up to whole pages; at least enough
- * for its header and maps) for a device of device_bytes, map it, and own
- * it.  NULL with errno on failure.
+ * for its header and maps) for a device of device_bytes, named by the
+ * region file at path (made, or replaced if it names no segment that
+ * lives), attach it and own it.  locked: its pages are never swapped out
+ * (SHM_LOCK; swap).  NULL with errno on failure (EBUSY: another process
+ * owns the file).
  */
-extern struct region_owner *region_create (uint64_t bytes,
-                                          uint64_t device_bytes);
+extern struct region_owner *region_create (const char *path, uint64_t bytes,
+                                           uint64_t device_bytes, bool locked);
 
 enum region_attach_result {
   REGION_ATTACH_CLEAN,          /* handed over: its structures are whole */
   REGION_ATTACH_CRASHED,        /* its owner died serving it */
 };
 
-/* Take over the region in fd (the descriptor stays the caller's: the
- * region keeps a duplicate).  device_bytes: the device size the caller serves, checked
- * against the header's (0: any).  NULL on refusal, with errno (EINVAL: a
- * file that is not a region or is damaged; EPROTO: a layout of another
- * version; EBUSY: another process owns it; EEXIST: its address is taken
- * in this process; ENOMEM) and a message for the user in why[].  On
- * success *how says how the last owner left it; the state is "serving"
- * again, owned by this process, its generation one more.
+/* Take over the region that the file at path names.  device_bytes: the
+ * device size the caller serves, checked against the header's (0: any).
+ * NULL on refusal, with errno (ENOENT: no region file, or its segment is
+ * gone - create one; EINVAL: a segment that is not a region, is damaged
+ * or is another device's; EPROTO: a layout of another version; EBUSY:
+ * another process owns it; EEXIST: its address is taken in this process;
+ * ENOMEM) and a message for the user in why[].  On success *how says how
+ * the last owner left it; the state is "serving" again, owned by this
+ * process, its generation one more.
  */
-extern struct region_owner *region_attach (int fd, uint64_t device_bytes,
+extern struct region_owner *region_attach (const char *path,
+                                           uint64_t device_bytes,
                                            enum region_attach_result *how,
                                            char *why, size_t why_bytes);
 
@@ -221,15 +236,17 @@ extern void region_set_root (struct region *region, void *root,
 extern void *region_root (const struct region *region);
 
 /* Mark the region handed over, clean (every user stopped, every
- * structure quiescent), and give up ownership; the mapping is unmapped
- * and the descriptors closed: hand fd on first (owner->fd).
+ * structure quiescent), detach it and give up ownership.
  */
 extern void region_hand_over (struct region_owner *owner);
 
-/* Unmap and close without changing the state: a region dropped by a
- * server that stops for good, or by a test simulating a crash.
+/* Detach without changing the state: a region dropped by a server that
+ * stops as a crash would (or a test simulating one).
  */
 extern void region_close (struct region_owner *owner);
+
+/* Remove the segment and the region file: the device is given up. */
+extern void region_destroy (struct region_owner *owner);
 
 /* The heap.  region_alloc: bytes (> 0) aligned to align (a power of two,
  * at most a page); sizes of REGION_SLAB_MIN << (REGION_SLAB_CLASSES - 1)

@@ -8,9 +8,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/shm.h>
 
 #include "crc32c.h"
-#include "fd-pass.h"
 #include "region.h"
 
 #define REGION_BYTES (256u << 20)
@@ -25,6 +25,21 @@ struct handover_root {
   uint16_t sizes[OBJECTS];
 };
 
+/* A region file's path in a folder of this run's own. */
+static char folder[64];
+
+static const char *
+region_path (const char *name)
+{
+  static char path[128];
+  if (!folder[0]) {
+    strcpy (folder, "/tmp/test-alloc-region-XXXXXX");
+    assert_non_null (mkdtemp (folder));
+  }
+  snprintf (path, sizeof path, "%s/%s", folder, name);
+  return path;
+}
+
 /* ---- the heap ------------------------------------------------------------ */
 
 /* Random sizes from slabs and runs, each filled with its own byte, freed
@@ -36,7 +51,8 @@ static void
 test_region_heap (void **state)
 {
   (void) state;
-  struct region_owner *owner = region_create (64u << 20, DEVICE_BYTES);
+  struct region_owner *owner = region_create (region_path ("heap"), 64u << 20,
+                                              DEVICE_BYTES, false);
   assert_non_null (owner);
   struct region *region = owner->region;
   uint64_t seed = 42;
@@ -78,27 +94,29 @@ test_region_heap (void **state)
     runs++;
   assert_int_equal (errno, ENOMEM);
   assert_true (runs >= 60);
-  region_close (owner);
+  region_destroy (owner);
 }
 
 /* ---- handover ------------------------------------------------------------ */
 
-/* In a child: a region with a pool of OBJECTS objects of seeded sizes
- * (every class, huge ones too), a third freed again (in batches, still
- * pending until the handover drains them), the pool compacted; the region
- * sent to the parent; then handed over cleanly (clean) or left as a
- * crash leaves it (the child is killed with SIGKILL by the parent).
+/* In a child: a region at path with a pool of OBJECTS objects of seeded
+ * sizes (every class, huge ones too), a third freed again (in batches,
+ * still pending until the handover drains them), the pool compacted;
+ * then handed over cleanly (clean: the child exits) or left as a crash
+ * leaves it (the child waits to be killed with SIGKILL).  Returns once
+ * the region is ready for the parent.
  */
 static pid_t
-fill_in_child (int *fd, bool clean)
+fill_in_child (const char *path, bool clean)
 {
-  int sockets[2];
-  assert_int_equal (socketpair (AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  int ready[2];
+  assert_int_equal (pipe (ready), 0);
   pid_t pid = fork ();
   assert_true (pid >= 0);
   if (pid == 0) {
-    close (sockets[0]);
-    struct region_owner *owner = region_create (REGION_BYTES, DEVICE_BYTES);
+    close (ready[0]);
+    struct region_owner *owner = region_create (path, REGION_BYTES,
+                                                DEVICE_BYTES, false);
     if (!owner)
       _exit (3);
     struct region *region = owner->region;
@@ -122,20 +140,21 @@ fill_in_child (int *fd, bool clean)
     }
     zs_compact (pool);
     region_set_root (region, root, 1);
-    if (clean)
-      zs_pool_hand_over (pool);
-    fd_send (sockets[1], owner->fd);
     if (clean) {
+      zs_pool_hand_over (pool);
       region_hand_over (owner);
-      _exit (0);
     }
+    if (write (ready[1], "r", 1) != 1)
+      _exit (2);
+    if (clean)
+      _exit (0);
     pause ();                   /* until the parent kills it */
     _exit (5);
   }
-  close (sockets[1]);
-  *fd = fd_receive (sockets[0]);
-  assert_true (*fd >= 0);
-  close (sockets[0]);
+  close (ready[1]);
+  char byte;
+  assert_int_equal (read (ready[0], &byte, 1), 1);
+  close (ready[0]);
   return pid;
 }
 
@@ -143,14 +162,15 @@ static void
 test_handover_clean (void **state)
 {
   (void) state;
-  int fd, status;
-  pid_t pid = fill_in_child (&fd, true);
+  int status;
+  const char *path = region_path ("clean");
+  pid_t pid = fill_in_child (path, true);
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
 
   enum region_attach_result how;
   char why[256] = "";
-  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
                                               sizeof why);
   if (!owner)
     fail_msg ("region_attach: %s", why);
@@ -162,7 +182,7 @@ test_handover_clean (void **state)
 
   /* A second taker, while this process owns it: refused. */
   enum region_attach_result how2;
-  assert_null (region_attach (fd, DEVICE_BYTES, &how2, why, sizeof why));
+  assert_null (region_attach (path, DEVICE_BYTES, &how2, why, sizeof why));
   assert_int_equal (errno, EBUSY);
   assert_non_null (strstr (why, "owned by another process"));
 
@@ -200,8 +220,7 @@ test_handover_clean (void **state)
   zs_pool_destroy (pool);
   region_free (region, root);
   assert_int_equal (region->pages_taken, 0);
-  region_close (owner);
-  close (fd);
+  region_destroy (owner);
 }
 
 /* A killed owner: the next attach reports the crash (the recovery that
@@ -212,73 +231,105 @@ static void
 test_crash_reported (void **state)
 {
   (void) state;
-  int fd, status;
-  pid_t pid = fill_in_child (&fd, false);
+  int status;
+  const char *path = region_path ("crash");
+  pid_t pid = fill_in_child (path, false);
   kill (pid, SIGKILL);
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFSIGNALED (status));
 
   enum region_attach_result how;
   char why[256] = "";
-  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
                                               sizeof why);
   if (!owner)
     fail_msg ("region_attach: %s", why);
   struct region *region = owner->region;
   assert_int_equal (how, REGION_ATTACH_CRASHED);
   assert_int_equal (region->generation, 2);
-  region_close (owner);
-  close (fd);
+  region_destroy (owner);
 }
 
 /* ---- refusals ------------------------------------------------------------ */
 
 /* A region made here and closed (its owner gone, its state "serving"):
- * a descriptor of it.
+ * its segment's id.
  */
 static int
-closed_region (void)
+closed_region (const char *path)
 {
-  struct region_owner *owner = region_create (16u << 20, DEVICE_BYTES);
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
   assert_non_null (owner);
-  int fd = dup (owner->fd);
+  int shm_id = owner->shm_id;
   region_close (owner);
-  return fd;
+  return shm_id;
+}
+
+/* The header of a segment, read or written in place. */
+static void
+header_read (int shm_id, struct region *header)
+{
+  void *p = shmat (shm_id, NULL, 0);
+  assert_true (p != (void *) -1);
+  memcpy (header, p, sizeof *header);
+  shmdt (p);
 }
 
 static void
-header_read (int fd, struct region *header)
+header_write (int shm_id, const struct region *header)
 {
-  assert_int_equal (pread (fd, header, sizeof *header, 0), sizeof *header);
+  void *p = shmat (shm_id, NULL, 0);
+  assert_true (p != (void *) -1);
+  memcpy (p, header, sizeof *header);
+  shmdt (p);
+}
+
+/* A region file naming segment shm_id as device id (hex). */
+static void
+region_file_point (const char *path, int shm_id, const char *id)
+{
+  FILE *fp = fopen (path, "w");
+  assert_non_null (fp);
+  fprintf (fp, "nbdkit-zram region shm=%d device=%s\n", shm_id, id);
+  fclose (fp);
 }
 
 static void
-header_write (int fd, const struct region *header)
+segment_remove (int shm_id)
 {
-  assert_int_equal (pwrite (fd, header, sizeof *header, 0), sizeof *header);
+  shmctl (shm_id, IPC_RMID, NULL);
 }
 
-/* Attach must refuse fd with err and a message containing text, and leave
- * every byte of the file's first page as it was.
+/* Attach must refuse the region at path with err and a message
+ * containing text, and leave the first page of its segment (if any) as
+ * it was.
  */
 static void
-refused (int fd, uint64_t device_bytes, int err, const char *text)
+refused (const char *path, int shm_id, uint64_t device_bytes, int err,
+         const char *text)
 {
   unsigned char before[PAGE], after[PAGE];
-  memset (before, 0, sizeof before);
-  memset (after, 0, sizeof after);
-  ssize_t got = pread (fd, before, sizeof before, 0);
+  struct shmid_ds info;
+  size_t bytes = shm_id >= 0 && shmctl (shm_id, IPC_STAT, &info) == 0
+    ? (info.shm_segsz < PAGE ? info.shm_segsz : PAGE) : 0;
+  void *p = bytes ? shmat (shm_id, NULL, SHM_RDONLY) : NULL;
+  if (bytes)
+    memcpy (before, p, bytes);
   enum region_attach_result how;
   char why[256] = "";
-  struct region_owner *owner = region_attach (fd, device_bytes, &how, why,
+  struct region_owner *owner = region_attach (path, device_bytes, &how, why,
                                               sizeof why);
   if (owner)
     fail_msg ("attach accepted what it should refuse (%s)", text);
   assert_int_equal (errno, err);
   if (!strstr (why, text))
     fail_msg ("refusal \"%s\" does not say \"%s\"", why, text);
-  assert_int_equal (pread (fd, after, sizeof after, 0), got);
-  assert_memory_equal (before, after, sizeof before);
+  if (bytes) {
+    memcpy (after, p, bytes);
+    shmdt (p);
+    assert_memory_equal (before, after, bytes);
+  }
 }
 
 static void
@@ -286,78 +337,99 @@ test_refusals (void **state)
 {
   (void) state;
   struct region header;
+  const char *path = region_path ("refusals");
+  const char *zeros = "00000000000000000000000000000000";
+
+  /* No region file; a file naming a segment that is gone. */
+  refused (path, -1, 0, ENOENT, "no region file");
+  int gone = closed_region (path);
+  segment_remove (gone);
+  refused (path, -1, 0, ENOENT, "names no segment");
 
   /* Memory of something else. */
-  int fd = memfd_create ("other", 0);
-  assert_int_equal (ftruncate (fd, 1 << 20), 0);
-  assert_int_equal (pwrite (fd, "something else", 14, 0), 14);
-  refused (fd, 0, EINVAL, "not an nbdkit-zram region");
-  close (fd);
+  int other = shmget (IPC_PRIVATE, 1 << 20, IPC_CREAT | 0600);
+  assert_true (other >= 0);
+  void *p = shmat (other, NULL, 0);
+  memcpy (p, "something else", 14);
+  shmdt (p);
+  region_file_point (path, other, zeros);
+  refused (path, other, 0, EINVAL, "not an nbdkit-zram region");
+  segment_remove (other);
 
   /* Smaller than a header. */
-  fd = memfd_create ("tiny", 0);
-  assert_int_equal (ftruncate (fd, 100), 0);
-  refused (fd, 0, EINVAL, "smaller than a region's header");
-  close (fd);
+  int tiny = shmget (IPC_PRIVATE, 100, IPC_CREAT | 0600);
+  assert_true (tiny >= 0);
+  region_file_point (path, tiny, zeros);
+  refused (path, tiny, 0, EINVAL, "smaller than a region's header");
+  segment_remove (tiny);
 
-  /* Truncated. */
-  fd = closed_region ();
-  assert_int_equal (ftruncate (fd, 8u << 20), 0);
-  refused (fd, 0, EINVAL, "truncated");
-  close (fd);
+  /* A region's header in a segment of another size: truncated. */
+  int shm_id = closed_region (path);
+  header_read (shm_id, &header);
+  int truncated = shmget (IPC_PRIVATE, 8 << 20, IPC_CREAT | 0600);
+  assert_true (truncated >= 0);
+  header_write (truncated, &header);
+  FILE *fp = fopen (path, "r");
+  char line[128];
+  assert_non_null (fgets (line, sizeof line, fp));
+  fclose (fp);
+  char id[33];
+  assert_int_equal (sscanf (line, "nbdkit-zram region shm=%*d device=%32s", id), 1);
+  region_file_point (path, truncated, id);
+  refused (path, truncated, 0, EINVAL, "truncated");
+  segment_remove (truncated);
 
-  /* A damaged identity. */
-  fd = closed_region ();
-  header_read (fd, &header);
-  header.region_bytes ^= 1 << 12;
-  header_write (fd, &header);
-  refused (fd, 0, EINVAL, "header is damaged");
-  close (fd);
+  /* The file names another region's device id: another device. */
+  region_file_point (path, shm_id, zeros);
+  refused (path, shm_id, 0, EINVAL, "memory of another device");
+  region_file_point (path, shm_id, id);
 
-  /* A damaged state. */
-  fd = closed_region ();
-  header_read (fd, &header);
-  header.root ^= 64;
-  header_write (fd, &header);
-  refused (fd, 0, EINVAL, "state is damaged");
-  close (fd);
-
-  /* A newer layout, with a checksum that holds. */
-  fd = closed_region ();
-  header_read (fd, &header);
-  header.layout_version = REGION_LAYOUT_VERSION + 1;
-  header.identity_checksum
-    = crc32c (&header, offsetof (struct region, identity_checksum));
-  header_write (fd, &header);
-  refused (fd, 0, EPROTO, "layout version");
-  close (fd);
-
-  /* Another device's memory. */
-  fd = closed_region ();
-  refused (fd, DEVICE_BYTES / 2, EINVAL, "another device");
+  /* Another device's size. */
+  refused (path, shm_id, DEVICE_BYTES / 2, EINVAL, "memory of another device");
 
   /* Its address taken in this process. */
-  header_read (fd, &header);
   void *want = (void *) (uintptr_t) header.base_address;
   void *squatter = mmap (want, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS
                          | MAP_FIXED_NOREPLACE, -1, 0);
   assert_ptr_equal (squatter, want);
-  refused (fd, DEVICE_BYTES, EEXIST, "where its pointers need it");
+  refused (path, shm_id, DEVICE_BYTES, EEXIST, "where its pointers need it");
   munmap (squatter, PAGE);
 
-  /* And once the address is free, the same region is taken (a crash
-   * left it: closed while serving).
+  /* A damaged state. */
+  struct region damaged = header;
+  damaged.root ^= 64;
+  header_write (shm_id, &damaged);
+  refused (path, shm_id, 0, EINVAL, "state is damaged");
+
+  /* A damaged identity. */
+  damaged = header;
+  damaged.region_bytes ^= 1 << 12;
+  header_write (shm_id, &damaged);
+  refused (path, shm_id, 0, EINVAL, "header is damaged");
+
+  /* A newer layout, with a checksum that holds. */
+  damaged = header;
+  damaged.layout_version = REGION_LAYOUT_VERSION + 1;
+  damaged.identity_checksum
+    = crc32c (&damaged, offsetof (struct region, identity_checksum));
+  header_write (shm_id, &damaged);
+  refused (path, shm_id, 0, EPROTO, "layout version");
+
+  /* Whole again, the same region is taken (a crash left it: closed
+   * while serving); a second taker meanwhile is refused.
    */
+  header_write (shm_id, &header);
   enum region_attach_result how;
   char why[256] = "";
-  struct region_owner *owner = region_attach (fd, DEVICE_BYTES, &how, why,
+  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
                                               sizeof why);
   if (!owner)
     fail_msg ("region_attach: %s", why);
   assert_int_equal (how, REGION_ATTACH_CRASHED);
   assert_int_equal (owner->region->generation, 2);
-  region_close (owner);
-  close (fd);
+  refused (path, shm_id, 0, EBUSY, "owned by another process");
+  region_destroy (owner);
+  refused (path, -1, 0, ENOENT, "no region file");
 }
 
 int
@@ -369,5 +441,8 @@ main (void)
     cmocka_unit_test (test_crash_reported),
     cmocka_unit_test (test_refusals),
   };
-  return cmocka_run_group_tests (tests, NULL, NULL);
+  int failed = cmocka_run_group_tests (tests, NULL, NULL);
+  if (folder[0])
+    rmdir (folder);             /* empty unless a test failed */
+  return failed;
 }

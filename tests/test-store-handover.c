@@ -16,7 +16,6 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
-#include "fd-pass.h"
 #include "region.h"
 
 #define DEVICE (16ull << 20)
@@ -152,19 +151,32 @@ device_matches (struct block_store *store, const struct shared *shared)
   }
 }
 
-/* In a child: the region, the store filled and packed, handed over; the
- * region's descriptor comes back to the caller.
- */
-static int
-store_filled_in_child (struct shared *shared)
+/* A region file's path in a folder of this run's own. */
+static char folder[64];
+
+static const char *
+region_path (const char *name)
 {
-  int sockets[2];
-  assert_int_equal (socketpair (AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  static char path[128];
+  if (!folder[0]) {
+    strcpy (folder, "/tmp/test-store-handover-XXXXXX");
+    assert_non_null (mkdtemp (folder));
+  }
+  snprintf (path, sizeof path, "%s/%s", folder, name);
+  return path;
+}
+
+/* In a child: the region at path, the store filled and packed, handed
+ * over.
+ */
+static void
+store_filled_in_child (struct shared *shared, const char *path)
+{
   pid_t pid = fork ();
   assert_true (pid >= 0);
   if (pid == 0) {
-    close (sockets[0]);
-    struct region_owner *owner = region_create (REGION_BYTES, DEVICE);
+    struct region_owner *owner = region_create (path, REGION_BYTES, DEVICE,
+                                                false);
     if (!owner)
       _exit (3);
     struct store_config config = config_for (owner->region, CODEC_LZ4);
@@ -177,19 +189,13 @@ store_filled_in_child (struct shared *shared)
     store_stats (store, &shared->before);
     if (store_hand_over (store) == -1)
       _exit (5);
-    fd_send (sockets[1], owner->fd);
     region_hand_over (owner);
     _exit (0);
   }
-  close (sockets[1]);
-  int fd = fd_receive (sockets[0]);
-  close (sockets[0]);
   int status;
   assert_int_equal (waitpid (pid, &status, 0), pid);
   if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
     fail_msg ("the filling child failed (status %#x)", status);
-  assert_true (fd >= 0);
-  return fd;
 }
 
 static struct shared *
@@ -202,11 +208,12 @@ shared_make (void)
 }
 
 static struct region_owner *
-attach_clean (int fd)
+attach_clean (const char *path)
 {
   enum region_attach_result how;
   char why[256] = "";
-  struct region_owner *owner = region_attach (fd, DEVICE, &how, why, sizeof why);
+  struct region_owner *owner = region_attach (path, DEVICE, &how, why,
+                                              sizeof why);
   if (!owner)
     fail_msg ("region_attach: %s", why);
   assert_int_equal (how, REGION_ATTACH_CLEAN);
@@ -218,8 +225,9 @@ test_handover_mix (void **state)
 {
   (void) state;
   struct shared *shared = shared_make ();
-  int fd = store_filled_in_child (shared);
-  struct region_owner *owner = attach_clean (fd);
+  const char *path = region_path ("mix");
+  store_filled_in_child (shared, path);
+  struct region_owner *owner = attach_clean (path);
 
   struct store_config config = config_for (owner->region, CODEC_LZ4);
   char why[256] = "";
@@ -259,8 +267,7 @@ test_handover_mix (void **state)
   /* Destroyed, it leaves no page of the region taken. */
   store_destroy (store);
   assert_int_equal (owner->region->pages_taken, 0);
-  region_close (owner);
-  close (fd);
+  region_destroy (owner);
   munmap (shared, sizeof *shared);
 }
 
@@ -272,8 +279,9 @@ test_take_over_refused (void **state)
 {
   (void) state;
   struct shared *shared = shared_make ();
-  int fd = store_filled_in_child (shared);
-  struct region_owner *owner = attach_clean (fd);
+  const char *path = region_path ("refused");
+  store_filled_in_child (shared, path);
+  struct region_owner *owner = attach_clean (path);
 
   struct store_config config = config_for (owner->region, CODEC_ZSTD);
   char why[256] = "";
@@ -292,8 +300,7 @@ test_take_over_refused (void **state)
     fail_msg ("store_take_over: %s", why);
   device_matches (store, shared);
   store_destroy (store);
-  region_close (owner);
-  close (fd);
+  region_destroy (owner);
   munmap (shared, sizeof *shared);
 }
 
@@ -304,5 +311,8 @@ main (void)
     cmocka_unit_test (test_handover_mix),
     cmocka_unit_test (test_take_over_refused),
   };
-  return cmocka_run_group_tests (tests, NULL, NULL);
+  int failed = cmocka_run_group_tests (tests, NULL, NULL);
+  if (folder[0])
+    rmdir (folder);             /* empty unless a test failed */
+  return failed;
 }
