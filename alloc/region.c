@@ -155,10 +155,12 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
     goto fail;
   region->map_pages = map_pages;
   region->identity_checksum = identity_checksum (region);
-  region->generation = 1;
+  region->generation = 0;
   region->root = 0;
   region->user_version = 0;
-  state_write (region, REGION_SERVING);
+  region->stopped_ns = 0;
+  region->recoveries = 0;
+  state_write (region, REGION_HANDED_OVER);   /* nothing to recover yet */
 
   heap_own (region);
   region->rover = map_pages;
@@ -349,8 +351,6 @@ region_attach (const char *path, uint64_t device_bytes,
   *how = seen.state == REGION_HANDED_OVER
     ? REGION_ATTACH_CLEAN : REGION_ATTACH_CRASHED;
   heap_own (region);
-  region->generation++;
-  state_write (region, REGION_SERVING);
   return owner;
 
  refused:
@@ -382,9 +382,10 @@ owner_end (struct region_owner *owner)
 }
 
 void
-region_hand_over (struct region_owner *owner)
+region_hand_over (struct region_owner *owner, uint64_t stopped_ns)
 {
   pthread_mutex_destroy (&owner->region->heap_lock);
+  owner->region->stopped_ns = stopped_ns;
   state_write (owner->region, REGION_HANDED_OVER);
   owner_end (owner);
 }
@@ -394,6 +395,24 @@ region_close (struct region_owner *owner)
 {
   if (owner)
     owner_end (owner);
+}
+
+void
+region_start_serving (struct region_owner *owner)
+{
+  struct region *region = owner->region;
+  region->generation++;
+  if (region->state == REGION_SERVING) {
+    region->recoveries++;
+    region->stopped_ns = 0;
+  }
+  state_write (region, REGION_SERVING);
+}
+
+int
+region_lock (struct region_owner *owner)
+{
+  return shmctl (owner->shm_id, SHM_LOCK, NULL);
 }
 
 void

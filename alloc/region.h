@@ -83,7 +83,10 @@
  *   the state to "handed over", detaches and unlocks.  The next owner
  *   finds that state and takes the structures as they are, after
  *   initialising every lock in them anew (a pthread lock's state is the
- *   old process's).  A region whose state still says "serving" was left
+ *   old process's); it sets "serving" only when it starts changing them
+ *   (region_start_serving), so a server that fails to start between the
+ *   two leaves the region clean.  A new region is "handed over" (with
+ *   nothing in it) until its first server serves.  A region whose state still says "serving" was left
  *   by a crash: only a recovery that rebuilds what a crash can leave half
  *   done may take it; region_attach reports it (REGION_ATTACH_CRASHED)
  *   and the caller decides.
@@ -167,6 +170,9 @@ struct region {
   uint32_t owner_pid;           /* the last owner, for messages */
   uint64_t root;                /* the user's root object's address */
   uint64_t user_version;        /* the user's own layout version */
+  uint64_t stopped_ns;          /* CLOCK_MONOTONIC when the last owner
+                                   handed it over (0: it did not) */
+  uint64_t recoveries;          /* owners that took it after a crash */
   uint32_t state_checksum;
   uint32_t pad1;
 
@@ -222,8 +228,10 @@ enum region_attach_result {
  * or is another device's; EPROTO: a layout of another version; EBUSY:
  * another process owns it; EEXIST: its address is taken in this process;
  * ENOMEM) and a message for the user in why[].  On success *how says how
- * the last owner left it; the state is "serving" again, owned by this
- * process, its generation one more.
+ * the last owner left it, and the region is this process's, its state
+ * unchanged until region_start_serving: a process that attaches and
+ * stops before it serves (its server failed to start) leaves the region
+ * as it found it.
  */
 extern struct region_owner *region_attach (const char *path,
                                            uint64_t device_bytes,
@@ -236,14 +244,26 @@ extern void region_set_root (struct region *region, void *root,
 extern void *region_root (const struct region *region);
 
 /* Mark the region handed over, clean (every user stopped, every
- * structure quiescent), detach it and give up ownership.
+ * structure quiescent; stopped_ns: when its users stopped), detach it and
+ * give up ownership.
  */
-extern void region_hand_over (struct region_owner *owner);
+extern void region_hand_over (struct region_owner *owner, uint64_t stopped_ns);
 
 /* Detach without changing the state: a region dropped by a server that
  * stops as a crash would (or a test simulating one).
  */
 extern void region_close (struct region_owner *owner);
+
+/* The owner starts changing the region (serving): the state "serving",
+ * the generation one more (the first owner's is 1), and after a crash
+ * one more recovery.
+ */
+extern void region_start_serving (struct region_owner *owner);
+
+/* Lock the region's pages in memory from now (SHM_LOCK), as
+ * region_create's locked: 0, or -1 with errno.
+ */
+extern int region_lock (struct region_owner *owner);
 
 /* Remove the segment and the region file: the device is given up. */
 extern void region_destroy (struct region_owner *owner);

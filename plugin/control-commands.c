@@ -15,6 +15,7 @@
 
 #include "control-internal.h"
 #include "error-text.h"
+#include "handover.h"
 #include "metrics.h"
 #include "stats-file.h"
 #include "swap-mode.h"
@@ -169,6 +170,21 @@ command_mem_used_max (struct client *client, int argc, char **argv)
   if (strcmp (argv[1], "0") != 0)
     return reply_error (client, "mem_used_max: only 0 (a reset) can be written");
   store_reset_mem_used_max (store);
+  return 0;
+}
+
+/* region=: the server's exit gives the memory up, instead of handing it
+ * to the next server.
+ */
+static int
+command_drop (struct client *client, int argc, char **argv)
+{
+  struct handover_status status;
+  handover_status_get (&status);
+  if (!status.enabled)
+    return reply_error (client, "drop: the device has no region (region=): "
+                        "its memory goes with the server anyway");
+  handover_drop ();
   return 0;
 }
 

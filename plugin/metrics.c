@@ -300,6 +300,26 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   number_metric (fp, "nbdkit_zram_swap_full_kill_delay_max_seconds",
                  "Longest time from the start of refused writes to asking the OOM killer.",
                  sample->swap_full.kill_delay_max_ms / 1000.0);
+  if (sample->handover.enabled) {
+    integer_metric (fp, "nbdkit_zram_generation", GAUGE,
+                    "Servers that have served this device's region, this one included (region=).",
+                    sample->handover.generation);
+    integer_metric (fp, "nbdkit_zram_restarts_total", COUNTER,
+                    "Servers that took the device's region over from an earlier one (region=).",
+                    sample->handover.restarts);
+    integer_metric (fp, "nbdkit_zram_recoveries_total", COUNTER,
+                    "Of them, those that took it over after its server died (region=).",
+                    sample->handover.recoveries);
+    integer_metric (fp, "nbdkit_zram_recovered_blocks", GAUGE,
+                    "Blocks this server found in the region when it took it over (region=).",
+                    sample->handover.recovered_blocks);
+    number_metric (fp, "nbdkit_zram_recovery_seconds",
+                   "Time this server took to take the region over (region=).",
+                   sample->handover.recovery_ms / 1000.0);
+    number_metric (fp, "nbdkit_zram_downtime_seconds",
+                   "From the last server's stop to this one serving (region=; 0 for the first).",
+                   sample->handover.downtime_ms / 1000.0);
+  }
   number_metric (fp, "nbdkit_zram_compression_ratio",
                  "Bytes stored over compressed bytes.",
                  sample->compression_ratio);

@@ -150,6 +150,10 @@ static const struct param params_table[PARAM_COUNT] = {
     "Swap mode, device full and memory short: ask the\n"
     "kernel's OOM killer to act (default oom).", .set = set_swap_full,
     .choices = CHOICES ("oom", "fail") },
+  [P_REGION] = { "region", KIND_PATH, "PATH",
+    "Keep the device in memory that outlives the server: the region file\n"
+    "naming it (a server started again with it serves the same data).",
+    AT (region_path), .what = "file" },
   [P_CHAIN] = { "chain", KIND_UNSIGNED, "N",
     "Tuning: pages per zspage at most, 1..16 (default 8).",
     AT (store.pool.chain_pages), ZS_CHAIN_MIN, ZS_CHAIN_MAX,
@@ -192,6 +196,7 @@ params_free (struct zram_params *params)
   free (params->metrics_path);
   free (params->device_name);
   free (params->ctl_path);
+  free (params->region_path);
   free (params->backing_target);
 }
 
@@ -555,6 +560,11 @@ params_complete (struct zram_params *params)
       || writeback_complete (params) == -1
       || swap_complete (params) == -1)
     return -1;
+  if (params->region_path && params->backing_target) {
+    nbdkit_error ("region: a cold tier (backing=) is not yet kept across "
+                  "restarts: give region= or backing=, not both");
+    return -1;
+  }
   if (!params->given[P_LEVEL])
     store->level = codec_default_level (store->algorithm);
   else if (!codec_level_is_valid (store->algorithm, store->level, &min, &max)) {

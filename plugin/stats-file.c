@@ -144,6 +144,7 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   fprintf (fp, "process_rss: %" PRIu64 "\n", sample->process_rss);
   swap_mode_print (&sample->swap, fp);
   swap_full_print (&sample->swap_full, fp);
+  handover_print (&sample->handover, fp);
   fprintf (fp, "compression_ratio: %.2f\n", sample->compression_ratio);
   fprintf (fp, "memory_ratio: %.2f\n", sample->memory_ratio);
 }

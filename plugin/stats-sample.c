@@ -41,6 +41,7 @@ stats_sample_take (struct block_store *store, bool with_classes,
                                 sample->store.mem_used_total);
   swap_mode_status (&sample->swap);
   swap_full_status (&sample->swap_full);
+  handover_status_get (&sample->handover);
   sample->classes = NULL;
   sample->class_count = 0;
   if (!with_classes)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "block-store.h"
+#include "handover.h"
 #include "swap-full.h"
 #include "swap-mode.h"
 #include "zsalloc.h"
@@ -28,6 +29,7 @@ struct stats_sample {
   double compression_ratio, memory_ratio;
   struct swap_mode_status swap;
   struct swap_full_status swap_full;
+  struct handover_status handover;
   /* The allocator's size classes (with_classes; else NULL, 0): a class
    * whose figures could not be read has pages_used 0.
    */

@@ -25,6 +25,7 @@
 #include "block-store.h"
 #include "control.h"
 #include "error-text.h"
+#include "handover.h"
 #include "housekeeper.h"
 #include "server-check.h"
 #include "stats-file.h"
@@ -59,7 +60,8 @@ zram_load (void)
 static void
 zram_unload (void)
 {
-  store_destroy (store);
+  if (store)
+    handover_store_close (store);   /* store_destroy without region= */
   metrics_unconfigure ();
   params_free (&params);
 }
@@ -103,8 +105,13 @@ zram_get_ready (void)
     }
     backing_set_log (params.store.backing, backing_log);
   }
-  store = store_create (&params.store);
-  if (!store) {
+  if (params.region_path) {
+    store = handover_store_open (&params.store, params.region_path,
+                                 swap_mode != SWAP_OFF);
+    if (!store)
+      return -1;                /* it said why */
+  }
+  else if (!(store = store_create (&params.store))) {
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
@@ -169,6 +176,7 @@ open_reserve (void)
 static int
 zram_after_fork (void)
 {
+  handover_serving ();
   if (swap_mode_lock () == -1)
     goto failed;
   /* Swap mode: what the serving path needs, made (and so locked) before
@@ -393,6 +401,7 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
 static uint64_t
 request_begin (bool stores)
 {
+  handover_request_enter ();
   server_check_request ();
   if (swap_mode == SWAP_OFF)
     return 0;
@@ -412,6 +421,7 @@ request_end (int r, const char *what, bool stores, uint64_t faults,
     if (stores)
       swap_full_store_done ();
   }
+  handover_request_exit ();
   errno = err;
   return r == -1 ? request_failed (what, stores, count, offset) : 0;
 }
@@ -478,7 +488,10 @@ static int
 zram_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
               struct nbdkit_extents *extents)
 {
-  return store_extents (store, count, offset, add_extent, extents);
+  handover_request_enter ();
+  int r = store_extents (store, count, offset, add_extent, extents);
+  handover_request_exit ();
+  return r;
 }
 
 static int

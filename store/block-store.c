@@ -138,6 +138,8 @@ store_create (const struct store_config *config)
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool, region);
   backing_map_settle (store, false);    /* the empty map's */
+  if (region)
+    region_set_root (region, store, STORE_LAYOUT_VERSION);
   return store;
 
  fail:;
@@ -162,7 +164,6 @@ store_hand_over (struct block_store *store)
   write_scratch_trim (store);
   process_parts_free (store);
   zs_pool_hand_over (store->pool);
-  region_set_root (store->region, store, STORE_LAYOUT_VERSION);
   return 0;
 }
 

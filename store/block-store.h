@@ -115,8 +115,10 @@
  *   the decode cache's slots and their data, the write scratch, the
  *   backing store - and the state of its locks.  store_hand_over gives
  *   those parts up (the decode cache and scratch freed and discharged,
- *   the codecs closed), drains the pool's deferred frees and makes the
- *   store the region's root, under STORE_LAYOUT_VERSION; store_take_over,
+ *   the codecs closed) and drains the pool's deferred frees; the store is
+ *   the region's root from its creation, under STORE_LAYOUT_VERSION (a
+ *   server that dies before it serves leaves a region whose empty store
+ *   the next one takes); store_take_over,
  *   in the next owner, finds it there, checks that config describes the
  *   same device (size, algorithms: a block is decoded by the algorithm
  *   its priority bits name), and makes the parts and every lock anew.

@@ -119,6 +119,7 @@ fill_in_child (const char *path, bool clean)
                                                 DEVICE_BYTES, false);
     if (!owner)
       _exit (3);
+    region_start_serving (owner);
     struct region *region = owner->region;
     struct zs_pool_config config;
     zs_pool_config_init (&config);
@@ -142,7 +143,7 @@ fill_in_child (const char *path, bool clean)
     region_set_root (region, root, 1);
     if (clean) {
       zs_pool_hand_over (pool);
-      region_hand_over (owner);
+      region_hand_over (owner, 1);
     }
     if (write (ready[1], "r", 1) != 1)
       _exit (2);
@@ -176,8 +177,11 @@ test_handover_clean (void **state)
     fail_msg ("region_attach: %s", why);
   struct region *region = owner->region;
   assert_int_equal (how, REGION_ATTACH_CLEAN);
+  assert_int_equal (region->state, REGION_HANDED_OVER);
+  region_start_serving (owner);
   assert_int_equal (region->generation, 2);
   assert_int_equal (region->state, REGION_SERVING);
+  assert_int_equal (region->recoveries, 0);
   assert_int_equal (region->user_version, 1);
 
   /* A second taker, while this process owns it: refused. */
@@ -246,7 +250,9 @@ test_crash_reported (void **state)
     fail_msg ("region_attach: %s", why);
   struct region *region = owner->region;
   assert_int_equal (how, REGION_ATTACH_CRASHED);
+  region_start_serving (owner);
   assert_int_equal (region->generation, 2);
+  assert_int_equal (region->recoveries, 1);
   region_destroy (owner);
 }
 
@@ -261,6 +267,7 @@ closed_region (const char *path)
   struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
                                               false);
   assert_non_null (owner);
+  region_start_serving (owner);
   int shm_id = owner->shm_id;
   region_close (owner);
   return shm_id;
@@ -426,7 +433,6 @@ test_refusals (void **state)
   if (!owner)
     fail_msg ("region_attach: %s", why);
   assert_int_equal (how, REGION_ATTACH_CRASHED);
-  assert_int_equal (owner->region->generation, 2);
   refused (path, shm_id, 0, EBUSY, "owned by another process");
   region_destroy (owner);
   refused (path, -1, 0, ENOENT, "no region file");

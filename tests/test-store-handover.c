@@ -179,6 +179,7 @@ store_filled_in_child (struct shared *shared, const char *path)
                                                 false);
     if (!owner)
       _exit (3);
+    region_start_serving (owner);
     struct store_config config = config_for (owner->region, CODEC_LZ4);
     struct block_store *store = store_create (&config);
     if (!store)
@@ -189,7 +190,7 @@ store_filled_in_child (struct shared *shared, const char *path)
     store_stats (store, &shared->before);
     if (store_hand_over (store) == -1)
       _exit (5);
-    region_hand_over (owner);
+    region_hand_over (owner, 1);
     _exit (0);
   }
   int status;
@@ -217,6 +218,7 @@ attach_clean (const char *path)
   if (!owner)
     fail_msg ("region_attach: %s", why);
   assert_int_equal (how, REGION_ATTACH_CLEAN);
+  region_start_serving (owner);
   return owner;
 }
 

@@ -1,0 +1,226 @@
+/* A device that outlives its server: see handover.h. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "error-text.h"
+#include "handover.h"
+#include "monotonic.h"
+#include "region.h"
+
+/* How long the exit waits for running requests before it gives up the
+ * handover (the region is then left as a crash leaves it).
+ */
+#define QUIET_WAIT_MS 30000
+
+/* The one region of this server: set at start (one thread), cleared at
+ * exit (one thread), read by nothing else.
+ */
+static struct region_owner *owner;
+/* Requests touching the store now, and whether new ones are held (the
+ * exit's gate): sequentially consistent atomics, so that a request that
+ * counted itself before the gate closed is waited for, and one that
+ * counts itself after sees the gate closed.
+ */
+static _Atomic uint64_t requests_running;
+static atomic_bool holding;
+static atomic_bool dropping;
+/* Written at start (one thread) and when serving starts, read by the
+ * stats (handover_status_get) after that.
+ */
+static struct handover_status status;
+static uint64_t last_stopped_ns;
+
+/* Address space for a region: twice what the pool may hold (its pages
+ * fragment, and the region's heap with them), the block table at its
+ * largest (16 bytes a block, its leaves rounded to pages), and room for
+ * the descriptors.  Only what is written takes memory.
+ */
+static uint64_t
+region_bytes_for (const struct store_config *config)
+{
+  uint64_t data = config->pool.mem_limit && config->pool.mem_limit < config->size
+    ? config->pool.mem_limit : config->size;
+  return 2 * data + config->size / STORE_BLOCK_SIZE * 24 + (64u << 20);
+}
+
+static struct block_store *
+store_new (struct store_config *config, const char *path, bool locked)
+{
+  owner = region_create (path, region_bytes_for (config), config->size, locked);
+  if (!owner) {
+    nbdkit_error ("region: cannot make a region for %s: %s%s", path,
+                  error_text (errno), errno == EPERM || errno == ENOMEM
+                  ? " (locking it needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)" : "");
+    return NULL;
+  }
+  config->pool.region = owner->region;
+  struct block_store *store = store_create (config);
+  if (!store) {
+    nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
+    region_destroy (owner);
+    owner = NULL;
+    return NULL;
+  }
+  nbdkit_debug ("region: a new region at %s: shm id %d, %" PRIu64
+                " MiB of address space at %p%s", path, owner->shm_id,
+                owner->region->region_bytes >> 20, (void *) owner->region,
+                locked ? ", locked in memory" : "");
+  return store;
+}
+
+struct block_store *
+handover_store_open (struct store_config *config, const char *path,
+                     bool locked)
+{
+  uint64_t start = monotonic_ns ();
+  char why[512] = "";
+  enum region_attach_result how;
+  status.enabled = true;
+  owner = region_attach (path, config->size, &how, why, sizeof why);
+  if (!owner && errno == ENOENT)
+    return store_new (config, path, locked);
+  if (!owner) {
+    nbdkit_error ("region: %s: %s", path, why);
+    return NULL;
+  }
+  struct region *region = owner->region;
+  if (how == REGION_ATTACH_CRASHED) {
+    nbdkit_error ("region: %s: its last server (pid %" PRIu32 ") died "
+                  "serving it, and recovering a region after a crash is not "
+                  "built yet: the memory is left as it is", path,
+                  region->owner_pid);
+    region_close (owner);
+    owner = NULL;
+    return NULL;
+  }
+  if (locked && region_lock (owner) == -1) {
+    nbdkit_error ("region: %s: cannot lock the region in memory, as swap "
+                  "needs: %s: the memory is left as it is", path,
+                  error_text (errno));
+    region_close (owner);
+    owner = NULL;
+    return NULL;
+  }
+  config->pool.region = region;
+  struct block_store *store = store_take_over (region, config, why, sizeof why);
+  if (!store) {
+    nbdkit_error ("region: %s: %s: the memory is left as it is", path, why);
+    region_close (owner);
+    owner = NULL;
+    return NULL;
+  }
+  struct store_stats stats;
+  store_stats (store, &stats);
+  status.recovered_blocks = stats.orig_data_size / STORE_BLOCK_SIZE;
+  status.recovery_ms = (monotonic_ns () - start) / 1000000;
+  last_stopped_ns = region->stopped_ns;
+  nbdkit_debug ("region: took over %s, handed over cleanly: %" PRIu64
+                " blocks in %" PRIu64 " ms", path, status.recovered_blocks,
+                status.recovery_ms);
+  return store;
+}
+
+void
+handover_serving (void)
+{
+  if (!owner)
+    return;
+  region_start_serving (owner);
+  struct region *region = owner->region;
+  status.generation = region->generation;
+  status.restarts = region->generation - 1;
+  status.recoveries = region->recoveries;
+  if (last_stopped_ns)
+    status.downtime_ms = (monotonic_ns () - last_stopped_ns) / 1000000;
+  nbdkit_debug ("region: generation %" PRIu64 " serving, %" PRIu64 " ms "
+                "after the last server stopped", status.generation,
+                status.downtime_ms);
+}
+
+void
+handover_drop (void)
+{
+  atomic_store (&dropping, true);
+}
+
+void
+handover_request_enter (void)
+{
+  atomic_fetch_add (&requests_running, 1);
+  if (atomic_load (&holding)) {
+    /* Held for good: never answered, the client sends it again to the
+     * next server.  The process exits under it.
+     */
+    atomic_fetch_sub (&requests_running, 1);
+    for (;;)
+      pause ();
+  }
+}
+
+void
+handover_request_exit (void)
+{
+  atomic_fetch_sub (&requests_running, 1);
+}
+
+void
+handover_store_close (struct block_store *store)
+{
+  if (!owner) {
+    store_destroy (store);
+    return;
+  }
+  atomic_store (&holding, true);
+  for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
+    if (waited == QUIET_WAIT_MS) {
+      nbdkit_error ("region: requests still running after %d s: the region "
+                    "is left as a crash would leave it", QUIET_WAIT_MS / 1000);
+      region_close (owner);
+      owner = NULL;
+      return;
+    }
+    usleep (1000);
+  }
+  uint64_t stopped = monotonic_ns ();
+  if (atomic_load (&dropping)) {
+    store_destroy (store);
+    region_destroy (owner);
+    owner = NULL;
+    return;
+  }
+  if (store_hand_over (store) == -1) {
+    region_close (owner);
+    owner = NULL;
+    return;
+  }
+  region_hand_over (owner, stopped);
+  owner = NULL;
+}
+
+void
+handover_status_get (struct handover_status *out)
+{
+  *out = status;
+  out->drop = atomic_load (&dropping);
+}
+
+void
+handover_print (const struct handover_status *s, FILE *fp)
+{
+  if (!s->enabled)
+    return;
+  fprintf (fp, "generation: %" PRIu64 "\n", s->generation);
+  fprintf (fp, "restarts: %" PRIu64 "\n", s->restarts);
+  fprintf (fp, "recoveries: %" PRIu64 "\n", s->recoveries);
+  fprintf (fp, "recovered_blocks: %" PRIu64 "\n", s->recovered_blocks);
+  fprintf (fp, "recovery_seconds: %.3f\n", s->recovery_ms / 1000.0);
+  fprintf (fp, "downtime_seconds: %.3f\n", s->downtime_ms / 1000.0);
+}

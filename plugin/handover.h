@@ -1,0 +1,69 @@
+/* A device that outlives its server (region=): the store kept in a region
+ * (alloc/region.h), taken over by the next server, handed over at exit.
+ *
+ * At start (handover_store_open), the region file names a region or not:
+ *   - none (or its segment is gone): a new region and an empty store in
+ *     it;
+ *   - one handed over cleanly: the store in it, taken over as it is
+ *     (store_take_over) - same device, same data, nothing copied - and
+ *     the downtime since the last server stopped serving is reported;
+ *   - one whose server died serving it: refused for now, the memory kept
+ *     as it is (crash recovery is not built yet);
+ *   - anything else (another owner, another layout version, another
+ *     device, a damaged header): refused, the region untouched, with the
+ *     reason.
+ * At exit (handover_store_close), after nbdkit stopped the connections
+ * and the plugin its threads: new requests are held (never answered: the
+ * client sends them again to the next server), those running finish,
+ * and the store is handed over - unless handover_drop was asked (the
+ * control channel's "drop"), which gives the memory up instead.
+ *
+ * Every request that touches the store runs between handover_request_
+ * enter and _exit: the count of them is how the exit knows the store is
+ * quiet, whatever nbdkit's connection threads still do.
+ */
+#ifndef ZRAM_HANDOVER_H
+#define ZRAM_HANDOVER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "block-store.h"
+
+/* The store for config, in the region that path names (made if none),
+ * locked in memory when locked (swap).  NULL after nbdkit_error saying
+ * why.
+ */
+extern struct block_store *handover_store_open (struct store_config *config,
+                                                const char *path, bool locked);
+/* The server starts serving (before any thread of the plugin starts):
+ * the region is this server's from now, and the downtime since the last
+ * one stopped is known.
+ */
+extern void handover_serving (void);
+/* Exit: hand the store over (or destroy it and its region after a drop). */
+extern void handover_store_close (struct block_store *store);
+/* Give the memory up at exit instead of handing it over. */
+extern void handover_drop (void);
+
+/* A request that touches the store: in and out. */
+extern void handover_request_enter (void);
+extern void handover_request_exit (void);
+
+struct handover_status {
+  bool enabled;                 /* region= given */
+  uint64_t generation;          /* servers of this region so far, 1 first */
+  uint64_t restarts;            /* of them, after the first */
+  uint64_t recoveries;          /* of them, after a crash */
+  uint64_t downtime_ms;         /* this server's start: from the last
+                                   server's stop to serving (0: first) */
+  uint64_t recovered_blocks;    /* blocks found at this server's start */
+  uint64_t recovery_ms;         /* the take-over's own time */
+  bool drop;                    /* the memory goes at exit */
+};
+extern void handover_status_get (struct handover_status *status);
+extern void handover_print (const struct handover_status *status, FILE *fp);
+
+#endif /* ZRAM_HANDOVER_H */

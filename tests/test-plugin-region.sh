@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# region=: a device that outlives its server.  Data written to one
+# server is read back from the next (SIGTERM, start again: the store is
+# taken over, nothing copied); the stats say generation, restarts,
+# recovered blocks and downtime.  A second server for a region in use,
+# one configured for another device, and one of another algorithm are
+# refused with the reason and leave the region as it was; a server that
+# fails to start before serving (its socket taken) leaves it clean; a
+# server killed with SIGKILL leaves a region the next one refuses as a
+# crash (recovery is not built yet), the memory kept; drop gives the
+# memory up at exit.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+requires /usr/bin/nbdsh ipcs
+
+region="$tmp/region"
+segment () { sed -n 's/.* shm=\([0-9]*\) .*/\1/p' "$region" 2>/dev/null; }
+# ipcs -i succeeds for an id that does not exist: look in the list.
+segment_exists () { ipcs -m | awk '{ print $2 }' | grep -qx "$1"; }
+cleanup_add 'id=$(segment); [ -z "$id" ] || ipcrm -m "$id" 2>/dev/null'
+
+cat > "$tmp/data.py" <<'EOF'
+import os, random
+# Blocks of every kind: text, random (stored raw), same-filled, partial.
+def blocks(version):
+    rnd = random.Random(version)
+    out = {}
+    for b in range(0, 2048, 3):
+        kind = b % 4
+        if kind == 0:
+            data = (("block %d version %d " % (b, version)) * 300)[:4096].encode()
+        elif kind == 1:
+            data = rnd.randbytes(4096)
+        elif kind == 2:
+            data = bytes([b % 251]) * 4096
+        else:
+            data = bytes(100) + rnd.randbytes(200) + bytes(3796)
+        out[b] = data
+    return out
+version = int(os.environ["VERSION"])
+if os.environ["ACTION"] == "write":
+    for b, data in blocks(version).items():
+        h.pwrite(data, b * 4096)
+    print("wrote version", version)
+else:
+    bad = [b for b, data in blocks(version).items()
+           if h.pread(4096, b * 4096) != data]
+    assert not bad, "blocks that differ: %s" % bad[:10]
+    print("version", version, "read back whole")
+EOF
+
+serve () {
+    ACTION=$1 VERSION=$2 zram_nbdkit -U - "$PLUGIN" 8M region="$region" \
+        stats="$tmp/stats" ${3:-} \
+        --run "ACTION=$1 VERSION=$2 nbdsh -u \"\$uri\" -c - < '$tmp/data.py'"
+}
+stat_of () { sed -n "s/^$1: //p" "$tmp/stats"; }
+
+# ---- a planned restart: every block back -------------------------------
+serve write 1 || fail "first server"
+[ -s "$region" ] || fail "no region file after the first server"
+id=$(segment)
+segment_exists "$id" || fail "the segment $id is gone after the first server exited"
+serve read 1 || fail "the second server did not serve the first one's data"
+[ "$(stat_of generation)" = 2 ] || fail "generation $(stat_of generation), not 2"
+[ "$(stat_of restarts)" = 1 ] || fail "restarts $(stat_of restarts), not 1"
+blocks=$(stat_of recovered_blocks)
+[ "$blocks" -gt 600 ] || fail "recovered_blocks $blocks"
+echo "ok: restart: generation 2, $blocks blocks taken over, downtime $(stat_of downtime_seconds) s"
+serve write 2 && serve read 2 || fail "a third generation"
+[ "$(segment)" = "$id" ] || fail "the segment changed across restarts"
+
+# ---- refusals: the region as it was ------------------------------------
+# A second server while one serves.
+zram_nbdkit -U "$tmp/sock1" -P "$tmp/pid1" "$PLUGIN" 8M region="$region" ||
+    fail "a background server"
+if zram_nbdkit -U - "$PLUGIN" 8M region="$region" --run true 2>"$tmp/second.err"; then
+    fail "a second server took a region in use"
+fi
+grep -q "owned by another process" "$tmp/second.err" ||
+    fail "second server: $(cat "$tmp/second.err")"
+kill "$(cat "$tmp/pid1")"
+while [ -e "/proc/$(cat "$tmp/pid1")" ]; do sleep 0.1; done
+echo "ok: a second server for a region in use: refused"
+for other in "16M" "8M comp=zstd"; do
+    # shellcheck disable=SC2086
+    if zram_nbdkit -U - "$PLUGIN" $other region="$region" --run true 2>"$tmp/other.err"; then
+        fail "a server for another device ($other) took the region"
+    fi
+    grep -Eq "another device|another size|another algorithm" "$tmp/other.err" ||
+        fail "other device: $(cat "$tmp/other.err")"
+done
+echo "ok: servers for another size or algorithm: refused"
+# A server that cannot start (its socket is taken) leaves it clean.
+: > "$tmp/taken.sock"
+zram_nbdkit -U "$tmp/taken.sock" "$PLUGIN" 8M region="$region" 2>/dev/null &&
+    fail "a server started on a taken socket"
+serve read 2 || fail "after refusals and a failed start, the data is not whole"
+echo "ok: after the refusals and a failed start, every block is there"
+
+# ---- backing= with region= -----------------------------------------------
+if zram_nbdkit -U - "$PLUGIN" 8M region="$tmp/r2" backing="$tmp/b" --run true \
+       2>"$tmp/both.err"; then
+    fail "region= with backing= accepted"
+fi
+grep -q "^nbdkit: error: region:" "$tmp/both.err" || fail "$(cat "$tmp/both.err")"
+
+# ---- a crash: refused, the memory kept -----------------------------------
+zram_nbdkit -U "$tmp/sock2" -P "$tmp/pid2" "$PLUGIN" 8M region="$region" ||
+    fail "a background server"
+kill -9 "$(cat "$tmp/pid2")"
+while [ -e "/proc/$(cat "$tmp/pid2")" ]; do sleep 0.1; done
+if zram_nbdkit -U - "$PLUGIN" 8M region="$region" --run true 2>"$tmp/crash.err"; then
+    fail "a crashed region was served (recovery is not built)"
+fi
+grep -q "died serving it" "$tmp/crash.err" || fail "crash: $(cat "$tmp/crash.err")"
+segment_exists "$id" || fail "the crashed region's memory is gone"
+echo "ok: after SIGKILL, the next server refuses the region and keeps it"
+ipcrm -m "$id"
+rm -f "$region"
+
+# ---- drop: the memory goes at exit -----------------------------------------
+zram_nbdkit -U - "$PLUGIN" 8M region="$region" ctl="$tmp/ctl" \
+    --run "cp '$region' '$tmp/dropped' && '$BUILDDIR/tools/nbdkit-zramctl' drop '$tmp/ctl'" ||
+    fail "drop"
+[ ! -e "$region" ] || fail "after drop the region file is still there"
+id=$(sed -n 's/.* shm=\([0-9]*\) .*/\1/p' "$tmp/dropped")
+[ -n "$id" ] || fail "no segment named while serving"
+! segment_exists "$id" || fail "after drop the segment $id is still there"
+echo "ok: drop: the segment and the region file are gone"
