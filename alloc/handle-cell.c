@@ -20,22 +20,6 @@
 #include "dlist.h"
 #include "zsalloc-internal.h"
 
-struct cell_block {
-  struct cell_block *prev, *next;         /* the class's blocks with room */
-  struct cell_block *all_prev, *all_next; /* all the class's blocks */
-  _Atomic uint64_t *free_cells;           /* threaded through free cells */
-  unsigned free_count;
-  _Atomic uint64_t cells[];
-};
-
-#define CELLS_PER_BLOCK \
-  ((ZS_PAGE_SIZE - offsetof (struct cell_block, cells)) / sizeof (uint64_t))
-
-static inline struct cell_block *
-block_of (_Atomic uint64_t *cell)
-{
-  return (struct cell_block *) ((uintptr_t) cell & ~(uintptr_t) (ZS_PAGE_SIZE - 1));
-}
 
 static void
 block_push_free (struct cell_block *block, _Atomic uint64_t *cell)

@@ -287,3 +287,127 @@ region_trim (struct region *region)
   pthread_mutex_unlock (&region->heap_lock);
   return trimmed;
 }
+
+/* ---- rebuilt after a crash (RECOVERY in region.h) ----------------------- */
+
+void
+region_recover_begin (struct region *region)
+{
+  uint64_t pages = region->region_bytes / REGION_PAGE_SIZE;
+  pthread_mutex_init (&region->heap_lock, NULL);
+  memset (region_page_bits (region), 0, (pages + 63) / 64 * 8);
+  for (uint64_t p = region->map_pages; p < region->high_water; p++)
+    region_pages (region)[p] = (struct region_page) { .kind = REGION_PAGE_FREE };
+  for (uint64_t p = 0; p < region->map_pages; p++)
+    region_page_bits (region)[p / 64] |= (uint64_t) 1 << (p % 64);
+  for (unsigned k = 0; k < REGION_SLAB_CLASSES; k++)
+    region->slab_partial[k] = REGION_NO_PAGE;
+  region->pages_taken = 0;
+  region->pages_resident_free = 0;
+  region->rover = region->map_pages;
+}
+
+/* Whether p, of bytes, lies in the heap. */
+static bool
+in_heap (struct region *region, const void *p, size_t bytes)
+{
+  uintptr_t start = (uintptr_t) region + region->map_pages * REGION_PAGE_SIZE;
+  uintptr_t end = (uintptr_t) region + region->high_water * REGION_PAGE_SIZE;
+  return (uintptr_t) p >= start && bytes <= end - (uintptr_t) p
+    && (uintptr_t) p <= end;
+}
+
+bool
+region_recover_claim (struct region *region, const void *p, size_t bytes,
+                      size_t align)
+{
+  if (!p || !bytes || !in_heap (region, p, bytes))
+    return false;
+  uint64_t page = page_of (region, p);
+  struct region_page *record = &region_pages (region)[page];
+  if (bytes <= slab_slot_bytes (REGION_SLAB_CLASSES - 1)
+      && align <= slab_slot_bytes (slab_class_for (bytes))) {
+    unsigned class = slab_class_for (bytes);
+    size_t slot_bytes = slab_slot_bytes (class);
+    size_t offset = (const char *) p - (const char *) page_address (region, page);
+    if (offset % slot_bytes)
+      return false;
+    if (record->kind == REGION_PAGE_FREE) {
+      pages_mark (region, page, 1, true);
+      region->pages_taken++;
+      *record = (struct region_page) { .kind = REGION_PAGE_SLAB,
+                                       .slab_class = class,
+                                       .run_pages = 1 };
+    }
+    else if (record->kind != REGION_PAGE_SLAB || record->slab_class != class)
+      return false;
+    /* Slots claimed, a bit each (at most 64), kept in the page's list
+     * links until region_recover_end threads the free ones.
+     */
+    unsigned slot = offset / slot_bytes;
+    uint64_t claimed;
+    memcpy (&claimed, &record->prev, sizeof claimed);
+    if (claimed >> slot & 1)
+      return false;             /* claimed twice */
+    claimed |= (uint64_t) 1 << slot;
+    memcpy (&record->prev, &claimed, sizeof claimed);
+    record->slab_used++;
+    return true;
+  }
+  uint64_t count = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE;
+  if ((uintptr_t) p % REGION_PAGE_SIZE)
+    return false;
+  for (uint64_t q = page; q < page + count; q++)
+    if (page_taken (region, q))
+      return false;
+  pages_mark (region, page, count, true);
+  for (uint64_t q = page; q < page + count; q++)
+    region_pages (region)[q].kind = q == page ? REGION_PAGE_RUN
+      : REGION_PAGE_RUN_TAIL;
+  region_pages (region)[page].run_pages = count;
+  region->pages_taken += count;
+  return true;
+}
+
+uint64_t
+region_recover_end (struct region *region)
+{
+  /* Slabs: the slots not claimed threaded as free ones. */
+  for (uint64_t p = region->map_pages; p < region->high_water; p++) {
+    struct region_page *record = &region_pages (region)[p];
+    if (record->kind != REGION_PAGE_SLAB)
+      continue;
+    uint64_t claimed;
+    memcpy (&claimed, &record->prev, sizeof claimed);
+    unsigned class = record->slab_class;
+    size_t slot_bytes = slab_slot_bytes (class);
+    unsigned slots = REGION_PAGE_SIZE / slot_bytes;
+    char *base = page_address (region, p);
+    record->slab_free_head = SLAB_NO_SLOT;
+    record->slab_never_used = slots;
+    for (unsigned slot = slots; slot-- > 0;)
+      if (!(claimed >> slot & 1)) {
+        memcpy (base + slot * slot_bytes, &record->slab_free_head,
+                sizeof record->slab_free_head);
+        record->slab_free_head = slot;
+      }
+    record->prev = record->next = REGION_NO_PAGE;
+    if (record->slab_used < slots)
+      slab_list_push (region, class, p);
+  }
+  /* Every page no one claimed goes back to the system. */
+  uint64_t punched = 0;
+  for (uint64_t p = region->map_pages; p < region->high_water;) {
+    if (page_taken (region, p)) {
+      p++;
+      continue;
+    }
+    uint64_t end = p;
+    while (end < region->high_water && !page_taken (region, end))
+      end++;
+    punch (region, p * REGION_PAGE_SIZE, (end - p) * REGION_PAGE_SIZE);
+    punched += end - p;
+    p = end;
+  }
+  return punched;
+}

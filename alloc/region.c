@@ -69,7 +69,7 @@ ownership_take (const char *path, int flags)
 }
 
 /* The region file's line. */
-#define REGION_FILE_FORMAT "nbdkit-zram region shm=%d device=%32s\n"
+#define REGION_FILE_FORMAT "nbdkit-zram region key=%x shm=%d device=%32s\n"
 
 static void
 device_id_text (const uint8_t id[16], char text[33])
@@ -78,14 +78,24 @@ device_id_text (const uint8_t id[16], char text[33])
     snprintf (text + 2 * i, 3, "%02x", id[i]);
 }
 
+/* What the region file says of a region not made yet: a creator that
+ * dies before it is done leaves it, and the next attach removes the
+ * segment of its key, if there is one.
+ */
+#define REGION_FILE_CREATING "creating"
+
 /* Write the region file's line, replacing the file atomically (the lock
- * is on the old inode: the new one is locked before the rename).
+ * is on the old inode: the new one is locked before the rename); the
+ * device id, or REGION_FILE_CREATING while the header is being written.
  */
 static int
-region_file_write (struct region_owner *owner)
+region_file_write (struct region_owner *owner, bool created)
 {
   char id[33], tmp[4096];
-  device_id_text (owner->region->device_id, id);
+  if (created)
+    device_id_text (owner->region->device_id, id);
+  else
+    strcpy (id, REGION_FILE_CREATING);
   if (snprintf (tmp, sizeof tmp, "%s.new", owner->path) >= (int) sizeof tmp) {
     errno = ENAMETOOLONG;
     return -1;
@@ -93,7 +103,8 @@ region_file_write (struct region_owner *owner)
   int fd = ownership_take (tmp, O_CREAT | O_TRUNC);
   if (fd == -1)
     return -1;
-  if (dprintf (fd, REGION_FILE_FORMAT, owner->shm_id, id) < 0
+  if (dprintf (fd, REGION_FILE_FORMAT, (unsigned) owner->key, owner->shm_id,
+               id) < 0
       || fsync (fd) == -1 || rename (tmp, owner->path) == -1) {
     int err = errno;
     close (fd);
@@ -133,9 +144,22 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
   owner->lock_fd = ownership_take (path, O_CREAT);
   if (owner->lock_fd == -1)
     goto fail;
-  owner->shm_id = shmget (IPC_PRIVATE, bytes, IPC_CREAT | 0600 | SHM_NORESERVE);
-  if (owner->shm_id == -1)
-    goto fail;
+  /* The segment's key is in the region file before the segment exists,
+   * so that a creator killed at any point leaves nothing the next attach
+   * cannot find and remove.
+   */
+  for (unsigned tries = 0; owner->shm_id == -1; tries++) {
+    if (getrandom (&owner->key, sizeof owner->key, 0) != sizeof owner->key)
+      goto fail;
+    if (owner->key == IPC_PRIVATE)
+      continue;
+    if (region_file_write (owner, false) == -1)
+      goto fail;
+    owner->shm_id = shmget (owner->key, bytes,
+                            IPC_CREAT | IPC_EXCL | 0600 | SHM_NORESERVE);
+    if (owner->shm_id == -1 && (errno != EEXIST || tries == 16))
+      goto fail;
+  }
   if (locked && shmctl (owner->shm_id, SHM_LOCK, NULL) == -1)
     goto fail;
   struct region *region = shmat (owner->shm_id, NULL, 0);
@@ -168,7 +192,7 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
     region_page_bits (region)[p / 64] |= (uint64_t) 1 << (p % 64);
     region_pages (region)[p].kind = REGION_PAGE_MAPS;
   }
-  if (region_file_write (owner) == -1)
+  if (region_file_write (owner, true) == -1)
     goto fail;
   return owner;
 
@@ -201,26 +225,27 @@ refuse (int err, char *why, size_t why_bytes, const char *format, ...)
   return NULL;
 }
 
-/* The region file's segment id and device id; -1 (errno ENOENT) when it
- * names none.
+/* The region file's segment id (-1 while being made), its key and device
+ * id; false (errno ENOENT) when it names none.
  */
-static int
-region_file_read (int fd, char device_text[33])
+static bool
+region_file_read (int fd, int *shm_id, key_t *key, char device_text[33])
 {
   char line[256];
   ssize_t n = pread (fd, line, sizeof line - 1, 0);
-  int shm_id;
+  unsigned key_read;
   if (n <= 0) {
     errno = ENOENT;
-    return -1;
+    return false;
   }
   line[n] = '\0';
-  if (sscanf (line, "nbdkit-zram region shm=%d device=%32s", &shm_id,
-              device_text) != 2) {
+  if (sscanf (line, "nbdkit-zram region key=%x shm=%d device=%32s", &key_read,
+              shm_id, device_text) != 3) {
     errno = ENOENT;
-    return -1;
+    return false;
   }
-  return shm_id;
+  *key = key_read;
+  return true;
 }
 
 struct region_owner *
@@ -232,9 +257,11 @@ region_attach (const char *path, uint64_t device_bytes,
     struct region seen = { 0 };
     char device_text[33];
     int shm_id = -1;
+    key_t key;
     int fd = open (path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-      shm_id = region_file_read (fd, device_text);
+      if (!region_file_read (fd, &shm_id, &key, device_text))
+        shm_id = -1;
       close (fd);
     }
     void *peek = shm_id >= 0 ? shmat (shm_id, NULL, SHM_RDONLY) : (void *) -1;
@@ -250,9 +277,19 @@ region_attach (const char *path, uint64_t device_bytes,
   if (lock_fd == -1)
     return refuse (errno, why, why_bytes, "no region file %s: %m", path);
   char device_text[33];
-  int shm_id = region_file_read (lock_fd, device_text);
+  int shm_id = -1;
+  key_t key;
+  bool named = region_file_read (lock_fd, &shm_id, &key, device_text);
   struct shmid_ds info;
-  if (shm_id == -1 || shmctl (shm_id, IPC_STAT, &info) == -1) {
+  if (named && strcmp (device_text, REGION_FILE_CREATING) == 0) {
+    int orphan = shmget (key, 0, 0);
+    if (orphan != -1)
+      shmctl (orphan, IPC_RMID, NULL);
+    close (lock_fd);
+    return refuse (ENOENT, why, why_bytes, "the region named by %s was "
+                   "being made when its server died: removed", path);
+  }
+  if (!named || shmctl (shm_id, IPC_STAT, &info) == -1) {
     close (lock_fd);
     return refuse (ENOENT, why, why_bytes, "the region file %s names no "
                    "segment that exists (removed, or the machine "

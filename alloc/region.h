@@ -50,10 +50,15 @@
  *   no fault).
  *
  * THE REGION FILE
- *   One line, "nbdkit-zram region shm=ID device=HEX": the segment's id
- *   and the device id its header must carry (a segment id can be reused
- *   by another segment once the first is removed: the device id tells
- *   them apart).  Written at creation, replaced atomically (rename).
+ *   One line, "nbdkit-zram region key=HEX shm=ID device=HEX": the
+ *   segment's key and id, and the device id its header must carry (a
+ *   segment id can be reused by another segment once the first is
+ *   removed: the device id tells them apart).  Written at creation,
+ *   replaced atomically (rename): first "shm=-1 device=creating" with a
+ *   random key before a segment of that key is made (IPC_EXCL), then the
+ *   whole line once its header is written; so a creator killed at any
+ *   point leaves a file that names whatever it made, and the next attach
+ *   removes it.
  *
  * HEADER and VERSION
  *   The identity (magic, layout version, sizes, the mapping address, the
@@ -91,6 +96,17 @@
  *   done may take it; region_attach reports it (REGION_ATTACH_CRASHED)
  *   and the caller decides.
  *
+ * RECOVERY (after a crash)
+ *   A crash may leave the heap half changed.  Its user rebuilds it from
+ *   what is reachable instead: region_recover_begin forgets every
+ *   allocation, region_recover_claim marks again each one the user's
+ *   structures reach (its address and size: a slab slot or a run; a
+ *   claim that is not a possible allocation, or that overlaps one made
+ *   before, is refused), and region_recover_end threads the slabs' free
+ *   slots and gives back every page nothing claimed.  So whatever the
+ *   dead process was allocating or freeing is free, and nothing reached
+ *   is lost.  One thread, nothing else running.
+ *
  * LOCKS
  *   region.heap_lock         the heap: its bitmap, its page records and
  *                             its slab lists.  A leaf: taken with any of
@@ -106,6 +122,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 #define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
 #define REGION_LAYOUT_VERSION 1
@@ -202,6 +219,7 @@ region_pages (struct region *region)
 struct region_owner {
   struct region *region;        /* where it is attached */
   int shm_id;                   /* the segment */
+  key_t key;                    /* its key (THE REGION FILE) */
   int lock_fd;                  /* the region file, flocked */
   char *path;                   /* the region file's */
 };
@@ -282,6 +300,15 @@ extern void region_free (struct region *region, void *p);
 extern void region_punch (struct region *region, void *start, size_t bytes);
 /* Punch out every free page still resident.  Returns the pages. */
 extern uint64_t region_trim (struct region *region);
+
+/* RECOVERY, above.  region_recover_claim: false when p cannot be an
+ * allocation of bytes (outside the heap, misaligned for its kind) or was
+ * claimed already.  region_recover_end returns the pages given back.
+ */
+extern void region_recover_begin (struct region *region);
+extern bool region_recover_claim (struct region *region, const void *p,
+                                  size_t bytes, size_t align);
+extern uint64_t region_recover_end (struct region *region);
 
 /* Memory for a structure that lives in a region when its owner does
  * (region not NULL), else on the C heap: the one way the allocator and

@@ -127,6 +127,31 @@ extern void zs_pool_destroy (struct zs_pool *pool);
  * unchanged.  Returns pool.
  */
 extern void zs_pool_hand_over (struct zs_pool *pool);
+
+/* A pool in a region whose process died (RECOVERY in alloc/region.h,
+ * the design in alloc/recover.c): between the region's
+ * region_recover_begin and region_recover_end, zs_recover_begin starts,
+ * zs_recover_handle gives one live handle (false: it names no live
+ * object - the caller's reference is lost), zs_recover_end rebuilds
+ * every list and counter around them, claims the pool's memory in the
+ * region and frees what no handle reaches; charged_bytes: what the
+ * pool's user has charged (zs_pool_charge) and still holds.  0, or -1
+ * with errno (EINVAL: the pool's own structures are not where they
+ * should be; ENOMEM): the pool is then unusable.  Then zs_pool_take_over
+ * is not needed.  One thread, no other call on the pool meanwhile.
+ */
+struct zs_recovery;
+struct zs_recover_result {
+  uint64_t objects;               /* live objects kept */
+  uint64_t refused;               /* handles that named no live object */
+  uint64_t zspages, pages;        /* kept */
+};
+extern struct zs_recovery *zs_recover_begin (struct zs_pool *pool);
+extern bool zs_recover_handle (struct zs_recovery *recovery,
+                               zs_handle_t handle);
+extern int zs_recover_end (struct zs_recovery *recovery,
+                           uint64_t charged_bytes,
+                           struct zs_recover_result *result);
 extern struct zs_pool *zs_pool_take_over (struct zs_pool *pool);
 
 /* Allocate an object of size bytes (1..ZS_MAX_OBJECT_SIZE).  Its content

@@ -256,6 +256,216 @@ test_crash_reported (void **state)
   region_destroy (owner);
 }
 
+/* ---- recovery after a crash --------------------------------------------- */
+
+#define CRASH_SLOTS 4096
+#define CRASH_THREADS 2
+
+/* What the killed child publishes, in memory both processes share: a
+ * handle is published once its object is written, unpublished before it
+ * is freed - the "acknowledged" objects.
+ */
+struct crash_shared {
+  _Atomic zs_handle_t handles[CRASH_SLOTS];
+  uint16_t sizes[CRASH_SLOTS];
+  _Atomic uint32_t keys[CRASH_SLOTS];
+  _Atomic unsigned rounds;
+};
+
+struct crash_worker {
+  struct zs_pool *pool;
+  struct crash_shared *shared;
+  unsigned first, count;
+  uint64_t seed;
+};
+
+static void *
+crash_worker_main (void *arg)
+{
+  struct crash_worker *w = arg;
+  for (uint32_t round = 1;; round++) {
+    unsigned i = w->first + xorshift64 (&w->seed) % w->count;
+    zs_handle_t old = atomic_exchange (&w->shared->handles[i], 0);
+    if (old)
+      zs_free (w->pool, old);
+    size_t size = rnd_range (&w->seed, 1, PAGE);
+    uint32_t key = (uint32_t) (i * 7919 + round);
+    zs_handle_t h = zs_malloc (w->pool, size);
+    if (!h)
+      continue;
+    write_pattern (w->pool, h, size, key);
+    w->shared->sizes[i] = size;
+    atomic_store (&w->shared->keys[i], key);
+    atomic_store (&w->shared->handles[i], h);
+  }
+  return NULL;
+}
+
+/* The child: a pool filled, then threads replacing objects and a mover
+ * compacting until the parent kills it.
+ */
+static void
+crash_child (const char *path, struct crash_shared *shared, uint64_t seed)
+{
+  struct region_owner *owner = region_create (path, 64u << 20, DEVICE_BYTES,
+                                              false);
+  if (!owner)
+    _exit (3);
+  region_start_serving (owner);
+  struct zs_pool_config config;
+  zs_pool_config_init (&config);
+  config.region = owner->region;
+  config.chain_pages = 1 + seed % ZS_CHAIN_MAX;
+  struct zs_pool *pool = zs_pool_create (&config);
+  if (!pool)
+    _exit (4);
+  region_set_root (owner->region, pool, 1);
+  struct crash_worker workers[CRASH_THREADS];
+  for (unsigned t = 0; t < CRASH_THREADS; t++) {
+    workers[t] = (struct crash_worker) {
+      .pool = pool, .shared = shared, .first = t * (CRASH_SLOTS / CRASH_THREADS),
+      .count = CRASH_SLOTS / CRASH_THREADS, .seed = seed * 31 + t + 1,
+    };
+    pthread_t thread;
+    if (pthread_create (&thread, NULL, crash_worker_main, &workers[t]) != 0)
+      _exit (5);
+  }
+  for (;;) {
+    zs_compact (pool);
+    if (atomic_fetch_add (&shared->rounds, 1) % 8 == 0)
+      zs_pool_flush (pool);
+  }
+}
+
+/* Recover the pool the killed child left: every published object read
+ * back exactly, the pool consistent, and once every object is freed,
+ * nothing of the region taken but the pool itself.
+ */
+static void
+crash_recover_and_check (const char *path, struct crash_shared *shared,
+                         unsigned *checked)
+{
+  enum region_attach_result how;
+  char why[256] = "";
+  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
+                                              sizeof why);
+  if (!owner && errno == ENOENT) {
+    /* Killed while it made the region: nothing can have been written. */
+    for (unsigned i = 0; i < CRASH_SLOTS; i++)
+      assert_int_equal (shared->handles[i], 0);
+    unlink (path);
+    return;
+  }
+  if (!owner)
+    fail_msg ("region_attach: %s", why);
+  struct region *region = owner->region;
+  struct zs_pool *pool = region_root (region);
+  if (how == REGION_ATTACH_CLEAN || !pool) {
+    /* Killed before it served (a new region is clean until then), or
+     * before its pool was made: nothing written either.
+     */
+    assert_null (how == REGION_ATTACH_CLEAN ? pool : NULL);
+    for (unsigned i = 0; i < CRASH_SLOTS; i++)
+      assert_int_equal (shared->handles[i], 0);
+    region_destroy (owner);
+    return;
+  }
+  region_recover_begin (region);
+  struct zs_recovery *recovery = zs_recover_begin (pool);
+  assert_non_null (recovery);
+  for (unsigned i = 0; i < CRASH_SLOTS; i++)
+    if (shared->handles[i] && !zs_recover_handle (recovery, shared->handles[i]))
+      fail_msg ("slot %u: handle %#jx refused", i,
+                (uintmax_t) shared->handles[i]);
+  struct zs_recover_result result;
+  assert_int_equal (zs_recover_end (recovery, 0, &result), 0);
+  assert_int_equal (result.refused, 0);
+  region_recover_end (region);
+  region_start_serving (owner);
+
+  unsigned live = 0;
+  for (unsigned i = 0; i < CRASH_SLOTS; i++)
+    if (shared->handles[i]) {
+      if (!object_ok (pool, shared->handles[i], shared->sizes[i],
+                      shared->keys[i]))
+        fail_msg ("slot %u: the object differs from what was written", i);
+      live++;
+    }
+  assert_int_equal (result.objects, live);
+  check_stats_consistent (pool);
+  struct zs_pool_stats st;
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, live);
+  /* It serves on: new objects take the free slots and cells, and none
+   * lands on a recovered one (a slot or cell both free and in use would
+   * show here); then everything is given back.
+   */
+  enum { MORE = 3000 };
+  static zs_handle_t more[MORE];
+  static uint16_t more_sizes[MORE];
+  uint64_t seed = live;
+  for (unsigned i = 0; i < MORE; i++) {
+    more_sizes[i] = rnd_range (&seed, 1, PAGE);
+    more[i] = alloc_written (pool, more_sizes[i], 1000000 + i);
+  }
+  zs_compact (pool);
+  for (unsigned i = 0; i < CRASH_SLOTS; i++)
+    if (shared->handles[i]
+        && !object_ok (pool, shared->handles[i], shared->sizes[i],
+                       shared->keys[i]))
+      fail_msg ("slot %u: overwritten by an object allocated after recovery", i);
+  for (unsigned i = 0; i < MORE; i++) {
+    assert_true (object_ok (pool, more[i], more_sizes[i], 1000000 + i));
+    zs_free (pool, more[i]);
+  }
+  for (unsigned i = 0; i < CRASH_SLOTS; i++)
+    if (shared->handles[i])
+      zs_free (pool, shared->handles[i]);
+  zs_pool_flush (pool);
+  get_stats (pool, &st);
+  assert_int_equal (st.objects, 0);
+  assert_int_equal (st.pages_used, 0);
+  zs_pool_destroy (pool);
+  assert_int_equal (region->pages_taken, 0);
+  region_destroy (owner);
+  *checked += live;
+}
+
+/* Kill points: a child killed with SIGKILL at a random instant of a
+ * write-heavy, mover-heavy run, a hundred times.
+ */
+static void
+test_crash_recovered (void **state)
+{
+  (void) state;
+  struct crash_shared *shared = mmap (NULL, sizeof *shared,
+                                      PROT_READ | PROT_WRITE,
+                                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true (shared != MAP_FAILED);
+  const char *path = region_path ("kill-points");
+  uint64_t seed = 2026;
+  unsigned points = 100, checked = 0;
+  for (unsigned point = 0; point < points; point++) {
+    memset (shared, 0, sizeof *shared);
+    pid_t pid = fork ();
+    assert_true (pid >= 0);
+    if (pid == 0)
+      crash_child (path, shared, seed + point);
+    /* Let it fill a little, then kill it anywhere. */
+    useconds_t delay = 2000 + xorshift64 (&seed) % 40000;
+    usleep (delay);
+    kill (pid, SIGKILL);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    if (!WIFSIGNALED (status))
+      fail_msg ("kill point %u: the child exited (status %#x)", point, status);
+    crash_recover_and_check (path, shared, &checked);
+  }
+  print_message ("%u kill points: %u published objects read back exactly, "
+                 "no page left taken\n", points, checked);
+  munmap (shared, sizeof *shared);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 /* A region made here and closed (its owner gone, its state "serving"):
@@ -298,7 +508,7 @@ region_file_point (const char *path, int shm_id, const char *id)
 {
   FILE *fp = fopen (path, "w");
   assert_non_null (fp);
-  fprintf (fp, "nbdkit-zram region shm=%d device=%s\n", shm_id, id);
+  fprintf (fp, "nbdkit-zram region key=0 shm=%d device=%s\n", shm_id, id);
   fclose (fp);
 }
 
@@ -381,7 +591,8 @@ test_refusals (void **state)
   assert_non_null (fgets (line, sizeof line, fp));
   fclose (fp);
   char id[33];
-  assert_int_equal (sscanf (line, "nbdkit-zram region shm=%*d device=%32s", id), 1);
+  assert_int_equal (sscanf (line, "nbdkit-zram region key=%*x shm=%*d device=%32s",
+                            id), 1);
   region_file_point (path, truncated, id);
   refused (path, truncated, 0, EINVAL, "truncated");
   segment_remove (truncated);
@@ -445,6 +656,7 @@ main (void)
     cmocka_unit_test (test_region_heap),
     cmocka_unit_test (test_handover_clean),
     cmocka_unit_test (test_crash_reported),
+    cmocka_unit_test (test_crash_recovered),
     cmocka_unit_test (test_refusals),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);

@@ -1,0 +1,405 @@
+/* A pool in a region rebuilt after its process died (zs_recover_* in
+ * zsalloc.h, RECOVERY in region.h).
+ *
+ * A crash can stop any change half done: a class list relinked, a free
+ * list threaded, a batch of frees drained, an object moved.  Nothing of
+ * that is trusted.  What is trusted is what the allocator writes before
+ * it lets a handle out, and never changes while the handle lives: a live
+ * handle's cell names its zspage, its slot and its size, that zspage's
+ * back pointer for the slot names the cell (a mover sets the new slot's
+ * back pointer before it rewrites the cell, and clears the old one
+ * after), and a zspage's base, chunk and class, a chunk's base and run
+ * length, a class's sizes are fixed when made.  So the user hands over
+ * every handle its structures reach (zs_recover_handle, which checks
+ * each of those facts), and zs_recover_end builds everything else anew
+ * from them: each zspage's slots and free list, each class's fullness
+ * lists and counters, each cell block's free cells, each chunk's free
+ * runs, the page source's lists, the pool's counters and limit account;
+ * and it claims in the region every piece of memory it keeps.  What no
+ * handle reaches - objects being allocated, freed, or moved from, frees
+ * waiting in batches, the reserve - is free afterwards.
+ */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlist.h"
+#include "zsalloc-internal.h"
+
+/* One zspage, cell block or chunk met, with a bit per slot, cell or run. */
+struct met {
+  const void *key;
+  struct size_class *class;     /* a cell block's class */
+  uint64_t bits[8];             /* 512: a chunk's runs, a block's cells */
+};
+
+/* An open-addressed set of met things, keyed by address. */
+struct met_set {
+  struct met *slots;
+  size_t capacity, count;
+};
+
+struct zs_recovery {
+  struct zs_pool *pool;
+  struct region *region;
+  zs_handle_t *handles;
+  size_t count, capacity;
+  uint64_t refused;
+};
+
+static struct met *
+met_find (struct met_set *set, const void *key, bool *fresh)
+{
+  if (set->count * 2 >= set->capacity) {
+    struct met_set bigger = { .capacity = set->capacity ? set->capacity * 2 : 1024 };
+    bigger.slots = calloc (bigger.capacity, sizeof *bigger.slots);
+    if (!bigger.slots)
+      return NULL;
+    for (size_t i = 0; i < set->capacity; i++)
+      if (set->slots[i].key) {
+        bool unused;
+        *met_find (&bigger, set->slots[i].key, &unused) = set->slots[i];
+      }
+    bigger.count = set->count;
+    free (set->slots);
+    *set = bigger;
+  }
+  size_t i = ((uintptr_t) key * 0x9e3779b97f4a7c15ull >> 20) % set->capacity;
+  while (set->slots[i].key && set->slots[i].key != key)
+    i = (i + 1) % set->capacity;
+  *fresh = !set->slots[i].key;
+  if (*fresh) {
+    set->slots[i] = (struct met) { .key = key };
+    set->count++;
+  }
+  return &set->slots[i];
+}
+
+static bool
+in_region (const struct region *region, const void *p, size_t bytes)
+{
+  uintptr_t start = (uintptr_t) region;
+  return (uintptr_t) p >= start
+    && (uintptr_t) p - start <= region->region_bytes - bytes;
+}
+
+static bool
+bit_set (uint64_t *bits, unsigned i)
+{
+  bool was = bits[i / 64] >> (i % 64) & 1;
+  bits[i / 64] |= (uint64_t) 1 << (i % 64);
+  return was;
+}
+
+static bool
+bit_get (const uint64_t *bits, unsigned i)
+{
+  return bits[i / 64] >> (i % 64) & 1;
+}
+
+struct zs_recovery *
+zs_recover_begin (struct zs_pool *pool)
+{
+  struct zs_recovery *recovery = calloc (1, sizeof *recovery);
+  if (!recovery)
+    return NULL;
+  recovery->pool = pool;
+  recovery->region = pool->config.region;
+  return recovery;
+}
+
+bool
+zs_recover_handle (struct zs_recovery *recovery, zs_handle_t handle)
+{
+  struct zs_pool *pool = recovery->pool;
+  struct region *region = recovery->region;
+  const void *cell = (const void *) handle;
+  if (!in_region (region, cell, sizeof (uint64_t)) || handle % sizeof (uint64_t))
+    goto refuse;
+  uint64_t location = handle_load (handle);
+  struct zspage *zspage = cell_zspage (location);
+  if (!in_region (region, zspage, sizeof *zspage))
+    goto refuse;
+  struct size_class *class = class_for_size (pool, cell_object_size (location));
+  unsigned index = cell_object_index (location);
+  size_t in_block = handle % ZS_PAGE_SIZE;
+  if (index >= class->objs_per_zspage
+      || in_block < offsetof (struct cell_block, cells)
+      || !in_region (region, zspage, zspage_descriptor_bytes (class))
+      || !in_region (region, zspage->chunk, sizeof (struct page_chunk))
+      || zspage->chunk->run_pages != class->pages_per_zspage
+      || zspage->base < zspage->chunk->base
+      || (size_t) (zspage->base - zspage->chunk->base)
+         >= (size_t) zspage->chunk->runs * zspage->chunk->run_pages * ZS_PAGE_SIZE
+      || (size_t) (zspage->base - zspage->chunk->base)
+         % ((size_t) zspage->chunk->run_pages * ZS_PAGE_SIZE)
+      || zspage->slot_cells[index] != (_Atomic uint64_t *) handle)
+    goto refuse;
+  if (recovery->count == recovery->capacity) {
+    size_t capacity = recovery->capacity ? recovery->capacity * 2 : 4096;
+    zs_handle_t *more = realloc (recovery->handles, capacity * sizeof *more);
+    if (!more)
+      goto refuse;
+    recovery->handles = more;
+    recovery->capacity = capacity;
+  }
+  recovery->handles[recovery->count++] = handle;
+  return true;
+
+ refuse:
+  recovery->refused++;
+  return false;
+}
+
+/* The class and page source's lists and counters, empty. */
+static void
+lists_reset (struct zs_pool *pool)
+{
+  for (unsigned c = 0; c < pool->distinct_classes; c++) {
+    struct size_class *class = &pool->classes[c];
+    memset (class->groups, 0, sizeof class->groups);
+    memset (class->group_counts, 0, sizeof class->group_counts);
+    class->nonempty_groups = 0;
+    class->zspages = 0;
+    class->objs_used = 0;
+    class->bytes_stored = 0;
+    class->cell_blocks_with_room = NULL;
+    class->cell_blocks = NULL;
+    class->cell_blocks_count = 0;
+  }
+  struct page_source *source = &pool->pages;
+  for (unsigned len = 0; len <= ZS_CHAIN_MAX; len++) {
+    struct page_run_list *list = &source->lists[len];
+    list->partial = list->all = list->fresh = NULL;
+    list->dirty = NULL;
+    list->dirty_count = 0;
+    list->empty_chunks = 0;
+  }
+  source->reserve = NULL;
+  atomic_store (&source->reserve_chunks, 0);
+  atomic_store (&source->reserve_spare_pages, 0);
+  for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
+    pool->batches[n].count = 0;
+}
+
+/* Rebuild one zspage met by handles: its free list, its group. */
+static void
+zspage_rebuild (struct size_class *class, struct zspage *zspage)
+{
+  zspage->free_head = ZS_NO_OBJECT;
+  zspage->never_used = class->objs_per_zspage;
+  zspage->pinned = false;
+  zspage->prev = zspage->next = NULL;
+  for (unsigned i = class->objs_per_zspage; i-- > 0;)
+    if (!zspage->slot_cells[i]) {
+      *(uint16_t *) (zspage->base + (size_t) i * class->size) = zspage->free_head;
+      zspage->free_head = i;
+    }
+  zspage_insert (class, zspage);
+}
+
+/* A cell block met: its free cells threaded, its class's lists. */
+static void
+cell_block_rebuild (struct met *met)
+{
+  struct cell_block *block = (struct cell_block *) met->key;
+  struct size_class *class = met->class;
+  block->free_cells = NULL;
+  block->free_count = 0;
+  for (size_t i = CELLS_PER_BLOCK; i-- > 0;)
+    if (!bit_get (met->bits, i)) {
+      atomic_store_explicit (&block->cells[i],
+                             (uint64_t) (uintptr_t) block->free_cells,
+                             memory_order_relaxed);
+      block->free_cells = &block->cells[i];
+      block->free_count++;
+    }
+  block->prev = block->next = block->all_prev = block->all_next = NULL;
+  if (block->free_count)
+    DLIST_PUSH (class->cell_blocks_with_room, block, prev, next);
+  DLIST_PUSH (class->cell_blocks, block, all_prev, all_next);
+  class->cell_blocks_count++;
+}
+
+/* A chunk met: its runs not in use are free (given back), its lists. */
+static void
+chunk_rebuild (struct zs_pool *pool, struct met *met)
+{
+  struct page_source *source = &pool->pages;
+  struct page_chunk *chunk = (struct page_chunk *) met->key;
+  struct page_run_list *list = &source->lists[chunk->run_pages];
+  size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
+  chunk->free_top = 0;
+  chunk->free_count = 0;
+  chunk->never_used = chunk->runs;
+  chunk->locked = false;
+  chunk->tail_resident = false;
+  chunk->from_reserve = false;
+  chunk->prev = chunk->next = chunk->all_prev = chunk->all_next = NULL;
+  for (unsigned i = chunk->runs; i-- > 0;)
+    if (!bit_get (met->bits, i)) {
+      region_punch (pool->config.region, chunk->base + i * run_bytes, run_bytes);
+      chunk->free_stack[chunk->free_top++] = i;
+      chunk->free_count++;
+    }
+  size_t used = (size_t) chunk->runs * run_bytes;
+  if (used < source->chunk_bytes)
+    region_punch (pool->config.region, chunk->base + used,
+                  source->chunk_bytes - used);
+  if (chunk->free_count)
+    DLIST_PUSH (list->partial, chunk, prev, next);
+  DLIST_PUSH (list->all, chunk, all_prev, all_next);
+}
+
+/* Claim a piece of the pool's memory in the region (false: it cannot be
+ * one: the pool is beyond repair there).
+ */
+static bool
+claim (struct zs_recovery *recovery, const void *p, size_t bytes, size_t align)
+{
+  return region_recover_claim (recovery->region, p, bytes, align);
+}
+
+int
+zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
+                struct zs_recover_result *result)
+{
+  struct zs_pool *pool = recovery->pool;
+  struct met_set zspages = { 0 }, blocks = { 0 }, chunks = { 0 };
+  int r = -1;
+  pool_locks_init (pool);
+  lists_reset (pool);
+  *result = (struct zs_recover_result) { .refused = recovery->refused };
+  uint64_t fixed = sizeof *pool + pool->distinct_classes * sizeof *pool->classes
+    + ZS_FREE_BATCHES * sizeof *pool->batches
+    + ZS_MOVE_LOCKS * sizeof *pool->move_locks;
+  if (!claim (recovery, pool, sizeof *pool, _Alignof (struct zs_pool))
+      || !claim (recovery, pool->classes,
+                 pool->distinct_classes * sizeof *pool->classes, 64)
+      || !claim (recovery, pool->batches,
+                 ZS_FREE_BATCHES * sizeof *pool->batches,
+                 _Alignof (struct free_batch))
+      || !claim (recovery, pool->move_locks,
+                 ZS_MOVE_LOCKS * sizeof *pool->move_locks,
+                 _Alignof (struct move_lock))) {
+    errno = EINVAL;
+    goto out;
+  }
+
+  /* Pass 1: each zspage met is emptied of its old slots. */
+  for (size_t h = 0; h < recovery->count; h++) {
+    struct zspage *zspage = cell_zspage (handle_load (recovery->handles[h]));
+    bool fresh;
+    struct met *met = met_find (&zspages, zspage, &fresh);
+    if (!met)
+      goto out;
+    if (fresh) {
+      struct size_class *class
+        = class_for_size (pool, cell_object_size (handle_load (recovery->handles[h])));
+      met->class = class;
+      for (unsigned i = 0; i < class->objs_per_zspage; i++)
+        zspage->slot_cells[i] = NULL;
+      zspage->inuse = 0;
+    }
+  }
+  /* Pass 2: each live object back in its slot, its cell in its block. */
+  uint64_t descriptors = 0, pages = 0;
+  for (size_t h = 0; h < recovery->count; h++) {
+    zs_handle_t handle = recovery->handles[h];
+    uint64_t location = handle_load (handle);
+    struct zspage *zspage = cell_zspage (location);
+    struct size_class *class = class_for_size (pool, cell_object_size (location));
+    unsigned index = cell_object_index (location);
+    if (zspage->slot_cells[index]) {
+      result->refused++;        /* two handles in one slot: the later lost */
+      continue;
+    }
+    bool fresh;
+    uintptr_t block = handle & ~(uintptr_t) (ZS_PAGE_SIZE - 1);
+    struct met *met = met_find (&blocks, (const void *) block, &fresh);
+    if (!met)
+      goto out;
+    if (fresh)
+      met->class = class;
+    size_t cell_index = (handle - block
+                         - offsetof (struct cell_block, cells)) / 8;
+    if (met->class != class || bit_set (met->bits, cell_index)) {
+      result->refused++;
+      continue;
+    }
+    zspage->slot_cells[index] = (_Atomic uint64_t *) handle;
+    zspage->inuse++;
+    class->objs_used++;
+    class->bytes_stored += cell_object_size (location);
+    result->objects++;
+  }
+  /* Each zspage listed and claimed, its chunk's run in use. */
+  for (size_t i = 0; i < zspages.capacity; i++) {
+    struct met *met = &zspages.slots[i];
+    if (!met->key)
+      continue;
+    struct zspage *zspage = (struct zspage *) met->key;
+    struct size_class *class = met->class;
+    if (zspage->inuse == 0)
+      continue;                 /* its only handles were refused */
+    bool fresh;
+    struct met *chunk_met = met_find (&chunks, zspage->chunk, &fresh);
+    if (!chunk_met)
+      goto out;
+    struct page_chunk *chunk = zspage->chunk;
+    size_t run_bytes = (size_t) chunk->run_pages * ZS_PAGE_SIZE;
+    if (!claim (recovery, zspage, zspage_descriptor_bytes (class), ZSPAGE_ALIGN)
+        || bit_set (chunk_met->bits, (zspage->base - chunk->base) / run_bytes)) {
+      errno = EINVAL;
+      goto out;
+    }
+    zspage_rebuild (class, zspage);
+    descriptors += zspage_descriptor_bytes (class);
+    pages += class->pages_per_zspage;
+  }
+  for (size_t i = 0; i < blocks.capacity; i++)
+    if (blocks.slots[i].key) {
+      if (!claim (recovery, blocks.slots[i].key, ZS_PAGE_SIZE, ZS_PAGE_SIZE)) {
+        errno = EINVAL;
+        goto out;
+      }
+      cell_block_rebuild (&blocks.slots[i]);
+    }
+  for (size_t i = 0; i < chunks.capacity; i++)
+    if (chunks.slots[i].key) {
+      struct page_chunk *chunk = (struct page_chunk *) chunks.slots[i].key;
+      if (!claim (recovery, chunk, sizeof *chunk + chunk->runs * sizeof (uint16_t),
+                  _Alignof (struct page_chunk))
+          || !claim (recovery, chunk->base, pool->pages.chunk_bytes,
+                     REGION_PAGE_SIZE)) {
+        errno = EINVAL;
+        goto out;
+      }
+      chunk_rebuild (pool, &chunks.slots[i]);
+    }
+
+  /* The counters, and the limit account: what is held now. */
+  uint64_t block_bytes = (uint64_t) blocks.count * ZS_PAGE_SIZE;
+  atomic_store (&pool->pages_used, pages);
+  if (atomic_load (&pool->pages_used_max) < pages)
+    atomic_store (&pool->pages_used_max, pages);
+  atomic_store (&pool->metadata_bytes, fixed - sizeof *pool + descriptors
+                + block_bytes);
+  atomic_store (&pool->limit_account, pages * ZS_PAGE_SIZE + descriptors
+                + block_bytes + charged_bytes);
+  atomic_store (&pool->reserve_charged, 0);
+  atomic_store (&pool->reserve_open, false);
+  atomic_store (&pool->metadata_allowance, 0);
+  result->zspages = zspages.count;
+  result->pages = pages;
+  r = 0;
+
+ out:
+  free (zspages.slots);
+  free (blocks.slots);
+  free (chunks.slots);
+  free (recovery->handles);
+  free (recovery);
+  return r;
+}
