@@ -199,6 +199,9 @@ struct region {
   uint64_t pages_taken;         /* heap pages taken (runs and slabs) */
   uint64_t pages_resident_free; /* free pages not yet punched out */
   uint64_t high_water;          /* pages below it were ever taken */
+  _Atomic uint64_t alive_ns;    /* CLOCK_MONOTONIC when its owner last
+                                   said it was alive (a crash's downtime
+                                   counts from here) */
   uint32_t slab_partial[REGION_SLAB_CLASSES]; /* slab pages with room */
 };
 

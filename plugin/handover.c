@@ -92,15 +92,6 @@ handover_store_open (struct store_config *config, const char *path,
     return NULL;
   }
   struct region *region = owner->region;
-  if (how == REGION_ATTACH_CRASHED) {
-    nbdkit_error ("region: %s: its last server (pid %" PRIu32 ") died "
-                  "serving it, and recovering a region after a crash is not "
-                  "built yet: the memory is left as it is", path,
-                  region->owner_pid);
-    region_close (owner);
-    owner = NULL;
-    return NULL;
-  }
   if (locked && region_lock (owner) == -1) {
     nbdkit_error ("region: %s: cannot lock the region in memory, as swap "
                   "needs: %s: the memory is left as it is", path,
@@ -110,7 +101,30 @@ handover_store_open (struct store_config *config, const char *path,
     return NULL;
   }
   config->pool.region = region;
-  struct block_store *store = store_take_over (region, config, why, sizeof why);
+  struct block_store *store;
+  if (how == REGION_ATTACH_CRASHED) {
+    /* A refusal for another device leaves the region as it is; a
+     * recovery that fails part way leaves it "serving", as the crash
+     * did: the next attempt starts over.
+     */
+    struct store_recover_result result;
+    store = store_recover (region, config, &result, why, sizeof why);
+    if (store) {
+      nbdkit_debug ("region: %s: its last server (pid %" PRIu32 ") died "
+                    "serving it: %" PRIu64 " blocks recovered, %" PRIu64
+                    " torn entries put back, %" PRIu64 " pages no block "
+                    "reached given back", path, region->owner_pid,
+                    result.blocks, result.torn_entries,
+                    result.pages_given_back);
+      if (result.lost_blocks || result.lost_units || result.objects_refused)
+        nbdkit_error ("region: %s: recovery found %" PRIu64 " blocks and %"
+                      PRIu64 " packed units whose content was damaged: they "
+                      "read as zeros", path, result.lost_blocks,
+                      result.lost_units);
+    }
+  }
+  else
+    store = store_take_over (region, config, why, sizeof why);
   if (!store) {
     nbdkit_error ("region: %s: %s: the memory is left as it is", path, why);
     region_close (owner);
@@ -121,10 +135,13 @@ handover_store_open (struct store_config *config, const char *path,
   store_stats (store, &stats);
   status.recovered_blocks = stats.orig_data_size / STORE_BLOCK_SIZE;
   status.recovery_ms = (monotonic_ns () - start) / 1000000;
-  last_stopped_ns = region->stopped_ns;
-  nbdkit_debug ("region: took over %s, handed over cleanly: %" PRIu64
-                " blocks in %" PRIu64 " ms", path, status.recovered_blocks,
-                status.recovery_ms);
+  /* A crash: the downtime counts from the last sign of life. */
+  last_stopped_ns = how == REGION_ATTACH_CLEAN ? region->stopped_ns
+    : atomic_load (&region->alive_ns);
+  nbdkit_debug ("region: took over %s (%s): %" PRIu64 " blocks in %" PRIu64
+                " ms", path, how == REGION_ATTACH_CLEAN
+                ? "handed over cleanly" : "recovered after a crash",
+                status.recovered_blocks, status.recovery_ms);
   return store;
 }
 
@@ -143,6 +160,14 @@ handover_serving (void)
   nbdkit_debug ("region: generation %" PRIu64 " serving, %" PRIu64 " ms "
                 "after the last server stopped", status.generation,
                 status.downtime_ms);
+}
+
+void
+handover_alive (void)
+{
+  if (owner)
+    atomic_store_explicit (&owner->region->alive_ns, monotonic_ns (),
+                           memory_order_relaxed);
 }
 
 void

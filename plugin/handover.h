@@ -7,8 +7,8 @@
  *   - one handed over cleanly: the store in it, taken over as it is
  *     (store_take_over) - same device, same data, nothing copied - and
  *     the downtime since the last server stopped serving is reported;
- *   - one whose server died serving it: refused for now, the memory kept
- *     as it is (crash recovery is not built yet);
+ *   - one whose server died serving it: the store rebuilt from its block
+ *     table (store_recover), every acknowledged write kept;
  *   - anything else (another owner, another layout version, another
  *     device, a damaged header): refused, the region untouched, with the
  *     reason.
@@ -45,6 +45,10 @@ extern struct block_store *handover_store_open (struct store_config *config,
 extern void handover_serving (void);
 /* Exit: hand the store over (or destroy it and its region after a drop). */
 extern void handover_store_close (struct block_store *store);
+/* The server is alive (a housekeeping round, once a second): after a
+ * crash the next server counts its downtime from the last one.
+ */
+extern void handover_alive (void);
 /* Give the memory up at exit instead of handing it over. */
 extern void handover_drop (void);
 

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "handover.h"
 #include "housekeeper.h"
 #include "block-store-internal.h"   /* store_decode_cache_sweep */
 #include "monotonic.h"
@@ -163,6 +164,7 @@ output_files_write (void)
 static void
 housekeeping_round (bool last)
 {
+  handover_alive ();            /* a crash's downtime counts from here */
   store_flush (store);          /* first: pending frees are waste too */
   /* The decode cache is charged to mem_limit and serves runs of reads:
    * a slot not read for a round goes (kept in swap mode), and one left

@@ -101,7 +101,11 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
     content->kind = BLOCK_SAME;
     return 0;
   }
-  if (!content_has_object (old))
+  /* In a region, a live object is never written over: a crash in the
+   * middle would leave its block neither old nor new (HANDOVER in
+   * block-store.h).
+   */
+  if (!content_has_object (old) || store->region)
     return 1;
 
   unsigned char compressed[STORE_BLOCK_SIZE];

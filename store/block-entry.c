@@ -51,6 +51,35 @@ entry_touch (struct block_store *store, struct block_entry *entry)
     atomic_store_explicit (&entry->state, touched, memory_order_relaxed);
 }
 
+/* Write an entry's two words, its stripe lock held.  In a region a crash
+ * may stop between them: the stripe's intent keeps the old pair until
+ * both are written, and recovery puts it back (the write it belonged to
+ * was never acknowledged: its old content is still allocated, released
+ * only after this returns).  Release stores: the compiler keeps the
+ * order, and x86 stores reach memory in it.
+ */
+void (*entry_write_window) (void);
+
+static void
+entry_write (struct block_store *store, uint64_t block,
+             struct block_entry *entry, uint64_t value, uint64_t state)
+{
+  struct stripe_intent *intent = store->region
+    ? &store->intents[block % STORE_STRIPES] : NULL;
+  if (intent) {
+    intent->value = atomic_load_explicit (&entry->value, memory_order_relaxed);
+    intent->state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+    atomic_store_explicit (&intent->entry, (uintptr_t) entry,
+                           memory_order_release);
+  }
+  atomic_store_explicit (&entry->value, value, memory_order_release);
+  if (intent && entry_write_window)
+    entry_write_window ();
+  atomic_store_explicit (&entry->state, state, memory_order_release);
+  if (intent)
+    atomic_store_explicit (&intent->entry, 0, memory_order_release);
+}
+
 /* Store new content into an entry of leaf, whose old content was old,
  * under its stripe lock.  An empty entry that gets content was claimed
  * in its leaf before (entry_lock); one that is emptied is released.
@@ -58,22 +87,20 @@ entry_touch (struct block_store *store, struct block_entry *entry)
  * for its mover to clear.
  */
 void
-entry_store (struct block_store *store, struct block_leaf *leaf,
+entry_store (struct block_store *store, uint64_t block, struct block_leaf *leaf,
              struct block_entry *entry, const struct block_content *old,
              const struct block_content *content)
 {
   uint64_t held = atomic_load_explicit (&entry->state, memory_order_relaxed)
     & BLOCK_MOVE_HELD;
-  atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
   /* A write is an access: idle and incompressible go, the access time is
    * now; the priority says which codec the object was compressed with.
    */
-  atomic_store_explicit (&entry->state,
-                         block_state_make (content->kind,
-                                           content->flags & BLOCK_PRIORITY_MASK,
-                                           content->zeroed, store_clock (store))
-                         | held,
-                         memory_order_relaxed);
+  entry_write (store, block, entry, content->value,
+               block_state_make (content->kind,
+                                 content->flags & BLOCK_PRIORITY_MASK,
+                                 content->zeroed, store_clock (store))
+               | held);
   if (old->kind != BLOCK_EMPTY && content->kind == BLOCK_EMPTY)
     block_leaf_release (&store->table, leaf);
 }
@@ -200,7 +227,7 @@ block_install_swap (struct block_store *store, uint64_t block,
     return -1;
   }
   content_account (store, content, 1, content_bytes (store, content));
-  entry_store (store, leaf, entry, old, content);
+  entry_store (store, block, leaf, entry, old, content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_account (store, old, -1, content_bytes (store, old));
   return 0;
@@ -294,16 +321,14 @@ entry_commit (struct block_store *store, uint64_t block,
     *old = entry_load (entry);
     content_account (store, old, -1, content_bytes (store, old));
     content_account (store, content, 1, content_bytes (store, content));
-    atomic_store_explicit (&entry->value, content->value, memory_order_relaxed);
     /* Not an access: the time and the idle flag stay, and so does the
      * zeroed overlay (movers encode the data under it).
      */
-    atomic_store_explicit (&entry->state,
-                           block_state_make (content->kind,
-                                             (old->flags & BLOCK_FLAG_IDLE)
-                                             | content->flags,
-                                             old->zeroed, old->atime),
-                           memory_order_relaxed);
+    entry_write (store, block, entry, content->value,
+                 block_state_make (content->kind,
+                                   (old->flags & BLOCK_FLAG_IDLE)
+                                   | content->flags,
+                                   old->zeroed, old->atime));
   }
   pthread_mutex_unlock (stripe_for (store, block));
   return holds;

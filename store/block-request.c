@@ -161,7 +161,7 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
         || (content.kind == BLOCK_PACKED && old.kind == BLOCK_PACKED)
         || (content.kind == BLOCK_BACKED && old.kind == BLOCK_BACKED));
   content_account (store, &content, 1, content_bytes (store, &content));
-  entry_store (store, leaf, entry, &old, &content);
+  entry_store (store, block, leaf, entry, &old, &content);
   pthread_mutex_unlock (stripe_for (store, block));
   content_account (store, &old, -1, old_bytes);
   if (!same_object)

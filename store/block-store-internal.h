@@ -136,6 +136,14 @@ struct block_store {
   size_t raw_threshold;           /* compressed size stored raw from here */
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
+  /* In a region: each stripe's entry being written, with what it held,
+   * until both its words are (entry_write; store_recover puts a torn
+   * entry back).  Guarded by the stripe's lock.
+   */
+  struct stripe_intent {
+    _Atomic uint64_t entry;       /* the entry's address; 0: none */
+    uint64_t value, state;        /* what it held */
+  } intents[STORE_STRIPES];
   atomic_bool keep_resident;      /* store_keep_resident ran */
   unsigned write_batch;           /* 1..STORE_WRITE_BATCH_MAX (1: no batches) */
   /* Where a batched write (block-batch.c) compresses its blocks: slots
@@ -209,6 +217,17 @@ struct block_store {
   bool backing_sync;              /* a batch made durable before its RAM
                                      copies go */
 };
+
+/* block-store.c, for a store in a region (HANDOVER in block-store.h):
+ * why config cannot serve the store at the region's root (NULL: it
+ * can), and the store made this process's - its process parts made
+ * anew, the old process's pointers forgotten (0, or -1 with why[]).
+ */
+extern const char *store_config_mismatch (struct region *region,
+                                          const struct store_config *config);
+extern int store_adopt (struct block_store *store,
+                        const struct store_config *config,
+                        char *why, size_t why_bytes);
 
 /* What an entry holds, detached from the table. */
 struct block_content {
@@ -302,8 +321,12 @@ extern struct block_entry *entry_lock (struct block_store *store,
                                        uint64_t block, bool create,
                                        struct block_leaf **leaf,
                                        struct block_content *old);
-extern void entry_store (struct block_store *store, struct block_leaf *leaf,
-                         struct block_entry *entry,
+/* Tests only (NULL otherwise): called in a region between an entry's two
+ * words, to hold a crash's window open (tests/test-store-handover.c).
+ */
+extern void (*entry_write_window) (void);
+extern void entry_store (struct block_store *store, uint64_t block,
+                         struct block_leaf *leaf, struct block_entry *entry,
                          const struct block_content *old,
                          const struct block_content *content);
 extern size_t content_bytes (struct block_store *store,

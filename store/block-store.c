@@ -167,30 +167,29 @@ store_hand_over (struct block_store *store)
   return 0;
 }
 
-struct block_store *
-store_take_over (struct region *region, const struct store_config *config,
-                 char *why, size_t why_bytes)
+const char *
+store_config_mismatch (struct region *region, const struct store_config *config)
 {
   struct block_store *store = region_root (region);
-  const char *wrong = NULL;
   if (!store || region->user_version != STORE_LAYOUT_VERSION)
-    wrong = "the region holds no store of this build's layout";
-  else if (store->size != config->size)
-    wrong = "the stored device has another size";
-  else if (store->algorithms[0] != config->algorithm
-           || store->recomp_count != config->recomp_count)
-    wrong = "the stored blocks were compressed with another algorithm";
-  else if (config->backing)
-    wrong = "a cold tier is not yet kept across a take-over";
-  for (unsigned p = 1; !wrong && p <= store->recomp_count; p++)
+    return "the region holds no store of this build's layout";
+  if (store->size != config->size)
+    return "the stored device has another size";
+  if (store->algorithms[0] != config->algorithm
+      || store->recomp_count != config->recomp_count)
+    return "the stored blocks were compressed with another algorithm";
+  if (config->backing)
+    return "a cold tier is not yet kept across a take-over";
+  for (unsigned p = 1; p <= store->recomp_count; p++)
     if (store->algorithms[p] != config->recomp[p - 1].algorithm)
-      wrong = "the stored blocks were recompressed with other algorithms";
-  if (wrong) {
-    snprintf (why, why_bytes, "%s", wrong);
-    errno = EINVAL;
-    return NULL;
-  }
-  zs_pool_take_over (store->pool);
+      return "the stored blocks were recompressed with other algorithms";
+  return NULL;
+}
+
+int
+store_adopt (struct block_store *store, const struct store_config *config,
+             char *why, size_t why_bytes)
+{
   block_table_take_over (&store->table);
   atomic_store (&store->keep_resident, false);
   for (unsigned i = 0; i < STORE_WRITE_SLOTS; i++) {
@@ -199,11 +198,35 @@ store_take_over (struct region *region, const struct store_config *config,
   }
   atomic_store (&store->write_scratch_bytes, 0);
   atomic_store (&store->decode_cache_bytes, 0);
+  store->unit_cache = NULL;
+  store->unit_cache_count = 0;
+  for (unsigned p = 0; p <= STORE_RECOMP_MAX; p++)
+    store->codecs[p] = NULL;
+  store->pack_codec = NULL;
+  store->backing = NULL;
   if (process_parts_make (store, config) == -1) {
     snprintf (why, why_bytes, "cannot make the codecs and caches: %m");
-    return NULL;
+    process_parts_free (store);
+    return -1;
   }
   store->raw_threshold = zs_huge_class_size (store->pool);
+  return 0;
+}
+
+struct block_store *
+store_take_over (struct region *region, const struct store_config *config,
+                 char *why, size_t why_bytes)
+{
+  const char *wrong = store_config_mismatch (region, config);
+  if (wrong) {
+    snprintf (why, why_bytes, "%s", wrong);
+    errno = EINVAL;
+    return NULL;
+  }
+  struct block_store *store = region_root (region);
+  zs_pool_take_over (store->pool);
+  if (store_adopt (store, config, why, why_bytes) == -1)
+    return NULL;
   return store;
 }
 

@@ -125,8 +125,11 @@
  *   The blocks are not touched: no copy, no recompression.  Block access
  *   times are seconds of CLOCK_MONOTONIC since created_ns, one clock for
  *   every process of a boot (and a memfd does not outlive a boot).
- *   Not yet: a backing store with a region (store_create refuses it,
- *   EINVAL), and a take-over after a crash (the region says so).
+ *   After a crash the store is rebuilt instead (store_recover); for
+ *   that, an entry's two words are written with the stripe's intent
+ *   record (entry_write) and a live object is never written over (no
+ *   rewrite in place in a region).  Not yet: a backing store with a
+ *   region (store_create refuses it, EINVAL).
  */
 
 #ifndef ZRAM_BLOCK_STORE_H
@@ -269,6 +272,28 @@ extern void store_destroy (struct block_store *store);
  * the reason in why[] when config describes another device.
  */
 extern int store_hand_over (struct block_store *store);
+
+/* A store at the root of a region whose server died (store/recover.c
+ * tells how): rebuilt from its block table, for a server configured by
+ * config.  Every block whose write returned before the crash reads as
+ * it was written; a block whose write was running reads as before or
+ * after it (the client sends it again).  NULL with errno and why[] (the
+ * region is then left as it is: EINVAL for another device, or damage
+ * beyond repair).  One thread, before anything else uses the store.
+ */
+struct store_recover_result {
+  uint64_t blocks;                /* blocks kept */
+  uint64_t torn_entries;          /* entries put back to what they held */
+  uint64_t lost_blocks;           /* entries whose content was not found */
+  uint64_t lost_units;            /* packed units not whole */
+  uint64_t objects_refused;       /* the allocator's count of those */
+  uint64_t pages_given_back;      /* the region's pages no one reached */
+  uint64_t nanoseconds;
+};
+extern struct block_store *store_recover (struct region *region,
+                                          const struct store_config *config,
+                                          struct store_recover_result *result,
+                                          char *why, size_t why_bytes);
 extern struct block_store *store_take_over (struct region *region,
                                             const struct store_config *config,
                                             char *why, size_t why_bytes);

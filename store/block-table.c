@@ -367,3 +367,62 @@ block_table_reclaim (struct block_table *table, block_table_sweep_fn sweep,
   }
   free (r.list);
 }
+
+/* ---- after a crash ------------------------------------------------------ */
+
+/* Recover the subtree in slot (see block_table_recover): its node claimed
+ * in the region, its leaves' entries visited, empty leaves dropped
+ * unless the table keeps its nodes.  Returns whether the slot still
+ * holds a node.
+ */
+static bool
+node_recover (struct block_table *table, node_slot *slot, unsigned level,
+              uint64_t base, block_table_entry_fn visit, void *opaque)
+{
+  void *node = atomic_load_explicit (slot, memory_order_relaxed);
+  if (node == SEALED
+      || (node && !region_recover_claim (table->region, node,
+                                         node_bytes (level),
+                                         _Alignof (struct block_leaf))))
+    node = NULL;                /* reclaim's mark, or nothing a node can be */
+  bool keep = node != NULL;
+  if (node && level > 0) {
+    node_slot *slots = node;
+    unsigned children = 0;
+    for (unsigned i = 0; i < BLOCK_TABLE_FANOUT; i++)
+      children += node_recover (table, &slots[i], level - 1,
+                                base + ((uint64_t) i << (level * BLOCK_TABLE_BITS)),
+                                visit, opaque);
+    keep = children > 0 || atomic_load (&table->keep_nodes);
+  }
+  else if (node) {
+    struct block_leaf *leaf = node;
+    uint32_t used = 0;
+    for (unsigned i = 0; i < BLOCK_TABLE_FANOUT; i++)
+      used += visit (opaque, base + i, &leaf->entries[i]);
+    atomic_store_explicit (&leaf->used, used, memory_order_relaxed);
+    keep = used > 0 || atomic_load (&table->keep_nodes);
+  }
+  if (!keep) {
+    /* Not claimed again: the region's recovery frees it. */
+    if (node)
+      region_free (table->region, node);
+    node = NULL;
+  }
+  atomic_store_explicit (slot, node, memory_order_relaxed);
+  if (node)
+    atomic_fetch_add_explicit (&table->bytes, node_bytes (level),
+                               memory_order_relaxed);
+  return node != NULL;
+}
+
+void
+block_table_recover (struct block_table *table, block_table_entry_fn visit,
+                     void *opaque)
+{
+  pthread_rwlock_init (&table->walk_lock, NULL);
+  atomic_store (&table->bytes, 0);
+  atomic_store (&table->nodes_to_check, false);
+  node_recover (table, (node_slot *) &table->root, table->inner_levels, 0,
+                visit, opaque);
+}

@@ -146,6 +146,19 @@ extern void block_table_init (struct block_table *table, uint64_t blocks,
                               struct zs_pool *pool, struct region *region);
 /* A table in a region, taken over by a new owner: its lock made anew. */
 extern void block_table_take_over (struct block_table *table);
+
+/* A table in a region whose owner died (between the region's
+ * region_recover_begin and _end): every node reached is claimed in the
+ * region again, reclaim's marks are cleared, visit is called for each
+ * entry of each leaf and says whether the entry holds content (it may
+ * empty it first); leaves left empty, and inner nodes left childless,
+ * are dropped (unless block_table_populate ran), each leaf's count and
+ * the table's bytes made anew.  One thread, nothing else running.
+ */
+typedef bool (*block_table_entry_fn) (void *opaque, uint64_t block,
+                                      struct block_entry *entry);
+extern void block_table_recover (struct block_table *table,
+                                 block_table_entry_fn visit, void *opaque);
 /* Free every node; the caller frees what the entries point to first. */
 extern void block_table_destroy (struct block_table *table);
 

@@ -306,12 +306,260 @@ test_take_over_refused (void **state)
   munmap (shared, sizeof *shared);
 }
 
+/* ---- kill points: recovered after SIGKILL -------------------------------- */
+
+#define KILL_BLOCKS 2048
+#define KILL_WRITERS 2
+
+/* The exact shadow, shared: per block the version acknowledged (0:
+ * never written or trimmed: zeros) and the version being written, if
+ * any (its write may or may not have landed).
+ */
+struct kill_shadow {
+  _Atomic uint32_t acked[KILL_BLOCKS];
+  _Atomic uint32_t inflight[KILL_BLOCKS];
+  _Atomic uint64_t writes, movers;
+};
+
+/* Block b at version v: text (packs), compressible, same-filled, random
+ * (raw), by (b + v) % 4; version 0 is zeros.
+ */
+static void
+kill_content (unsigned char *buf, uint64_t b, uint32_t v)
+{
+  if (v == 0) {
+    memset (buf, 0, BS);
+    return;
+  }
+  switch ((b + v) % 4) {
+  case 0: text_fill (buf, b, v); break;
+  case 1: block_fill (buf, b, v); break;
+  case 2: memset (buf, (int) (b * 7 + v) | 1, BS); break;
+  default: {
+    uint64_t seed = b * 1000003 + v;
+    for (size_t i = 0; i < BS; i += 8) {
+      uint64_t word = xorshift64 (&seed);
+      memcpy (buf + i, &word, 8);
+    }
+  }
+  }
+}
+
+struct kill_writer {
+  struct block_store *store;
+  struct kill_shadow *shadow;
+  unsigned first, count;
+  uint64_t seed;
+};
+
+static void *
+kill_writer_main (void *arg)
+{
+  struct kill_writer *w = arg;
+  unsigned char buf[4 * BS];
+  for (;;) {
+    unsigned b = w->first + xorshift64 (&w->seed) % w->count;
+    unsigned n = 1 + xorshift64 (&w->seed) % 4;
+    if (b + n > w->first + w->count)
+      n = w->first + w->count - b;
+    uint32_t v = atomic_load (&w->shadow->acked[b]) + 1;
+    bool trim = xorshift64 (&w->seed) % 16 == 0;
+    for (unsigned i = 0; i < n; i++) {
+      atomic_store (&w->shadow->inflight[b + i], trim ? UINT32_MAX : v);
+      kill_content (buf + i * BS, b + i, v);
+    }
+    int r = trim ? store_trim (w->store, (uint64_t) n * BS, (uint64_t) b * BS)
+      : store_write (w->store, buf, (uint64_t) n * BS, (uint64_t) b * BS);
+    if (r == -1)
+      _exit (6);
+    for (unsigned i = 0; i < n; i++) {
+      atomic_store (&w->shadow->acked[b + i], trim ? 0 : v);
+      atomic_store (&w->shadow->inflight[b + i], 0);
+    }
+    atomic_fetch_add (&w->shadow->writes, 1);
+  }
+  return NULL;
+}
+
+/* Held open in the child: an entry half written (its value new, its
+ * state old) for a few microseconds one time in four, so that kills land
+ * there and recovery must put torn entries back.
+ */
+static void
+torn_window (void)
+{
+  static __thread uint64_t seed = 1;
+  if (xorshift64 (&seed) % 4 == 0) {
+    struct timespec wait = { 0, 20000 };
+    nanosleep (&wait, NULL);
+  }
+}
+
+/* The child: writers over disjoint ranges (so each block's versions are
+ * in order), and a mover that marks idle, packs, dissolves, compacts and
+ * flushes the free batches without pause.
+ */
+static void
+kill_child (const char *path, struct kill_shadow *shadow, uint64_t seed)
+{
+  struct region_owner *owner = region_create (path, REGION_BYTES, DEVICE,
+                                              false);
+  if (!owner)
+    _exit (3);
+  region_start_serving (owner);
+  struct store_config config = config_for (owner->region, CODEC_LZ4);
+  config.pack_blocks = 4 + seed % 13;
+  struct block_store *store = store_create (&config);
+  if (!store)
+    _exit (4);
+  entry_write_window = torn_window;
+  struct kill_writer writers[KILL_WRITERS];
+  for (unsigned t = 0; t < KILL_WRITERS; t++) {
+    writers[t] = (struct kill_writer) {
+      .store = store, .shadow = shadow,
+      .first = t * (KILL_BLOCKS / KILL_WRITERS),
+      .count = KILL_BLOCKS / KILL_WRITERS, .seed = seed * 7 + t + 1,
+    };
+    pthread_t thread;
+    if (pthread_create (&thread, NULL, kill_writer_main, &writers[t]) != 0)
+      _exit (5);
+  }
+  for (;;) {
+    struct store_pack_result packed;
+    store_mark_idle (store, 0, NULL, NULL);
+    store_pack (store, 64, 0, NULL, NULL, &packed);
+    store_pack_dissolve (store, 60, NULL, NULL);
+    store_compact (store);
+    store_flush (store);
+    atomic_fetch_add (&shadow->movers, 1);
+  }
+}
+
+/* Recover what the child left; every block as acknowledged (or as the
+ * write in flight on it wrote it); the counters against a walk; then it
+ * serves on, and gives every page back.
+ */
+static uint64_t
+kill_recover_and_check (const char *path, struct kill_shadow *shadow,
+                        uint64_t *torn)
+{
+  enum region_attach_result how;
+  char why[256] = "";
+  struct region_owner *owner = region_attach (path, DEVICE, &how, why,
+                                              sizeof why);
+  if (!owner && errno == ENOENT) {
+    assert_int_equal (shadow->writes, 0);   /* killed while making it */
+    unlink (path);
+    return 0;
+  }
+  if (!owner)
+    fail_msg ("region_attach: %s", why);
+  if (how == REGION_ATTACH_CLEAN || !region_root (owner->region)) {
+    assert_int_equal (shadow->writes, 0);   /* killed before it served */
+    region_destroy (owner);
+    return 0;
+  }
+  struct store_config config = config_for (owner->region, CODEC_LZ4);
+  struct store_recover_result result;
+  struct block_store *store = store_recover (owner->region, &config, &result,
+                                             why, sizeof why);
+  if (!store)
+    fail_msg ("store_recover: %s", why);
+  assert_int_equal (result.lost_blocks, 0);
+  assert_int_equal (result.lost_units, 0);
+  assert_int_equal (result.objects_refused, 0);
+  *torn += result.torn_entries;
+  region_start_serving (owner);
+
+  static unsigned char got[BS], want[BS], other[BS];
+  uint64_t checked = 0, stored = 0;
+  for (uint64_t b = 0; b < KILL_BLOCKS; b++) {
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    uint32_t acked = shadow->acked[b], inflight = shadow->inflight[b];
+    kill_content (want, b, acked);
+    bool same = memcmp (got, want, BS) == 0;
+    if (!same && inflight) {
+      kill_content (other, b, inflight == UINT32_MAX ? 0 : inflight);
+      same = memcmp (got, other, BS) == 0;
+    }
+    if (!same)
+      fail_msg ("block %" PRIu64 ": neither its acknowledged version %u nor "
+                "the one in flight (%u)", b, acked, inflight);
+    checked += acked != 0;
+    static const unsigned char zeros[BS];
+    stored += memcmp (got, zeros, BS) != 0;
+  }
+  struct store_stats stats;
+  store_stats (store, &stats);
+  struct store_walk walk;
+  assert_int_equal (store_walk (store, &walk), 0);
+  assert_int_equal (walk.stored * BS, stats.orig_data_size);
+  assert_true (walk.stored >= stored);
+
+  /* Serves on: every block written again, packed, read back. */
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < KILL_BLOCKS; b += 3) {
+    kill_content (buf, b, 1000);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result packed;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &packed), 0);
+  store_compact (store);
+  for (uint64_t b = 0; b < KILL_BLOCKS; b += 3) {
+    kill_content (want, b, 1000);
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    if (memcmp (got, want, BS) != 0)
+      fail_msg ("block %" PRIu64 " written after recovery reads back wrong", b);
+  }
+  store_destroy (store);
+  assert_int_equal (owner->region->pages_taken, 0);
+  region_destroy (owner);
+  return checked;
+}
+
+static void
+test_kill_points (void **state)
+{
+  (void) state;
+  struct kill_shadow *shadow = mmap (NULL, sizeof *shadow,
+                                     PROT_READ | PROT_WRITE,
+                                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true (shadow != MAP_FAILED);
+  const char *path = region_path ("kill-points");
+  unsigned points = atoi (getenv ("KILL_POINTS") ? getenv ("KILL_POINTS")
+                          : "200");
+  uint64_t seed = 42, checked = 0, writes = 0, movers = 0, torn = 0;
+  for (unsigned point = 0; point < points; point++) {
+    memset (shadow, 0, sizeof *shadow);
+    pid_t pid = fork ();
+    assert_true (pid >= 0);
+    if (pid == 0)
+      kill_child (path, shadow, seed + point);
+    usleep (5000 + xorshift64 (&seed) % 60000);
+    kill (pid, SIGKILL);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    if (!WIFSIGNALED (status))
+      fail_msg ("kill point %u: the child exited (status %#x)", point, status);
+    writes += shadow->writes;
+    movers += shadow->movers;
+    checked += kill_recover_and_check (path, shadow, &torn);
+  }
+  print_message ("%u kill points: %" PRIu64 " acknowledged writes, %" PRIu64
+                 " mover rounds; %" PRIu64 " acknowledged blocks checked, 0 "
+                 "mismatches, %" PRIu64 " torn entries put back\n", points,
+                 writes, movers, checked, torn);
+  munmap (shadow, sizeof *shadow);
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_handover_mix),
     cmocka_unit_test (test_take_over_refused),
+    cmocka_unit_test (test_kill_points),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
   if (folder[0])

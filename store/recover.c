@@ -1,0 +1,252 @@
+/* A store in a region whose server died: rebuilt from its block table
+ * (store_recover in block-store.h, RECOVERY in alloc/region.h).
+ *
+ * The table is the truth: an acknowledged write's entry was written
+ * before the write returned, and what it points to (an object, a packed
+ * unit) was complete before the entry pointed to it.  So:
+ *   1. torn entries are put back: a stripe whose intent is set was
+ *      between an entry's two words (entry_write), for a write that was
+ *      never acknowledged; the entry gets the pair it held;
+ *   2. the table is walked (block_table_recover): each node claimed in
+ *      the region, each entry checked - its object handed to the pool's
+ *      recovery (a handle that names no live object empties the entry,
+ *      counted as lost: it does not happen unless memory was damaged),
+ *      its unit counted, movers' claims cleared;
+ *   3. each unit that entries still name is claimed with its parts, its
+ *      live count set to those entries, the list of units made anew;
+ *      units no entry names are free (a pack or dissolve cut short);
+ *   4. the pool rebuilt around the handles (zs_recover_end), the
+ *      region's heap closed (region_recover_end: what nothing reached is
+ *      given back), the counters recomputed from the walk;
+ *   5. then as a clean take-over: this process's parts made anew.
+ * Every step reads what a crash cannot leave half written, or checks it.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block-store-internal.h"
+
+/* A unit met in the walk, and the entries that name it. */
+struct unit_met {
+  struct pack_unit *unit;
+  uint64_t entries;
+};
+
+struct recovery_walk {
+  struct block_store *store;
+  struct zs_recovery *pool;
+  struct unit_met *units;         /* open addressing by address */
+  size_t unit_capacity, unit_count;
+  struct store_recover_result *result;
+  uint64_t compr_bytes, same, raw, packed, stored;
+};
+
+static bool
+in_region (const struct region *region, const void *p, size_t bytes)
+{
+  uintptr_t start = (uintptr_t) region;
+  return (uintptr_t) p >= start
+    && (uintptr_t) p - start <= region->region_bytes - bytes;
+}
+
+static struct unit_met *
+unit_find (struct recovery_walk *walk, struct pack_unit *unit)
+{
+  if (walk->unit_count * 2 >= walk->unit_capacity) {
+    size_t capacity = walk->unit_capacity ? walk->unit_capacity * 2 : 1024;
+    struct unit_met *bigger = calloc (capacity, sizeof *bigger);
+    if (!bigger)
+      return NULL;
+    for (size_t i = 0; i < walk->unit_capacity; i++) {
+      struct unit_met *met = &walk->units[i];
+      if (!met->unit)
+        continue;
+      size_t j = ((uintptr_t) met->unit / STORE_PACK_MAX) % capacity;
+      while (bigger[j].unit)
+        j = (j + 1) % capacity;
+      bigger[j] = *met;
+    }
+    free (walk->units);
+    walk->units = bigger;
+    walk->unit_capacity = capacity;
+  }
+  size_t i = ((uintptr_t) unit / STORE_PACK_MAX) % walk->unit_capacity;
+  while (walk->units[i].unit && walk->units[i].unit != unit)
+    i = (i + 1) % walk->unit_capacity;
+  if (!walk->units[i].unit) {
+    walk->units[i].unit = unit;
+    walk->unit_count++;
+  }
+  return &walk->units[i];
+}
+
+/* One entry of the table: true if it holds content (after the checks). */
+static bool
+entry_recover (void *opaque, uint64_t block, struct block_entry *entry)
+{
+  struct recovery_walk *walk = opaque;
+  struct block_store *store = walk->store;
+  uint64_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
+  uint64_t value = atomic_load_explicit (&entry->value, memory_order_relaxed);
+  unsigned kind = block_state_kind (state);
+  bool keep;
+  (void) block;
+  /* A dead mover's claim goes. */
+  state &= ~(uint64_t) (BLOCK_MOVE_HELD | BLOCK_MOVE_INTACT);
+  switch (kind) {
+  case BLOCK_EMPTY:
+    keep = false;
+    break;
+  case BLOCK_SAME:
+    walk->same++;
+    keep = true;
+    break;
+  case BLOCK_COMPRESSED:
+  case BLOCK_RAW:
+  case BLOCK_COMPRESSED_PADDED:
+    keep = zs_recover_handle (walk->pool, value);
+    if (keep) {
+      walk->compr_bytes += zs_object_size (store->pool, value);
+      walk->raw += kind == BLOCK_RAW;
+    }
+    break;
+  case BLOCK_PACKED: {
+    struct pack_unit *unit = (struct pack_unit *) (uintptr_t)
+      (value & ~UNIT_INDEX_MASK);
+    struct unit_met *met = NULL;
+    keep = in_region (store->region, unit, sizeof *unit)
+      && (value & UNIT_INDEX_MASK) < unit->count
+      && (met = unit_find (walk, unit)) != NULL;
+    if (keep) {
+      met->entries++;
+      walk->packed++;
+    }
+    break;
+  }
+  default:                      /* BACKED: no cold tier with a region */
+    keep = false;
+    break;
+  }
+  if (!keep && kind != BLOCK_EMPTY)
+    walk->result->lost_blocks++;
+  if (!keep)
+    state = 0;
+  atomic_store_explicit (&entry->state, state, memory_order_relaxed);
+  if (!keep)
+    atomic_store_explicit (&entry->value, 0, memory_order_relaxed);
+  walk->stored += keep;
+  return keep;
+}
+
+/* Torn entries back to what they held (step 1). */
+static void
+intents_undo (struct block_store *store, struct store_recover_result *result)
+{
+  for (unsigned s = 0; s < STORE_STRIPES; s++) {
+    struct stripe_intent *intent = &store->intents[s];
+    struct block_entry *entry = (struct block_entry *) (uintptr_t)
+      atomic_load (&intent->entry);
+    if (!entry)
+      continue;
+    if (in_region (store->region, entry, sizeof *entry)
+        && (uintptr_t) entry % _Alignof (struct block_entry) == 0) {
+      atomic_store (&entry->value, intent->value);
+      atomic_store (&entry->state, intent->state);
+      result->torn_entries++;
+    }
+    atomic_store (&intent->entry, 0);
+  }
+}
+
+/* Units named by entries: claimed with their parts, their counts and
+ * list made anew (step 3).  Returns the bytes they charge the pool.
+ */
+static uint64_t
+units_recover (struct recovery_walk *walk)
+{
+  struct block_store *store = walk->store;
+  uint64_t charged = 0, units = 0;
+  store->units = NULL;
+  for (size_t i = 0; i < walk->unit_capacity; i++) {
+    struct pack_unit *unit = walk->units[i].unit;
+    if (!unit)
+      continue;
+    size_t bytes = unit_bytes (unit->parts, unit->count);
+    if (!region_recover_claim (store->region, unit, bytes, STORE_PACK_MAX)) {
+      walk->result->lost_units++;
+      continue;
+    }
+    bool whole = true;
+    for (unsigned p = 0; p < unit->parts; p++)
+      whole &= zs_recover_handle (walk->pool, unit_parts (unit)[p]);
+    if (!whole)
+      walk->result->lost_units++;
+    atomic_store (&unit->live, walk->units[i].entries);
+    unit->dissolve_retry = 0;
+    unit->prev = NULL;
+    unit->next = store->units;
+    if (store->units)
+      store->units->prev = unit;
+    store->units = unit;
+    walk->compr_bytes += unit->length;
+    charged += bytes;
+    units++;
+  }
+  atomic_store (&store->pack_units, units);
+  return charged;
+}
+
+struct block_store *
+store_recover (struct region *region, const struct store_config *config,
+               struct store_recover_result *result, char *why,
+               size_t why_bytes)
+{
+  uint64_t start = monotonic_ns ();
+  struct block_store *store = region_root (region);
+  const char *wrong = store_config_mismatch (region, config);
+  *result = (struct store_recover_result) { 0 };
+  if (wrong) {
+    snprintf (why, why_bytes, "%s", wrong);
+    errno = EINVAL;
+    return NULL;
+  }
+  region_recover_begin (region);
+  struct recovery_walk walk = { .store = store, .result = result };
+  if (!region_recover_claim (region, store, sizeof *store,
+                             _Alignof (struct block_store))
+      || !(walk.pool = zs_recover_begin (store->pool))) {
+    snprintf (why, why_bytes, "the store's own memory is not where it "
+              "should be: the region is damaged");
+    errno = EINVAL;
+    return NULL;
+  }
+  intents_undo (store, result);
+  block_table_recover (&store->table, entry_recover, &walk);
+  uint64_t charged = units_recover (&walk)
+    + (store->table.pool ? atomic_load (&store->table.bytes) : 0);
+  free (walk.units);
+  struct zs_recover_result pool_result;
+  if (zs_recover_end (walk.pool, charged, &pool_result) == -1) {
+    snprintf (why, why_bytes, "the allocator's own structures are damaged: "
+              "%m");
+    return NULL;
+  }
+  result->objects_refused = pool_result.refused;
+  result->pages_given_back = region_recover_end (region);
+
+  atomic_store (&store->stored_blocks, walk.stored);
+  atomic_store (&store->compr_bytes, walk.compr_bytes);
+  atomic_store (&store->same_blocks, walk.same);
+  atomic_store (&store->raw_blocks, walk.raw);
+  atomic_store (&store->packed_blocks, walk.packed);
+  atomic_store (&store->bd_count, 0);
+  atomic_store (&store->bd_bytes, 0);
+  result->blocks = walk.stored;
+  if (store_adopt (store, config, why, why_bytes) == -1)
+    return NULL;
+  result->nanoseconds = monotonic_ns () - start;
+  return store;
+}
