@@ -43,7 +43,7 @@ export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
 packages=(
   build-essential autoconf automake libtool pkg-config perl
   nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd
-  liblz4-dev libzstd-dev libcmocka-dev
+  liblz4-dev libzstd-dev libcmocka-dev libnl-genl-3-dev
   fio qemu-utils spin
   python3-prometheus-client prometheus prometheus-node-exporter gnuplot-nox
 )

@@ -105,8 +105,9 @@ column_median ()
 {
     local kind=$1 comp=$2 what=$3 values=() round line v
     for round in $(seq 1 "$ROUNDS"); do
-        line=${runs[$kind-$comp-$round]}
-        [[ "$line" != FAIL* ]] || continue
+        line=${runs[$kind-$comp-$round]:-}
+        # Not run (a kind left out of KINDS), or failed.
+        [ -n "$line" ] && [[ "$line" != FAIL* ]] || continue
         case "$what" in
             time) v=$(awk -v c="$(val time_cs "$line")" 'BEGIN { printf "%.1f", c / 100 }') ;;
             out_us) v=$(awk -v s="$(val pageout_s "$line")" -v n="$(val out "$line")" 'BEGIN { if (n > 0) printf "%.1f", s * 1e6 / n; else print "-" }') ;;

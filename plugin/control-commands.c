@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -186,6 +187,24 @@ command_drop (struct client *client, int argc, char **argv)
                         "its memory goes with the server anyway");
   handover_drop ();
   return 0;
+}
+
+/* region=: hand the device over to the next server now and exit (a
+ * planned restart: tools/supervise.c), without answering the requests
+ * that come meanwhile.  The reply is written before the exit.
+ */
+static int
+command_handover (struct client *client, int argc, char **argv)
+{
+  if (handover_now (client->store) == -1)
+    return reply_error (client, "handover: %s", errno == EINVAL
+                        ? "the device has no region (region=)"
+                        : "requests did not finish in 30 s: serving on");
+  static const char ok[] = "ok\n";
+  if (write (client->fd, ok, sizeof ok - 1) < 0) {
+    /* The exit says it too: the supervisor sees the server gone. */
+  }
+  _exit (EXIT_SUCCESS);
 }
 
 static int

@@ -196,6 +196,41 @@ handover_request_exit (void)
   atomic_fetch_sub (&requests_running, 1);
 }
 
+/* The plugin's own threads stopped (set by the plugin once they run). */
+static void (*quiesce) (void);
+
+void
+handover_set_quiesce (void (*stop) (void))
+{
+  quiesce = stop;
+}
+
+int
+handover_now (struct block_store *store)
+{
+  if (!owner) {
+    errno = EINVAL;
+    return -1;
+  }
+  atomic_store (&holding, true);
+  for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
+    if (waited == QUIET_WAIT_MS) {
+      atomic_store (&holding, false);   /* serve on */
+      errno = EBUSY;
+      return -1;
+    }
+    usleep (1000);
+  }
+  if (quiesce)
+    quiesce ();
+  uint64_t stopped = monotonic_ns ();
+  if (store_hand_over (store) == -1)
+    return -1;
+  region_hand_over (owner, stopped);
+  owner = NULL;
+  return 0;
+}
+
 void
 handover_store_close (struct block_store *store)
 {

@@ -43,6 +43,19 @@ extern struct block_store *handover_store_open (struct store_config *config,
  * one stopped is known.
  */
 extern void handover_serving (void);
+/* A planned restart (the control channel's handover): new requests held
+ * for good, those running finished, quiesce (the plugin's own threads
+ * stopped), the store handed over.  0: the caller exits at once
+ * (_exit: nothing more may touch the store, and no request is answered
+ * with an error - the client sends the held ones again to the next
+ * server); -1 with errno (EINVAL: no region; EBUSY: requests did not
+ * finish in 30 s: it serves on).
+ */
+extern int handover_now (struct block_store *store);
+/* What stops the plugin's own threads that touch the store (the
+ * housekeeper, the full-device watch), for handover_now.
+ */
+extern void handover_set_quiesce (void (*stop) (void));
 /* Exit: hand the store over (or destroy it and its region after a drop). */
 extern void handover_store_close (struct block_store *store);
 /* The server is alive (a housekeeping round, once a second): after a

@@ -172,11 +172,22 @@ open_reserve (void)
   store_open_reserve (store);
 }
 
+/* A planned restart's (handover_now): the threads that touch the store,
+ * stopped.
+ */
+static void
+threads_stop (void)
+{
+  swap_full_stop ();
+  housekeeper_stop ();
+}
+
 /* Threads do not survive nbdkit's fork: start the housekeeper after it. */
 static int
 zram_after_fork (void)
 {
   handover_serving ();
+  handover_set_quiesce (threads_stop);
   if (swap_mode_lock () == -1)
     goto failed;
   /* Swap mode: what the serving path needs, made (and so locked) before

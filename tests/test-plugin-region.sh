@@ -8,7 +8,8 @@
 # fails to start before serving (its socket taken) leaves it clean; a
 # server killed with SIGKILL leaves a region the next one recovers from
 # its block table, every acknowledged block whole; drop gives the memory
-# up at exit.
+# up at exit; handover (a planned restart's) hands it over and exits at
+# once.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -119,6 +120,20 @@ serve read 3 2>"$tmp/crash.err" || fail "after SIGKILL: $(cat "$tmp/crash.err")"
 [ "$(stat_of recoveries)" = 1 ] || fail "recoveries $(stat_of recoveries), not 1"
 echo "ok: after SIGKILL, every acknowledged block recovered ($(stat_of recovered_blocks) blocks in $(stat_of recovery_seconds) s, down $(stat_of downtime_seconds) s)"
 serve read 3 || fail "after the recovery, a clean restart"
+
+# ---- handover: a planned restart without nbdkit's shutdown ---------------
+zram_nbdkit -U "$tmp/sock3" -P "$tmp/pid3" "$PLUGIN" 8M region="$region" \
+    ctl="$tmp/ctl3" stats="$tmp/stats" || fail "a background server"
+ACTION=write VERSION=4 nbdsh -u "nbd+unix://?socket=$tmp/sock3" -c - \
+    < "$tmp/data.py" || fail "writing to the background server"
+"$BUILDDIR/tools/nbdkit-zramctl" handover "$tmp/ctl3" || fail "handover"
+for _ in $(seq 100); do [ -e "/proc/$(cat "$tmp/pid3")" ] || break; sleep 0.1; done
+[ ! -e "/proc/$(cat "$tmp/pid3")" ] || fail "the server still runs after handover"
+recoveries=$(stat_of recoveries)
+serve read 4 || fail "after handover, the next server does not serve the data"
+[ "$(stat_of recoveries)" = "$recoveries" ] ||
+    fail "after handover the next server recovered (a crash), not took over"
+echo "ok: handover: the server exits, the next takes the region over clean"
 
 # ---- drop: the memory goes at exit -----------------------------------------
 zram_nbdkit -U - "$PLUGIN" 8M region="$region" ctl="$tmp/ctl" \

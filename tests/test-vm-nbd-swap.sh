@@ -85,6 +85,9 @@
 #   ZRAM_VM_SIDES_MB     before the workload, each side of swap alone:
 #                        this many MiB pushed out at once and read back
 #                        (vmtouch -o), twice; default 0 (not run)
+#   ZRAM_VM_RESTARTS     server restarts in the middle of the workload:
+#                        KIND@MIB words (restart, kill) done once MIB are
+#                        swapped out (tests/vm-nbd/init)
 #   ZRAM_VM_MAX_SECTORS_KB  the nbd queue's max_sectors_kb, set after
 #                        swap on (default: the driver's, 128)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
@@ -230,6 +233,7 @@ TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 SWAP_KIND='$SWAP_KIND'
 SIDES_MB='$SIDES_MB'
 MAX_SECTORS_KB='${ZRAM_VM_MAX_SECTORS_KB:-}'
+RESTARTS='${ZRAM_VM_RESTARTS:-}'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \
@@ -418,11 +422,14 @@ knobs="swap=$SWAP_MODE"
 [ -z "${ZRAM_VM_DATA:-}" ] || knobs+=" data=${ZRAM_VM_DATA// /}"
 stall_max=$(field "$result_line" stall_max_s)
 server=$(field "$result_line" server)
+restarts=$(field "$result_line" restarts)
+io_errors=$(field "$result_line" io_errors)
+[ -z "${ZRAM_VM_RESTARTS:-}" ] || knobs+=" restarts=${ZRAM_VM_RESTARTS// /,}"
 
 cat <<EOF
 $TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs ($FILLERS files) + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
 EOF
-grep -a '^ZRAM-VM: \(tool \|swap off with memory short\|booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|kernel zram:\|vm\.min\|workload\|touch .*: \(done\|sides\)\|profile\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
+grep -a '^ZRAM-VM: \(tool \|restart\|dmesg\|swap off with memory short\|booted\|nbdkit:\|nbdkit threads:\|nbd0:\|server:\|kernel zram:\|vm\.min\|workload\|touch .*: \(done\|sides\)\|profile\|vmstat\|nbdkit .* gone\|HANG \|DEADLINE \|FAIL\)' "$clean" |
     sed 's/^ZRAM-VM: /  guest: /' || :
 [ -z "$hang_by" ] || echo "  hang detected by $hang_by"
 # At a hang the stats are the last the watchdog could read (the server's
@@ -445,7 +452,8 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "oom_kills_asked=${st[swap_full_oom_kills]:-?}" \
     "stall_max=${stall_max:-?}s server=${server:-?}" \
     "workload_time=${guest_time:-?}s workload_time_cs=$(field "$result_line" time_cs)" \
-    "qemu_time=$((t_end - t_boot))s"
+    "qemu_time=$((t_end - t_boot))s" \
+    ${ZRAM_VM_RESTARTS:+"restarts=${restarts:-?} io_errors=${io_errors:-?} oom_kills=$(field "$result_line" oom_kills)"}
 
 # ---- for a hang: who is stuck where ----------------------------------------
 # Each task of the sysrq dumps (w: blocked, l: on a CPU, t: all; only the

@@ -47,7 +47,7 @@ refused "--connections: 17 is above 16" on --connections 17
 refused "--page-cluster: 'big' is neither a number from 0 to 10 nor keep" on --page-cluster big
 refused "--page-cluster: 11 is above 10" on --page-cluster 11
 refused "swap on: unknown argument '--bogus'" on --bogus
-refused "'sideways' is none of on, off, status" sideways
+refused "'sideways' is none of on, off, restart, status" sideways
 refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
     refused "swap on: needs root" on --mem-limit 64M

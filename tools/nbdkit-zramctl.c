@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "control-commands.h"
+#include "nbd-attach.h"
+#include "supervise.h"
 
 static const char *program = "nbdkit-zramctl";
 
@@ -546,6 +548,10 @@ main (int argc, char **argv)
   }
   if (strcmp (argv[optind], "swap") == 0)
     return run_swap_helper (argc - optind - 1, argv + optind + 1);
+  if (strcmp (argv[optind], "nbd") == 0)
+    return run_nbd (argc - optind - 1, argv + optind + 1);
+  if (strcmp (argv[optind], "supervise") == 0)
+    return run_supervise (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "metrics") == 0) {
     if (optind + 1 >= argc) {
       fprintf (stderr, "%s: metrics: which servers' sockets?\n", program);

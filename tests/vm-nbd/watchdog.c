@@ -141,6 +141,31 @@ sysrq (int fd, char key, const char *what)
   sleep (2);
 }
 
+/* The swap tool's supervisor's log, beside the stats file: its restarts
+ * (a restart under test may be what stalls the workload; the shells that
+ * would report it may be swapped out).  Lines not printed yet.
+ */
+static void
+supervisor_log_print (void)
+{
+  static long printed;
+  char path[4096], *slash;
+  snprintf (path, sizeof path, "%s", stats_file);
+  if (!(slash = strrchr (path, '/')))
+    return;
+  snprintf (slash, path + sizeof path - slash, "/supervisor.log");
+  FILE *fp = fopen (path, "r");
+  if (!fp)
+    return;
+  char line[512];
+  long n = 0;
+  while (fgets (line, sizeof line, fp))
+    if (++n > printed)
+      printf ("ZRAM-VM: wd supervisor: %s", line);
+  printed = n;
+  fclose (fp);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -256,6 +281,7 @@ main (int argc, char **argv)
       last_beat = now;
       printf ("ZRAM-VM: wd t=%lds%s swap_used_kib=%lld nbdkit=%s\n",
               now - start, sig, used, alive ? "yes" : "no");
+      supervisor_log_print ();
     }
     if (now - last_change >= stall) {
       snprintf (line, sizeof line, "no progress for %ld s",

@@ -1,0 +1,329 @@
+/* `nbdkit-zramctl nbd connect|reconnect|disconnect`: the kernel's nbd
+ * device attached to a server's Unix socket through the nbd driver's
+ * netlink interface, with a dead-connection timeout, so that the device
+ * (and a swap area on it) outlives a server that restarts: while no
+ * server answers, the driver keeps every request (those sent and not
+ * answered included) queued for up to the timeout; `reconnect` gives it
+ * the new server's socket (NBD_CMD_RECONFIGURE) and the driver sends
+ * them again there.  nbd-client cannot do this (it has no reconfigure,
+ * and its -persist is not reliable), so this does the NBD handshake
+ * (fixed newstyle, NBD_OPT_GO) and the netlink calls itself, as rbd-nbd
+ * does.
+ */
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <endian.h>
+
+#include <linux/nbd-netlink.h>
+#include <netlink/genl/ctrl.h>
+#include <netlink/genl/genl.h>
+#include <netlink/netlink.h>
+
+#include "nbd-attach.h"
+
+#define NBD_MAGIC 0x4e42444d41474943ull         /* "NBDMAGIC" */
+#define NBD_OPTS_MAGIC 0x49484156454f5054ull    /* "IHAVEOPT" */
+#define NBD_REP_MAGIC 0x3e889045565a9ull
+#define NBD_FLAG_FIXED_NEWSTYLE 1
+#define NBD_FLAG_NO_ZEROES 2
+#define NBD_OPT_GO 7
+#define NBD_REP_ACK 1
+#define NBD_REP_INFO 3
+#define NBD_INFO_EXPORT 0
+
+static const char *program = "nbdkit-zramctl";
+
+static int
+read_all (int fd, void *buf, size_t length)
+{
+  for (char *p = buf; length;) {
+    ssize_t n = read (fd, p, length);
+    if (n <= 0) {
+      if (n == 0)
+        errno = ECONNRESET;
+      return -1;
+    }
+    p += n;
+    length -= n;
+  }
+  return 0;
+}
+
+static int
+write_all (int fd, const void *buf, size_t length)
+{
+  for (const char *p = buf; length;) {
+    ssize_t n = write (fd, p, length);
+    if (n <= 0)
+      return -1;
+    p += n;
+    length -= n;
+  }
+  return 0;
+}
+
+/* Connect to the server at path and negotiate the default export: the
+ * socket, in the transmission phase, with its size and flags; -1 after a
+ * message.
+ */
+static int
+server_handshake (const char *path, uint64_t *size, uint16_t *flags)
+{
+  struct sockaddr_un address = { .sun_family = AF_UNIX };
+  if (strlen (path) >= sizeof address.sun_path) {
+    fprintf (stderr, "%s: nbd: %s: socket path too long\n", program, path);
+    return -1;
+  }
+  strcpy (address.sun_path, path);
+  int sock = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock == -1 || connect (sock, (struct sockaddr *) &address,
+                             sizeof address) == -1) {
+    fprintf (stderr, "%s: nbd: %s: %m\n", program, path);
+    if (sock != -1)
+      close (sock);
+    return -1;
+  }
+  struct {
+    uint64_t magic, opts_magic;
+    uint16_t flags;
+  } __attribute__ ((packed)) greeting;
+  uint32_t client_flags = htobe32 (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+  struct {
+    uint64_t magic;
+    uint32_t option, length, name_length;
+    uint16_t requests;
+  } __attribute__ ((packed)) go = {
+    htobe64 (NBD_OPTS_MAGIC), htobe32 (NBD_OPT_GO), htobe32 (4 + 2), 0, 0,
+  };
+  if (read_all (sock, &greeting, sizeof greeting) == -1
+      || be64toh (greeting.magic) != NBD_MAGIC
+      || be64toh (greeting.opts_magic) != NBD_OPTS_MAGIC
+      || !(be16toh (greeting.flags) & NBD_FLAG_FIXED_NEWSTYLE)) {
+    fprintf (stderr, "%s: nbd: %s: not an NBD server with the fixed "
+             "newstyle handshake\n", program, path);
+    goto fail;
+  }
+  if (write_all (sock, &client_flags, sizeof client_flags) == -1
+      || write_all (sock, &go, sizeof go) == -1)
+    goto io_failed;
+  bool have_export = false;
+  for (;;) {
+    struct {
+      uint64_t magic;
+      uint32_t option, type, length;
+    } __attribute__ ((packed)) reply;
+    if (read_all (sock, &reply, sizeof reply) == -1)
+      goto io_failed;
+    uint32_t type = be32toh (reply.type), length = be32toh (reply.length);
+    if (be64toh (reply.magic) != NBD_REP_MAGIC || length > 65536) {
+      fprintf (stderr, "%s: nbd: %s: a bad option reply\n", program, path);
+      goto fail;
+    }
+    char data[length + 1];
+    if (read_all (sock, data, length) == -1)
+      goto io_failed;
+    if (type == NBD_REP_ACK)
+      break;
+    if (type & 0x80000000) {
+      data[length] = '\0';
+      fprintf (stderr, "%s: nbd: %s: the server refused the export (%#x%s%s)\n",
+               program, path, type, length ? ": " : "", length ? data : "");
+      goto fail;
+    }
+    if (type == NBD_REP_INFO && length >= 12) {
+      uint16_t info;
+      memcpy (&info, data, 2);
+      if (be16toh (info) == NBD_INFO_EXPORT) {
+        uint64_t bytes;
+        uint16_t transmission;
+        memcpy (&bytes, data + 2, 8);
+        memcpy (&transmission, data + 10, 2);
+        *size = be64toh (bytes);
+        *flags = be16toh (transmission);
+        have_export = true;
+      }
+    }
+  }
+  if (!have_export) {
+    fprintf (stderr, "%s: nbd: %s: the server did not say the export's "
+             "size\n", program, path);
+    goto fail;
+  }
+  return sock;
+
+ io_failed:
+  fprintf (stderr, "%s: nbd: %s: %m\n", program, path);
+ fail:
+  close (sock);
+  return -1;
+}
+
+/* A generic netlink socket bound to the nbd family; NULL after a message. */
+static struct nl_sock *
+nbd_family (int *family)
+{
+  struct nl_sock *nl = nl_socket_alloc ();
+  if (!nl || genl_connect (nl) < 0) {
+    fprintf (stderr, "%s: nbd: cannot open a netlink socket\n", program);
+    if (nl)
+      nl_socket_free (nl);
+    return NULL;
+  }
+  *family = genl_ctrl_resolve (nl, "nbd");
+  if (*family < 0) {
+    fprintf (stderr, "%s: nbd: the kernel's nbd driver has no netlink "
+             "interface here (modprobe nbd; Linux 4.12 or later)\n", program);
+    nl_socket_free (nl);
+    return NULL;
+  }
+  return nl;
+}
+
+/* Send one nbd command and wait for the kernel's answer: 0, or -1 after
+ * a message.
+ */
+static int
+nbd_command (struct nl_sock *nl, struct nl_msg *msg, const char *what)
+{
+  int r = nl_send_sync (nl, msg);     /* frees msg */
+  if (r < 0) {
+    fprintf (stderr, "%s: nbd: %s: %s\n", program, what, nl_geterror (r));
+    return -1;
+  }
+  return 0;
+}
+
+static int
+device_index (const char *device)
+{
+  unsigned index;
+  if (sscanf (device, "/dev/nbd%u", &index) != 1) {
+    fprintf (stderr, "%s: nbd: %s is not /dev/nbdN\n", program, device);
+    return -1;
+  }
+  return index;
+}
+
+/* The socket list attribute. */
+static int
+put_sockets (struct nl_msg *msg, const int *socks, unsigned n)
+{
+  struct nlattr *sockets = nla_nest_start (msg, NBD_ATTR_SOCKETS);
+  if (!sockets)
+    return -1;
+  for (unsigned i = 0; i < n; i++) {
+    struct nlattr *item = nla_nest_start (msg, NBD_SOCK_ITEM);
+    if (!item || nla_put_u32 (msg, NBD_SOCK_FD, socks[i]) < 0)
+      return -1;
+    nla_nest_end (msg, item);
+  }
+  nla_nest_end (msg, sockets);
+  return 0;
+}
+
+int
+nbd_attach (const char *device, const char *socket_path, bool reconnect,
+            unsigned connections, unsigned dead_conn_timeout,
+            unsigned block_size)
+{
+  int index = device_index (device);
+  if (index < 0 || connections < 1 || connections > NBD_CONNECTIONS_MAX) {
+    if (index >= 0)
+      fprintf (stderr, "%s: nbd: connections: 1 to %d\n", program,
+               NBD_CONNECTIONS_MAX);
+    return -1;
+  }
+  uint64_t size = 0;
+  uint16_t flags = 0;
+  int socks[NBD_CONNECTIONS_MAX];
+  unsigned made = 0;
+  int family, r = -1;
+  struct nl_sock *nl = NULL;
+  for (; made < connections; made++)
+    if ((socks[made] = server_handshake (socket_path, &size, &flags)) == -1)
+      goto out;
+  nl = nbd_family (&family);
+  struct nl_msg *msg = nl ? nlmsg_alloc () : NULL;
+  if (!msg)
+    goto out;
+  if (!genlmsg_put (msg, NL_AUTO_PORT, NL_AUTO_SEQ, family, 0, 0,
+                    reconnect ? NBD_CMD_RECONFIGURE : NBD_CMD_CONNECT, 0)
+      || nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0
+      || (!reconnect
+          && (nla_put_u64 (msg, NBD_ATTR_SIZE_BYTES, size) < 0
+              || nla_put_u64 (msg, NBD_ATTR_BLOCK_SIZE_BYTES, block_size) < 0
+              || nla_put_u64 (msg, NBD_ATTR_SERVER_FLAGS, flags) < 0))
+      || nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT, dead_conn_timeout) < 0
+      || put_sockets (msg, socks, connections) == -1) {
+    fprintf (stderr, "%s: nbd: cannot build the netlink message\n", program);
+    nlmsg_free (msg);
+    goto out;
+  }
+  r = nbd_command (nl, msg, reconnect ? "reconnect" : "connect");
+ out:
+  if (nl)
+    nl_socket_free (nl);
+  for (unsigned i = 0; i < made; i++)
+    close (socks[i]);           /* the kernel holds its own references */
+  return r;
+}
+
+int
+nbd_detach (const char *device)
+{
+  int index = device_index (device);
+  if (index < 0)
+    return -1;
+  int family;
+  struct nl_sock *nl = nbd_family (&family);
+  if (!nl)
+    return -1;
+  struct nl_msg *msg = nlmsg_alloc ();
+  int r = -1;
+  if (msg && genlmsg_put (msg, NL_AUTO_PORT, NL_AUTO_SEQ, family, 0, 0,
+                          NBD_CMD_DISCONNECT, 0)
+      && nla_put_u32 (msg, NBD_ATTR_INDEX, index) >= 0)
+    r = nbd_command (nl, msg, "disconnect");
+  else if (msg)
+    nlmsg_free (msg);
+  nl_socket_free (nl);
+  return r;
+}
+
+int
+run_nbd (int argc, char **argv)
+{
+  static const char usage[] =
+    "nbd connect|reconnect /dev/nbdN SOCKET [CONNECTIONS [DEAD_CONN_TIMEOUT]]\n"
+    "       nbd disconnect /dev/nbdN";
+  if (argc == 2 && strcmp (argv[0], "disconnect") == 0)
+    return nbd_detach (argv[1]) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  bool connect = argc >= 3 && strcmp (argv[0], "connect") == 0;
+  bool reconnect = argc >= 3 && strcmp (argv[0], "reconnect") == 0;
+  if ((!connect && !reconnect) || argc > 5) {
+    fprintf (stderr, "usage: %s %s\n", program, usage);
+    return EXIT_FAILURE;
+  }
+  unsigned connections = 1, timeout = NBD_DEAD_CONN_TIMEOUT_DEFAULT;
+  char *end;
+  if (argc >= 4 && ((connections = strtoul (argv[3], &end, 10)) == 0 || *end)) {
+    fprintf (stderr, "%s: nbd: CONNECTIONS: '%s' is not 1 to %d\n", program,
+             argv[3], NBD_CONNECTIONS_MAX);
+    return EXIT_FAILURE;
+  }
+  if (argc >= 5 && ((timeout = strtoul (argv[4], &end, 10)) == 0 || *end)) {
+    fprintf (stderr, "%s: nbd: DEAD_CONN_TIMEOUT: '%s' is not a number of "
+             "seconds above 0\n", program, argv[4]);
+    return EXIT_FAILURE;
+  }
+  return nbd_attach (argv[1], argv[2], reconnect, connections, timeout, 4096)
+    == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
