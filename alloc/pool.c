@@ -17,6 +17,7 @@ zs_pool_config_init (struct zs_pool_config *config)
   config->compact_before_refusal = true;
   config->reserve_bytes = 0;
   config->resident_only = false;
+  config->region = NULL;
 }
 
 static bool

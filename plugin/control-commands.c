@@ -196,10 +196,17 @@ command_drop (struct client *client, int argc, char **argv)
 static int
 command_handover (struct client *client, int argc, char **argv)
 {
-  if (handover_now (client->store) == -1)
-    return reply_error (client, "handover: %s", errno == EINVAL
-                        ? "the device has no region (region=)"
-                        : "requests did not finish in 30 s: serving on");
+  if (handover_now (client->store) == -1) {
+    if (errno == EINVAL)
+      return reply_error (client, "handover: the device has no region "
+                          "(region=)");
+    /* Its threads are stopped and requests held: it exits, and the next
+     * server recovers the region.
+     */
+    nbdkit_error ("handover: requests did not finish in 30 s: exiting "
+                  "without it, the next server recovers the device");
+    _exit (EXIT_FAILURE);
+  }
   static const char ok[] = "ok\n";
   if (write (client->fd, ok, sizeof ok - 1) < 0) {
     /* The exit says it too: the supervisor sees the server gone. */

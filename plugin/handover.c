@@ -212,17 +212,23 @@ handover_now (struct block_store *store)
     errno = EINVAL;
     return -1;
   }
+  /* The plugin's threads first: the full-device watch would take the
+   * held requests for a stalled server and ask the OOM killer to act
+   * (seen in the guest: a kill 5 s into a handover).
+   */
+  if (quiesce)
+    quiesce ();
   atomic_store (&holding, true);
   for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
     if (waited == QUIET_WAIT_MS) {
-      atomic_store (&holding, false);   /* serve on */
+      /* Its threads are stopped: it cannot serve on safely.  Left as a
+       * crash leaves it; the next server recovers it.
+       */
       errno = EBUSY;
       return -1;
     }
     usleep (1000);
   }
-  if (quiesce)
-    quiesce ();
   uint64_t stopped = monotonic_ns ();
   if (store_hand_over (store) == -1)
     return -1;

@@ -49,7 +49,8 @@ extern void handover_serving (void);
  * (_exit: nothing more may touch the store, and no request is answered
  * with an error - the client sends the held ones again to the next
  * server); -1 with errno (EINVAL: no region; EBUSY: requests did not
- * finish in 30 s: it serves on).
+ * finish in 30 s: the caller exits all the same, and the next server
+ * recovers the region as after a crash).
  */
 extern int handover_now (struct block_store *store);
 /* What stops the plugin's own threads that touch the store (the

@@ -148,6 +148,15 @@ memory_short (void)
   return available < threshold;
 }
 
+/* No kill before this (swap_full_grace). */
+static _Atomic uint64_t grace_until_ns;
+
+void
+swap_full_grace (uint64_t until_ns)
+{
+  atomic_store (&grace_until_ns, until_ns);
+}
+
 void
 swap_full_watch (uint64_t now_ns)
 {
@@ -187,6 +196,7 @@ swap_full_watch (uint64_t now_ns)
   atomic_store (&full_now, episode_start_ns != 0);
 
   if (!episode_start_ns || sysrq_fd == -1
+      || now_ns < atomic_load (&grace_until_ns)
       || now_ns - episode_start_ns < SWAP_FULL_AFTER_MS * 1000000ull
       || (last_kill_ns && now_ns - last_kill_ns < SWAP_FULL_SETTLE_MS * 1000000ull)
       || !memory_short ())

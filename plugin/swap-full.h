@@ -110,6 +110,14 @@ extern void swap_full_note_refusal (void);
  * the machine short of memory.  From one thread only.
  */
 extern void swap_full_watch (uint64_t now_ns);
+/* A server that took its device over from another (a restart, region=)
+ * meets at once every write the kernel kept while no server ran, with
+ * its reserve being made ready on a machine that could not swap
+ * meanwhile: refused writes then are the restart's, not a full device's.
+ * No OOM kill before until_ns (CLOCK_MONOTONIC).
+ */
+#define SWAP_FULL_RESTART_GRACE_MS 15000
+extern void swap_full_grace (uint64_t until_ns);
 
 /* What the stats file's swap_full_* lines say. */
 struct swap_full_status {

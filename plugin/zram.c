@@ -30,6 +30,7 @@
 #include "server-check.h"
 #include "stats-file.h"
 #include "metrics.h"
+#include "monotonic.h"
 #include "params.h"
 #include "swap-full.h"
 #include "swap-mode.h"
@@ -220,6 +221,11 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
+  struct handover_status handover;
+  handover_status_get (&handover);
+  if (handover.generation > 1)
+    swap_full_grace (monotonic_ns ()
+                     + SWAP_FULL_RESTART_GRACE_MS * UINT64_C (1000000));
   if (swap_mode != SWAP_OFF && swap_full_start (open_reserve) == -1) {
     nbdkit_error ("cannot start the full-device watcher: %s", error_text (errno));
     goto failed;

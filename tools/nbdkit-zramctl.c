@@ -25,6 +25,7 @@
 
 #include "control-commands.h"
 #include "nbd-attach.h"
+#include "region.h"
 #include "supervise.h"
 
 static const char *program = "nbdkit-zramctl";
@@ -520,6 +521,33 @@ run_swap_helper (int argc, char **argv)
   return EXIT_FAILURE;
 }
 
+/* `region remove PATH`: the region a region file names, removed (the
+ * swap tool's undo, for a server that never served).  0 also when there
+ * is none.
+ */
+static int
+run_region (int argc, char **argv)
+{
+  if (argc != 2 || strcmp (argv[0], "remove") != 0) {
+    fprintf (stderr, "usage: %s region remove PATH\n", program);
+    return EXIT_FAILURE;
+  }
+  enum region_attach_result how;
+  char why[512] = "";
+  struct region_owner *owner = region_attach (argv[1], 0, &how, why,
+                                              sizeof why);
+  if (!owner && errno == ENOENT) {
+    unlink (argv[1]);
+    return EXIT_SUCCESS;
+  }
+  if (!owner) {
+    fprintf (stderr, "%s: region remove: %s\n", program, why);
+    return EXIT_FAILURE;
+  }
+  region_destroy (owner);
+  return EXIT_SUCCESS;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -552,6 +580,8 @@ main (int argc, char **argv)
     return run_nbd (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "supervise") == 0)
     return run_supervise (argc - optind - 1, argv + optind + 1);
+  if (strcmp (argv[optind], "region") == 0)
+    return run_region (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "metrics") == 0) {
     if (optind + 1 >= argc) {
       fprintf (stderr, "%s: metrics: which servers' sockets?\n", program);

@@ -41,12 +41,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57    /* Linux 5.6 */
+#endif
 
 #include "nbd-attach.h"
 #include "supervise.h"
@@ -109,6 +114,22 @@ ask_handover (const char *dir)
     && write (fd, line, sizeof line - 1) == sizeof line - 1;
   close (fd);
   return asked;
+}
+
+/* Detach device, saying nothing if it is not attached. */
+static void
+nbd_detach_quietly (const char *device)
+{
+  int err = dup (2), null = open ("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null >= 0)
+    dup2 (null, 2);
+  nbd_detach (device);
+  if (err >= 0) {
+    dup2 (err, 2);
+    close (err);
+  }
+  if (null >= 0)
+    close (null);
 }
 
 /* Start the server; wait for its pid file and socket.  Its pid, or -1
@@ -183,6 +204,23 @@ run_supervise (int argc, char **argv)
   if (mlockall (MCL_CURRENT | MCL_FUTURE) == -1)
     note (dir, "supervisor.log", true, "mlockall: %s: its pages may be "
           "swapped out\n", strerror (errno));
+  /* An IO flusher (its reclaim never writes pages out: no swap-out to
+   * the device that is down) out of the OOM killer's reach, and so is
+   * every server it starts from its first instruction - both are
+   * inherited across fork and exec.  Seen without: a server started
+   * while the device was down and memory full waited in the kernel's
+   * reclaim (__swap_writepage) before it could set them itself.
+   */
+  if (prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == -1)
+    note (dir, "supervisor.log", true, "PR_SET_IO_FLUSHER: %s\n",
+          strerror (errno));
+  int oom = open ("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    if (write (oom, "-1000", 5) != 5)
+      note (dir, "supervisor.log", true, "oom_score_adj: %s\n",
+            strerror (errno));
+    close (oom);
+  }
   note (dir, "supervisor.pid", false, "%d\n", (int) getpid ());
   sigset_t blocked, none;
   sigemptyset (&blocked);
@@ -261,8 +299,13 @@ run_supervise (int argc, char **argv)
     }
     if (!stopped)
       stopped = now ();
-    if (stop_asked)
+    if (stop_asked) {
+      /* Stopped for good: the device it attached goes too (swap off has
+       * detached it already; an interrupted swap on may not have).
+       */
+      nbd_detach_quietly (device);
       return EXIT_SUCCESS;
+    }
     const char *why = restart_asked ? "restart asked"
       : WIFSIGNALED (status) ? strsignal (WTERMSIG (status)) : "exited";
     bool asked = restart_asked;
