@@ -11,7 +11,7 @@
 #include <sys/shm.h>
 
 #include "crc32c.h"
-#include "region.h"
+#include "region-fixture.h"
 
 #define REGION_BYTES (256u << 20)
 #define DEVICE_BYTES (1ull << 30)
@@ -24,21 +24,6 @@ struct handover_root {
   zs_handle_t handles[OBJECTS];
   uint16_t sizes[OBJECTS];
 };
-
-/* A region file's path in a folder of this run's own. */
-static char folder[64];
-
-static const char *
-region_path (const char *name)
-{
-  static char path[128];
-  if (!folder[0]) {
-    strcpy (folder, "/tmp/test-alloc-region-XXXXXX");
-    assert_non_null (mkdtemp (folder));
-  }
-  snprintf (path, sizeof path, "%s/%s", folder, name);
-  return path;
-}
 
 /* ---- the heap ------------------------------------------------------------ */
 
@@ -169,14 +154,9 @@ test_handover_clean (void **state)
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
 
-  enum region_attach_result how;
-  char why[256] = "";
-  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
-                                              sizeof why);
-  if (!owner)
-    fail_msg ("region_attach: %s", why);
+  struct region_owner *owner = region_attach_expecting (path, DEVICE_BYTES,
+                                                        REGION_ATTACH_CLEAN);
   struct region *region = owner->region;
-  assert_int_equal (how, REGION_ATTACH_CLEAN);
   assert_int_equal (region->state, REGION_HANDED_OVER);
   region_start_serving (owner);
   assert_int_equal (region->generation, 2);
@@ -186,6 +166,7 @@ test_handover_clean (void **state)
 
   /* A second taker, while this process owns it: refused. */
   enum region_attach_result how2;
+  char why[256] = "";
   assert_null (region_attach (path, DEVICE_BYTES, &how2, why, sizeof why));
   assert_int_equal (errno, EBUSY);
   assert_non_null (strstr (why, "owned by another process"));
@@ -242,14 +223,9 @@ test_crash_reported (void **state)
   assert_int_equal (waitpid (pid, &status, 0), pid);
   assert_true (WIFSIGNALED (status));
 
-  enum region_attach_result how;
-  char why[256] = "";
-  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
-                                              sizeof why);
-  if (!owner)
-    fail_msg ("region_attach: %s", why);
+  struct region_owner *owner = region_attach_expecting (path, DEVICE_BYTES,
+                                                        REGION_ATTACH_CRASHED);
   struct region *region = owner->region;
-  assert_int_equal (how, REGION_ATTACH_CRASHED);
   region_start_serving (owner);
   assert_int_equal (region->generation, 2);
   assert_int_equal (region->recoveries, 1);
@@ -637,13 +613,8 @@ test_refusals (void **state)
    * while serving); a second taker meanwhile is refused.
    */
   header_write (shm_id, &header);
-  enum region_attach_result how;
-  char why[256] = "";
-  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
-                                              sizeof why);
-  if (!owner)
-    fail_msg ("region_attach: %s", why);
-  assert_int_equal (how, REGION_ATTACH_CRASHED);
+  struct region_owner *owner = region_attach_expecting (path, DEVICE_BYTES,
+                                                        REGION_ATTACH_CRASHED);
   refused (path, shm_id, 0, EBUSY, "owned by another process");
   region_destroy (owner);
   refused (path, -1, 0, ENOENT, "no region file");
@@ -660,7 +631,6 @@ main (void)
     cmocka_unit_test (test_refusals),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
-  if (folder[0])
-    rmdir (folder);             /* empty unless a test failed */
+  region_folder_remove ();
   return failed;
 }

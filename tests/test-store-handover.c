@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
-#include "region.h"
+#include "region-fixture.h"
 
 #define DEVICE (16ull << 20)
 #define BLOCKS (DEVICE / BS)
@@ -151,21 +151,6 @@ device_matches (struct block_store *store, const struct shared *shared)
   }
 }
 
-/* A region file's path in a folder of this run's own. */
-static char folder[64];
-
-static const char *
-region_path (const char *name)
-{
-  static char path[128];
-  if (!folder[0]) {
-    strcpy (folder, "/tmp/test-store-handover-XXXXXX");
-    assert_non_null (mkdtemp (folder));
-  }
-  snprintf (path, sizeof path, "%s/%s", folder, name);
-  return path;
-}
-
 /* In a child: the region at path, the store filled and packed, handed
  * over.
  */
@@ -211,13 +196,8 @@ shared_make (void)
 static struct region_owner *
 attach_clean (const char *path)
 {
-  enum region_attach_result how;
-  char why[256] = "";
-  struct region_owner *owner = region_attach (path, DEVICE, &how, why,
-                                              sizeof why);
-  if (!owner)
-    fail_msg ("region_attach: %s", why);
-  assert_int_equal (how, REGION_ATTACH_CLEAN);
+  struct region_owner *owner = region_attach_expecting (path, DEVICE,
+                                                        REGION_ATTACH_CLEAN);
   region_start_serving (owner);
   return owner;
 }
@@ -562,7 +542,6 @@ main (void)
     cmocka_unit_test (test_kill_points),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
-  if (folder[0])
-    rmdir (folder);             /* empty unless a test failed */
+  region_folder_remove ();
   return failed;
 }
