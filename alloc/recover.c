@@ -48,32 +48,39 @@ struct zs_recovery {
   uint64_t refused;
 };
 
+/* The slot of key in slots (capacity of them, never full). */
+static struct met *
+met_slot (struct met *slots, size_t capacity, const void *key)
+{
+  size_t i = ((uintptr_t) key * 0x9e3779b97f4a7c15ull >> 20) % capacity;
+  while (slots[i].key && slots[i].key != key)
+    i = (i + 1) % capacity;
+  return &slots[i];
+}
+
+/* The entry of key, made if new (*fresh); NULL without memory. */
 static struct met *
 met_find (struct met_set *set, const void *key, bool *fresh)
 {
   if (set->count * 2 >= set->capacity) {
-    struct met_set bigger = { .capacity = set->capacity ? set->capacity * 2 : 1024 };
-    bigger.slots = calloc (bigger.capacity, sizeof *bigger.slots);
-    if (!bigger.slots)
+    size_t capacity = set->capacity ? set->capacity * 2 : 1024;
+    struct met *slots = calloc (capacity, sizeof *slots);
+    if (!slots)
       return NULL;
     for (size_t i = 0; i < set->capacity; i++)
-      if (set->slots[i].key) {
-        bool unused;
-        *met_find (&bigger, set->slots[i].key, &unused) = set->slots[i];
-      }
-    bigger.count = set->count;
+      if (set->slots[i].key)
+        *met_slot (slots, capacity, set->slots[i].key) = set->slots[i];
     free (set->slots);
-    *set = bigger;
+    set->slots = slots;
+    set->capacity = capacity;
   }
-  size_t i = ((uintptr_t) key * 0x9e3779b97f4a7c15ull >> 20) % set->capacity;
-  while (set->slots[i].key && set->slots[i].key != key)
-    i = (i + 1) % set->capacity;
-  *fresh = !set->slots[i].key;
+  struct met *met = met_slot (set->slots, set->capacity, key);
+  *fresh = !met->key;
   if (*fresh) {
-    set->slots[i] = (struct met) { .key = key };
+    *met = (struct met) { .key = key };
     set->count++;
   }
-  return &set->slots[i];
+  return met;
 }
 
 static bool
