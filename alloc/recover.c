@@ -84,14 +84,6 @@ met_find (struct met_set *set, const void *key, bool *fresh)
 }
 
 static bool
-in_region (const struct region *region, const void *p, size_t bytes)
-{
-  uintptr_t start = (uintptr_t) region;
-  return (uintptr_t) p >= start
-    && (uintptr_t) p - start <= region->region_bytes - bytes;
-}
-
-static bool
 bit_set (uint64_t *bits, unsigned i)
 {
   bool was = bits[i / 64] >> (i % 64) & 1;
@@ -122,19 +114,19 @@ zs_recover_handle (struct zs_recovery *recovery, zs_handle_t handle)
   struct zs_pool *pool = recovery->pool;
   struct region *region = recovery->region;
   const void *cell = (const void *) handle;
-  if (!in_region (region, cell, sizeof (uint64_t)) || handle % sizeof (uint64_t))
+  if (!region_contains (region, cell, sizeof (uint64_t)) || handle % sizeof (uint64_t))
     goto refuse;
   uint64_t location = handle_load (handle);
   struct zspage *zspage = cell_zspage (location);
-  if (!in_region (region, zspage, sizeof *zspage))
+  if (!region_contains (region, zspage, sizeof *zspage))
     goto refuse;
   struct size_class *class = class_for_size (pool, cell_object_size (location));
   unsigned index = cell_object_index (location);
   size_t in_block = handle % ZS_PAGE_SIZE;
   if (index >= class->objs_per_zspage
       || in_block < offsetof (struct cell_block, cells)
-      || !in_region (region, zspage, zspage_descriptor_bytes (class))
-      || !in_region (region, zspage->chunk, sizeof (struct page_chunk))
+      || !region_contains (region, zspage, zspage_descriptor_bytes (class))
+      || !region_contains (region, zspage->chunk, sizeof (struct page_chunk))
       || zspage->chunk->run_pages != class->pages_per_zspage
       || zspage->base < zspage->chunk->base
       || (size_t) (zspage->base - zspage->chunk->base)

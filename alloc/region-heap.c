@@ -65,12 +65,47 @@ run_find (struct region *region, uint64_t start, uint64_t end, uint64_t count)
   return REGION_NO_PAGE;
 }
 
-/* Take a run of count pages: its first page, or REGION_NO_PAGE. */
+/* The ready list: free pages still resident (REGION_PAGE_FREE_RESIDENT),
+ * linked through their records' prev and next.
+ */
+static void
+ready_push (struct region *region, uint64_t page)
+{
+  struct region_page *record = &region_pages (region)[page];
+  record->kind = REGION_PAGE_FREE_RESIDENT;
+  record->prev = REGION_NO_PAGE;
+  record->next = region->ready_head;
+  if (region->ready_head != REGION_NO_PAGE)
+    region_pages (region)[region->ready_head].prev = page;
+  region->ready_head = page;
+  region->pages_resident_free++;
+}
+
+static void
+ready_remove (struct region *region, uint64_t page)
+{
+  struct region_page *record = &region_pages (region)[page];
+  if (record->prev != REGION_NO_PAGE)
+    region_pages (region)[record->prev].next = record->next;
+  else
+    region->ready_head = record->next;
+  if (record->next != REGION_NO_PAGE)
+    region_pages (region)[record->next].prev = record->prev;
+  record->prev = record->next = REGION_NO_PAGE;
+  region->pages_resident_free--;
+}
+
+/* Take a run of count pages: its first page, or REGION_NO_PAGE.  A page
+ * alone comes from the ready list when it has one.
+ */
 static uint64_t
 run_take (struct region *region, uint64_t count)
 {
   uint64_t pages = region->region_bytes / REGION_PAGE_SIZE;
-  uint64_t first = run_find (region, region->rover, pages, count);
+  uint64_t first = count == 1 ? region->ready_head : REGION_NO_PAGE;
+  bool from_ready = first != REGION_NO_PAGE;
+  if (first == REGION_NO_PAGE)
+    first = run_find (region, region->rover, pages, count);
   if (first == REGION_NO_PAGE)
     first = run_find (region, region->map_pages, pages, count);
   if (first == REGION_NO_PAGE)
@@ -78,12 +113,13 @@ run_take (struct region *region, uint64_t count)
   pages_mark (region, first, count, true);
   for (uint64_t p = first; p < first + count; p++) {
     if (region_pages (region)[p].kind == REGION_PAGE_FREE_RESIDENT)
-      region->pages_resident_free--;
+      ready_remove (region, p);
     region_pages (region)[p].kind = p == first ? REGION_PAGE_RUN : REGION_PAGE_RUN_TAIL;
   }
   region_pages (region)[first].run_pages = count;
   region->pages_taken += count;
-  region->rover = first + count;
+  if (!from_ready)
+    region->rover = first + count;
   if (region->high_water < first + count)
     region->high_water = first + count;
   return first;
@@ -122,10 +158,12 @@ run_release (struct region *region, uint64_t first, uint64_t count)
   bool punched = count >= REGION_PUNCH_PAGES;
   if (punched)
     punch (region, first * REGION_PAGE_SIZE, count * REGION_PAGE_SIZE);
-  for (uint64_t p = first; p < first + count; p++)
-    region_pages (region)[p].kind = punched ? REGION_PAGE_FREE : REGION_PAGE_FREE_RESIDENT;
-  if (!punched)
-    region->pages_resident_free += count;
+  for (uint64_t p = first; p < first + count; p++) {
+    if (punched)
+      region_pages (region)[p].kind = REGION_PAGE_FREE;
+    else
+      ready_push (region, p);
+  }
   pages_mark (region, first, count, false);
   region->pages_taken -= count;
   if (first < region->rover)
@@ -284,8 +322,70 @@ region_trim (struct region *region)
     p = end;
   }
   region->pages_resident_free -= trimmed;
+  region->ready_head = REGION_NO_PAGE;   /* every one of them punched */
   pthread_mutex_unlock (&region->heap_lock);
   return trimmed;
+}
+
+/* A free page never made resident (or punched since), taken (a run of
+ * one) so that it can be touched outside the lock; REGION_NO_PAGE if
+ * none is left.  *cursor: where the search goes on.
+ */
+static uint64_t
+cold_page_take (struct region *region, uint64_t *cursor)
+{
+  uint64_t pages = region->region_bytes / REGION_PAGE_SIZE;
+  for (uint64_t p = *cursor; p < pages; p++)
+    if (!page_taken (region, p)
+        && region_pages (region)[p].kind == REGION_PAGE_FREE) {
+      *cursor = p + 1;
+      pages_mark (region, p, 1, true);
+      region_pages (region)[p].kind = REGION_PAGE_RUN;
+      region_pages (region)[p].run_pages = 1;
+      region->pages_taken++;
+      if (region->high_water < p + 1)
+        region->high_water = p + 1;
+      return p;
+    }
+  *cursor = pages;
+  return REGION_NO_PAGE;
+}
+
+/* Pages touched a batch at a time: the lock is not held while the
+ * kernel finds their memory.
+ */
+#define READY_BATCH 64
+
+uint64_t
+region_make_ready (struct region *region, uint64_t bytes)
+{
+  uint64_t want = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE;
+  uint64_t cursor = region->map_pages;
+  for (;;) {
+    uint64_t batch[READY_BATCH];
+    unsigned taken = 0;
+    pthread_mutex_lock (&region->heap_lock);
+    uint64_t ready = region->pages_resident_free;
+    while (ready + taken < want && taken < READY_BATCH
+           && (batch[taken] = cold_page_take (region, &cursor))
+              != REGION_NO_PAGE)
+      taken++;
+    pthread_mutex_unlock (&region->heap_lock);
+    if (!taken)
+      return ready * REGION_PAGE_SIZE;
+    /* A write makes the shared page (reading would too, and both lock
+     * it under SHM_LOCK); its content is the next allocation's to set.
+     */
+    for (unsigned i = 0; i < taken; i++)
+      *(volatile char *) page_address (region, batch[i]) = 0;
+    pthread_mutex_lock (&region->heap_lock);
+    for (unsigned i = 0; i < taken; i++) {
+      pages_mark (region, batch[i], 1, false);
+      region->pages_taken--;
+      ready_push (region, batch[i]);
+    }
+    pthread_mutex_unlock (&region->heap_lock);
+  }
 }
 
 /* ---- rebuilt after a crash (RECOVERY in region.h) ----------------------- */
@@ -304,6 +404,7 @@ region_recover_begin (struct region *region)
     region->slab_partial[k] = REGION_NO_PAGE;
   region->pages_taken = 0;
   region->pages_resident_free = 0;
+  region->ready_head = REGION_NO_PAGE;
   region->rover = region->map_pages;
 }
 

@@ -68,6 +68,22 @@ ownership_take (const char *path, int flags)
   return fd;
 }
 
+/* A copy of the header of segment shm_id, read through a mapping of its
+ * own (read-only, anywhere): what an attach checks before it maps the
+ * segment where the header says.  false with errno if it cannot be
+ * mapped.
+ */
+static bool
+header_peek (int shm_id, struct region *seen)
+{
+  void *peek = shmat (shm_id, NULL, SHM_RDONLY);
+  if (peek == (void *) -1)
+    return false;
+  memcpy (seen, peek, sizeof *seen);
+  shmdt (peek);
+  return true;
+}
+
 /* The region file's line. */
 #define REGION_FILE_FORMAT "nbdkit-zram region key=%x shm=%d device=%32s\n"
 
@@ -264,11 +280,8 @@ region_attach (const char *path, uint64_t device_bytes,
         shm_id = -1;
       close (fd);
     }
-    void *peek = shm_id >= 0 ? shmat (shm_id, NULL, SHM_RDONLY) : (void *) -1;
-    if (peek != (void *) -1) {
-      memcpy (&seen, peek, sizeof seen);
-      shmdt (peek);
-    }
+    if (shm_id >= 0)
+      header_peek (shm_id, &seen);
     return refuse (EBUSY, why, why_bytes,
                    "the region is owned by another process (last owner "
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
@@ -302,13 +315,10 @@ region_attach (const char *path, uint64_t device_bytes,
             "a region's header: not a region", (size_t) info.shm_segsz);
     goto refused;
   }
-  void *peek = shmat (shm_id, NULL, SHM_RDONLY);
-  if (peek == (void *) -1) {
+  if (!header_peek (shm_id, &seen)) {
     refuse (errno, why, why_bytes, "cannot attach the segment: %m");
     goto refused;
   }
-  memcpy (&seen, peek, sizeof seen);
-  shmdt (peek);
   char seen_text[33];
   device_id_text (seen.device_id, seen_text);
   bool bad = true;

@@ -46,8 +46,12 @@
  *   run given back is removed from it (madvise MADV_REMOVE), which
  *   returns its memory at once - MADV_DONTNEED would only drop this
  *   process's view of a shared page.  Freed slab and small run pages
- *   stay resident until region_trim (a write may take them again with
- *   no fault).
+ *   stay resident until region_trim, listed as ready: a new slab page
+ *   or a one-page run (a cell block) takes a ready page first, so a
+ *   write finds its metadata's memory there with no fault, and
+ *   region_make_ready touches free pages ahead to keep enough of them
+ *   (swap: a fault on the write path waits for memory that only the
+ *   swap device, this server, can give back).
  *
  * THE REGION FILE
  *   One line, "nbdkit-zram region key=HEX shm=ID device=HEX": the
@@ -125,7 +129,7 @@
 #include <sys/types.h>
 
 #define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
-#define REGION_LAYOUT_VERSION 1
+#define REGION_LAYOUT_VERSION 2
 #define REGION_PAGE_SIZE 4096
 
 enum region_state {
@@ -147,7 +151,8 @@ enum region_state {
 /* What one page of the region holds; guarded by heap_lock. */
 struct region_page {
   uint32_t prev, next;          /* slab pages of one class with a free
-                                   slot: a list by page number */
+                                   slot, or ready pages (free, resident:
+                                   ready_head): a list by page number */
   uint32_t run_pages;           /* first page of a taken run: its length */
   uint16_t slab_used;           /* a slab: slots taken */
   uint16_t slab_free_head;      /* a slab: first free slot, threaded
@@ -203,6 +208,9 @@ struct region {
                                    said it was alive (a crash's downtime
                                    counts from here) */
   uint32_t slab_partial[REGION_SLAB_CLASSES]; /* slab pages with room */
+  uint32_t ready_head;          /* free pages still resident, listed:
+                                   what a one-page run or a new slab
+                                   takes first (region_make_ready) */
 };
 
 /* The maps: a bit per page, then a record per page (LAYOUT). */
@@ -301,6 +309,13 @@ extern void region_free (struct region *region, void *p);
  * after): a page source's purge.
  */
 extern void region_punch (struct region *region, void *start, size_t bytes);
+/* Make at least bytes of free pages resident (touched, so locked too
+ * under SHM_LOCK) and ready for the heap's next small allocations; the
+ * pages are taken while they are touched, so the heap goes on meanwhile.
+ * Returns the bytes ready now (less than asked when the region or the
+ * machine has no more).
+ */
+extern uint64_t region_make_ready (struct region *region, uint64_t bytes);
 /* Punch out every free page still resident.  Returns the pages. */
 extern uint64_t region_trim (struct region *region);
 
@@ -332,6 +347,17 @@ region_memory_free (struct region *region, void *p)
     region_free (region, p);
   else
     free (p);
+}
+
+/* Whether [p, p + bytes) lies inside the region: what a recovery checks
+ * of every address it reads before it follows it.
+ */
+static inline bool
+region_contains (const struct region *region, const void *p, size_t bytes)
+{
+  uintptr_t start = (uintptr_t) region;
+  return (uintptr_t) p >= start
+    && (uintptr_t) p - start <= region->region_bytes - bytes;
 }
 
 #endif /* ZSALLOC_REGION_H */

@@ -196,6 +196,21 @@ handover_request_exit (void)
   atomic_fetch_sub (&requests_running, 1);
 }
 
+/* Hold new requests for good and wait for those running to finish: true
+ * once none runs, false if some still run after QUIET_WAIT_MS.
+ */
+static bool
+requests_hold (void)
+{
+  atomic_store (&holding, true);
+  for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
+    if (waited == QUIET_WAIT_MS)
+      return false;
+    usleep (1000);
+  }
+  return true;
+}
+
 /* The plugin's own threads stopped (set by the plugin once they run). */
 static void (*quiesce) (void);
 
@@ -218,16 +233,12 @@ handover_now (struct block_store *store)
    */
   if (quiesce)
     quiesce ();
-  atomic_store (&holding, true);
-  for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
-    if (waited == QUIET_WAIT_MS) {
-      /* Its threads are stopped: it cannot serve on safely.  Left as a
-       * crash leaves it; the next server recovers it.
-       */
-      errno = EBUSY;
-      return -1;
-    }
-    usleep (1000);
+  if (!requests_hold ()) {
+    /* Its threads are stopped: it cannot serve on safely.  Left as a
+     * crash leaves it; the next server recovers it.
+     */
+    errno = EBUSY;
+    return -1;
   }
   uint64_t stopped = monotonic_ns ();
   if (store_hand_over (store) == -1)
@@ -244,16 +255,12 @@ handover_store_close (struct block_store *store)
     store_destroy (store);
     return;
   }
-  atomic_store (&holding, true);
-  for (unsigned waited = 0; atomic_load (&requests_running); waited++) {
-    if (waited == QUIET_WAIT_MS) {
-      nbdkit_error ("region: requests still running after %d s: the region "
-                    "is left as a crash would leave it", QUIET_WAIT_MS / 1000);
-      region_close (owner);
-      owner = NULL;
-      return;
-    }
-    usleep (1000);
+  if (!requests_hold ()) {
+    nbdkit_error ("region: requests still running after %d s: the region "
+                  "is left as a crash would leave it", QUIET_WAIT_MS / 1000);
+    region_close (owner);
+    owner = NULL;
+    return;
   }
   uint64_t stopped = monotonic_ns ();
   if (atomic_load (&dropping)) {

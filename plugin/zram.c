@@ -32,6 +32,7 @@
 #include "metrics.h"
 #include "monotonic.h"
 #include "params.h"
+#include "region.h"
 #include "swap-full.h"
 #include "swap-mode.h"
 
@@ -150,6 +151,19 @@ metadata_headroom (void)
   return headroom < (1 << 20) ? 1 << 20 : headroom;
 }
 
+/* Room for the allocator's metadata made ready: in the C heap, or with
+ * region= in the region's heap, where it comes from then (its free
+ * pages touched ahead: region_make_ready).  The bytes ready.
+ */
+static uint64_t
+metadata_make_ready (void)
+{
+  struct region *region = params.store.pool.region;
+  if (region)
+    return region_make_ready (region, metadata_headroom ());
+  return swap_mode_heap_ready (metadata_headroom ());
+}
+
 /* The reserve keeper's work beyond the pages (housekeeper.h,
  * reserve_tick), all of it what a swap write must find ready: the heap's
  * room for the allocator's metadata, the stacks of threads new since the
@@ -159,7 +173,7 @@ metadata_headroom (void)
 static void
 swap_reserve_tick (void)
 {
-  store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
+  store_metadata_ready (store, metadata_make_ready ());
   swap_mode_ready_stacks ();
 }
 
@@ -193,8 +207,11 @@ zram_after_fork (void)
     goto failed;
   /* Swap mode: what the serving path needs, made (and so locked) before
    * any request; the reserve below.  The table is charged to mem_limit.
+   * With region= the allocator's metadata is in the region (made ready
+   * there: metadata_make_ready), not in the C heap.
    */
-  size_t heap_bytes = swap_mode_prepare_heap (params.store.size
+  size_t heap_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
+                                              : params.store.size
                                               / STORE_BLOCK_SIZE,
                                               params.store.pool.mem_limit);
   if (swap_mode != SWAP_OFF
@@ -213,7 +230,7 @@ zram_after_fork (void)
   params.policy.reserve_always = swap_mode != SWAP_OFF;
   params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
   if (swap_mode != SWAP_OFF)
-    store_metadata_ready (store, swap_mode_heap_ready (metadata_headroom ()));
+    store_metadata_ready (store, metadata_make_ready ());
   housekeeper_set_policy (&params.policy);
   if (housekeeper_start (store, params.stats_path, params.metrics_path,
                          params.store.pool.compact_before_refusal

@@ -44,14 +44,6 @@ struct recovery_walk {
   uint64_t compr_bytes, same, raw, packed, stored;
 };
 
-static bool
-in_region (const struct region *region, const void *p, size_t bytes)
-{
-  uintptr_t start = (uintptr_t) region;
-  return (uintptr_t) p >= start
-    && (uintptr_t) p - start <= region->region_bytes - bytes;
-}
-
 static struct unit_met *
 unit_find (struct recovery_walk *walk, struct pack_unit *unit)
 {
@@ -117,7 +109,7 @@ entry_recover (void *opaque, uint64_t block, struct block_entry *entry)
     struct pack_unit *unit = (struct pack_unit *) (uintptr_t)
       (value & ~UNIT_INDEX_MASK);
     struct unit_met *met = NULL;
-    keep = in_region (store->region, unit, sizeof *unit)
+    keep = region_contains (store->region, unit, sizeof *unit)
       && (value & UNIT_INDEX_MASK) < unit->count
       && (met = unit_find (walk, unit)) != NULL;
     if (keep) {
@@ -151,7 +143,7 @@ intents_undo (struct block_store *store, struct store_recover_result *result)
       atomic_load (&intent->entry);
     if (!entry)
       continue;
-    if (in_region (store->region, entry, sizeof *entry)
+    if (region_contains (store->region, entry, sizeof *entry)
         && (uintptr_t) entry % _Alignof (struct block_entry) == 0) {
       atomic_store (&entry->value, intent->value);
       atomic_store (&entry->state, intent->state);

@@ -27,6 +27,21 @@ struct handover_root {
 
 /* ---- the heap ------------------------------------------------------------ */
 
+/* The ready list's length, each page on it checked free and resident. */
+static uint64_t
+ready_list_length (struct region *region)
+{
+  uint64_t length = 0, previous = REGION_NO_PAGE;
+  for (uint64_t p = region->ready_head; p != REGION_NO_PAGE;
+       p = region_pages (region)[p].next) {
+    assert_int_equal (region_pages (region)[p].kind, REGION_PAGE_FREE_RESIDENT);
+    assert_int_equal (region_pages (region)[p].prev, previous);
+    previous = p;
+    length++;
+  }
+  return length;
+}
+
 /* Random sizes from slabs and runs, each filled with its own byte, freed
  * in random order: no two allocations overlap (every byte is still its
  * owner's at the end), the heap empties, a trim gives back what stayed
@@ -72,6 +87,29 @@ test_region_heap (void **state)
   assert_true (resident > 0);
   assert_int_equal (region_trim (region), resident);
   assert_int_equal (region->pages_resident_free, 0);
+
+  /* Ready pages: made resident ahead, listed, and what a small
+   * allocation takes first (resident: no fault on a swap write).
+   */
+  assert_true (region_make_ready (region, 64 * PAGE) >= 64 * PAGE);
+  uint64_t ready = region->pages_resident_free;
+  assert_true (ready >= 64);
+  assert_int_equal (ready_list_length (region), ready);
+  void *slab = region_alloc (region, 100, 8);
+  void *page = region_alloc (region, PAGE, PAGE);
+  assert_non_null (slab);
+  assert_non_null (page);
+  assert_int_equal (region->pages_resident_free, ready - 2);
+  assert_int_equal (ready_list_length (region), ready - 2);
+  unsigned char in_memory = 0;
+  assert_int_equal (mincore (page, PAGE, &in_memory), 0);
+  assert_true (in_memory & 1);
+  region_free (region, slab);
+  region_free (region, page);
+  assert_int_equal (region->pages_taken, 0);
+  assert_int_equal (ready_list_length (region), ready);
+  assert_int_equal (region_trim (region), ready);
+  assert_int_equal (ready_list_length (region), 0);
 
   /* Full: runs until none fits, then the refusal. */
   unsigned runs = 0;
