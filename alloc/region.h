@@ -294,6 +294,15 @@ extern void region_start_serving (struct region_owner *owner);
  */
 extern int region_lock (struct region_owner *owner);
 
+/* Map every page the region holds into this process now (its page
+ * tables made), so that serving it faults on none: a new owner's first
+ * touch of each page is a fault, and a fault that needs memory for a
+ * page table waits, in swap, for the device this process serves.  Pages
+ * not in memory (never written, punched) stay so.  Returns the pages
+ * mapped.
+ */
+extern uint64_t region_map_resident (struct region *region);
+
 /* Remove the segment and the region file: the device is given up. */
 extern void region_destroy (struct region_owner *owner);
 

@@ -131,6 +131,7 @@ handover_store_open (struct store_config *config, const char *path,
     owner = NULL;
     return NULL;
   }
+  uint64_t mapped = region_map_resident (region);
   struct store_stats stats;
   store_stats (store, &stats);
   status.recovered_blocks = stats.orig_data_size / STORE_BLOCK_SIZE;
@@ -139,9 +140,10 @@ handover_store_open (struct store_config *config, const char *path,
   last_stopped_ns = how == REGION_ATTACH_CLEAN ? region->stopped_ns
     : atomic_load (&region->alive_ns);
   nbdkit_debug ("region: took over %s (%s): %" PRIu64 " blocks in %" PRIu64
-                " ms", path, how == REGION_ATTACH_CLEAN
+                " ms, %" PRIu64 " MiB of it mapped", path,
+                how == REGION_ATTACH_CLEAN
                 ? "handed over cleanly" : "recovered after a crash",
-                status.recovered_blocks, status.recovery_ms);
+                status.recovered_blocks, status.recovery_ms, mapped >> 8);
   return store;
 }
 

@@ -111,6 +111,19 @@ test_region_heap (void **state)
   assert_int_equal (region_trim (region), ready);
   assert_int_equal (ready_list_length (region), 0);
 
+  /* Mapping what the region holds maps no hole (a punched run stays
+   * out of memory), and maps at least the header.
+   */
+  char *run = region_alloc (region, 32 * PAGE, PAGE);
+  assert_non_null (run);
+  memset (run, 1, 32 * PAGE);
+  region_free (region, run);
+  assert_true (region_map_resident (region) >= 1);   /* the header */
+  unsigned char run_in_memory[32];
+  assert_int_equal (mincore (run, 32 * PAGE, run_in_memory), 0);
+  for (unsigned i = 0; i < 32; i++)
+    assert_false (run_in_memory[i] & 1);
+
   /* Full: runs until none fits, then the refusal. */
   unsigned runs = 0;
   while (region_alloc (region, 1 << 20, PAGE))
