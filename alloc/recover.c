@@ -17,7 +17,9 @@
  * runs, the page source's lists, the pool's counters and limit account;
  * and it claims in the region every piece of memory it keeps.  What no
  * handle reaches - objects being allocated, freed, or moved from, frees
- * waiting in batches, the reserve - is free afterwards.
+ * waiting in batches - is free afterwards.  The reserve's chunks are
+ * kept (reserve_rebuild): they are whole runs on a stack whose every
+ * link was written before the chunk was pushed.
  */
 
 #include <errno.h>
@@ -260,6 +262,34 @@ claim (struct zs_recovery *recovery, const void *p, size_t bytes, size_t align)
   return region_recover_claim (recovery->region, p, bytes, align);
 }
 
+/* The reserve's chunks that were on its stack, kept on it: a server
+ * restarted under memory pressure must find its reserve populated, as
+ * after a clean handover (seen: a recovery that gave them back left the
+ * new server populating them in the kernel's reclaim, which waited for
+ * the swap device that server is).  The stack is walked from the old
+ * head; a chunk that is not a whole run of the region, or was claimed
+ * already (a crash between its taking and the stack's update), ends the
+ * walk: the rest is given back.  Returns the chunks kept.
+ */
+static uint64_t
+reserve_rebuild (struct zs_recovery *recovery, struct reserve_chunk *node)
+{
+  struct page_source *source = &recovery->pool->pages;
+  uint64_t kept = 0;
+  uint64_t most = recovery->region->region_bytes / source->chunk_bytes;
+  while (node && kept < most
+         && region_contains (recovery->region, node, source->chunk_bytes)
+         && claim (recovery, node, source->chunk_bytes, REGION_PAGE_SIZE)) {
+    struct reserve_chunk *next = node->next;
+    node->next = source->reserve;
+    source->reserve = node;
+    kept++;
+    node = next;
+  }
+  atomic_store (&source->reserve_chunks, kept);
+  return kept;
+}
+
 int
 zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
                 struct zs_recover_result *result)
@@ -267,6 +297,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   struct zs_pool *pool = recovery->pool;
   struct met_set zspages = { 0 }, blocks = { 0 }, chunks = { 0 };
   int r = -1;
+  struct reserve_chunk *old_reserve = pool->pages.reserve;
   pool_locks_init (pool);
   lists_reset (pool);
   *result = (struct zs_recover_result) { .refused = recovery->refused };
@@ -378,6 +409,8 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
       chunk_rebuild (pool, &chunks.slots[i]);
     }
 
+  uint64_t reserve_kept = reserve_rebuild (recovery, old_reserve);
+
   /* The counters, and the limit account: what is held now. */
   uint64_t block_bytes = (uint64_t) blocks.count * ZS_PAGE_SIZE;
   atomic_store (&pool->pages_used, pages);
@@ -386,8 +419,9 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   atomic_store (&pool->metadata_bytes, fixed - sizeof *pool + descriptors
                 + block_bytes);
   atomic_store (&pool->limit_account, pages * ZS_PAGE_SIZE + descriptors
-                + block_bytes + charged_bytes);
-  atomic_store (&pool->reserve_charged, 0);
+                + block_bytes + charged_bytes
+                + reserve_kept * pool->pages.chunk_bytes);
+  atomic_store (&pool->reserve_charged, reserve_kept * pool->pages.chunk_pages);
   atomic_store (&pool->reserve_open, false);
   atomic_store (&pool->metadata_allowance, 0);
   result->zspages = zspages.count;

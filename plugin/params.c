@@ -560,11 +560,6 @@ params_complete (struct zram_params *params)
       || writeback_complete (params) == -1
       || swap_complete (params) == -1)
     return -1;
-  if (params->region_path && params->backing_target) {
-    nbdkit_error ("region: a cold tier (backing=) is not yet kept across "
-                  "restarts: give region= or backing=, not both");
-    return -1;
-  }
   if (!params->given[P_LEVEL])
     store->level = codec_default_level (store->algorithm);
   else if (!codec_level_is_valid (store->algorithm, store->level, &min, &max)) {

@@ -42,8 +42,12 @@ struct backing {
   atomic_bool can_trim;         /* cleared when the store cannot */
   unsigned timeout_ms;          /* each NBD request or connection */
 
-  struct space_map map;         /* its own lock (space-map.h) */
-  bool map_ready;               /* map initialised (backing_close) */
+  struct space_map own_map;     /* its own lock (space-map.h) */
+  bool own_map_ready;           /* own_map initialised (backing_close) */
+  struct space_map *map;        /* &own_map, or a map in a region
+                                   (backing_map_adopt): set before any
+                                   request */
+  char *target;                 /* as given to backing_open */
 
   /* Reads without the stripe lock (see backing.h, READS AND RELEASES):
    * the readers of each of two epochs, and the runs released while

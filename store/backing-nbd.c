@@ -137,7 +137,7 @@ static void
 abandon (struct backing *backing, uint64_t offset, size_t bytes)
 {
   atomic_fetch_add (&backing->abandoned_requests, 1);
-  space_map_quarantine (&backing->map, offset, bytes);
+  space_map_quarantine (backing->map, offset, bytes);
 }
 
 /* Run one request on a connection, reconnecting a dead one (with

@@ -58,9 +58,19 @@ backing_open (const char *target, uint64_t capacity, bool odirect,
   }
   else
     r = backing_file_open (backing, target, capacity, error);
-  if (r == 0 && (r = space_map_init (&backing->map,
-                                     capacity / BACKING_SECTOR)) == 0)
-    backing->map_ready = true;
+  if (r == 0 && (r = space_map_init (&backing->own_map,
+                                     capacity / BACKING_SECTOR, NULL)) == 0) {
+    backing->own_map_ready = true;
+    backing->map = &backing->own_map;
+  }
+  /* malloc, not strdup: test-backing counts the map's bytes through
+   * malloc and free.
+   */
+  size_t target_bytes = strlen (target) + 1;
+  if (r == 0 && !(backing->target = malloc (target_bytes)))
+    r = -1;
+  if (r == 0)
+    memcpy (backing->target, target, target_bytes);
   if (r == -1) {
     if (!*error)
       *error = backing_message ("backing: %s", strerror (errno));
@@ -81,20 +91,47 @@ backing_close (struct backing *backing)
   pthread_mutex_destroy (&backing->release_lock);
   free (backing->releases[0]);
   free (backing->releases[1]);
-  if (backing->map_ready)
-    space_map_destroy (&backing->map);
+  if (backing->own_map_ready)
+    space_map_destroy (&backing->own_map);
+  free (backing->target);
   free (backing->uri);
   free (backing);
+}
+
+const char *
+backing_target (const struct backing *backing)
+{
+  return backing->target;
+}
+
+uint64_t
+backing_sectors (const struct backing *backing)
+{
+  return backing->own_map.sectors;
+}
+
+int
+backing_map_adopt (struct backing *backing, struct space_map *map)
+{
+  if (map->sectors != backing->own_map.sectors) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (backing->own_map_ready)
+    space_map_destroy (&backing->own_map);
+  backing->own_map_ready = false;
+  backing->map = map;
+  return 0;
 }
 
 int64_t
 backing_allocate (struct backing *backing, size_t bytes)
 {
   bool stopped;
-  int64_t offset = space_map_take (&backing->map, bytes, &stopped);
+  int64_t offset = space_map_take (backing->map, bytes, &stopped);
   if (stopped && !atomic_exchange (&backing->quarantine_full_logged, true)) {
     struct space_map_stats map;
-    space_map_stats (&backing->map, &map);
+    space_map_stats (backing->map, &map);
     backing_log (backing, "backing: writeback stopped: %" PRIu64 " bytes of "
                  "the store are quarantined behind writes and trims that "
                  "were given up on and may still land (a slow or wedged "
@@ -110,7 +147,7 @@ void
 backing_checksum_set (struct backing *backing, uint64_t offset,
                       const void *bytes, size_t length)
 {
-  space_map_checksum_set (&backing->map, offset, bytes, length);
+  space_map_checksum_set (backing->map, offset, bytes, length);
 }
 
 static int request (struct backing *backing, char op, void *buf, size_t bytes,
@@ -122,7 +159,7 @@ backing_read_block (struct backing *backing, void *buf, size_t length,
 {
   if (request (backing, 'r', buf, length, offset, 0) == -1)
     return -1;
-  if (!space_map_checksum_matches (&backing->map, offset, buf, length)) {
+  if (!space_map_checksum_matches (backing->map, offset, buf, length)) {
     atomic_fetch_add (&backing->corrupt, 1);
     errno = EIO;
     return -1;
@@ -361,7 +398,7 @@ run_free (struct backing *backing, uint64_t offset, size_t bytes)
 {
   uint64_t count = (bytes + BACKING_SECTOR - 1) / BACKING_SECTOR;
   /* A quarantined run stays allocated, untrimmed (ABANDONED REQUESTS). */
-  if (space_map_quarantined (&backing->map, offset, count * BACKING_SECTOR))
+  if (space_map_quarantined (backing->map, offset, count * BACKING_SECTOR))
     return;
   /* Trim first, while the run is still allocated: trimmed after it was
    * freed, it could be a new block's run by then, and lose that block.
@@ -379,14 +416,14 @@ run_free (struct backing *backing, uint64_t offset, size_t bytes)
       atomic_store (&backing->can_trim, false);  /* this file system cannot */
     errno = saved;
   }
-  space_map_free (&backing->map, offset, bytes);
+  space_map_free (backing->map, offset, bytes);
 }
 
 void
 backing_stats (struct backing *backing, struct backing_stats *stats)
 {
   struct space_map_stats map;
-  space_map_stats (&backing->map, &map);
+  space_map_stats (backing->map, &map);
   stats->capacity = map.capacity;
   stats->used = map.used;
   stats->map_bytes = map.map_bytes;

@@ -113,6 +113,18 @@ extern unsigned backing_timeout_ms (const struct backing *backing);
 /* Whether target names an NBD export rather than a file. */
 extern bool backing_is_uri (const char *target);
 
+/* The target it was opened on, and its capacity in sectors. */
+extern const char *backing_target (const struct backing *backing);
+extern uint64_t backing_sectors (const struct backing *backing);
+
+/* Use map - a space map of a region, made there or taken over with the
+ * store (space-map.h, IN A REGION) - instead of the backing store's own
+ * (which goes), from before its first request: 0, or -1 with errno
+ * EINVAL if map covers another capacity.  backing_close leaves it.
+ */
+struct space_map;
+extern int backing_map_adopt (struct backing *backing, struct space_map *map);
+
 /* A run of sectors for bytes (rounded up to sectors, at most
  * BACKING_MAP_LEAF_SECTORS of them: a run lies within a leaf): its first
  * byte's offset.  -1 with errno ENOSPC when no run that long is free

@@ -195,7 +195,11 @@ struct block_store {
   uint64_t created_ns;            /* monotonic: block access times count
                                      from here */
   /* Writeback: the backing store (NULL: none), one run at a time. */
-  struct backing *backing;
+  struct backing *backing;        /* this process's (HANDOVER) */
+  struct space_map *backing_map;  /* in a region: the backing store's
+                                     space map, kept there (NULL: no
+                                     region, or no backing store) */
+  uint32_t backing_target_crc;    /* CRC-32C of its target's name */
   pthread_mutex_t writeback_lock; /* held for a whole writeback run, and
                                      guards map_charged; taken before any
                                      stripe lock */

@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "block-store-internal.h"
+#include "crc32c.h"
+#include "space-map.h"
 
 /* This process's parts of a store: the codecs (the algorithms are the
  * store's, the levels config's), the decode cache's slots, the write
@@ -97,12 +99,44 @@ process_parts_free (struct block_store *store)
     pthread_mutex_destroy (&store->stripes[i]);
 }
 
+/* The cold tier's space map made in the store's region, and given to
+ * config's backing store (HANDOVER in block-store.h).  0, or -1 with
+ * errno.
+ */
+static int
+backing_map_in_region (struct block_store *store,
+                       const struct store_config *config)
+{
+  struct space_map *map = region_alloc (store->region, sizeof *map, 16);
+  if (!map)
+    return -1;
+  if (space_map_init (map, backing_sectors (config->backing),
+                      store->region) == -1) {
+    region_free (store->region, map);
+    return -1;
+  }
+  store->backing_map = map;
+  const char *target = backing_target (config->backing);
+  store->backing_target_crc = crc32c (target, strlen (target));
+  return backing_map_adopt (config->backing, map);
+}
+
+/* The region's space map, destroyed (what backing_map_in_region made). */
+static void
+backing_map_free (struct block_store *store)
+{
+  if (!store->backing_map)
+    return;
+  space_map_destroy (store->backing_map);
+  region_free (store->region, store->backing_map);
+  store->backing_map = NULL;
+}
+
 struct block_store *
 store_create (const struct store_config *config)
 {
   struct region *region = config->pool.region;
-  /* A cold tier is not yet kept across a take-over. */
-  bool valid = config->size && !(region && config->backing);
+  bool valid = config->size != 0;
   struct block_store *store = valid
     ? region_memory_alloc (region, sizeof *store, _Alignof (struct block_store))
     : NULL;
@@ -146,6 +180,8 @@ store_create (const struct store_config *config)
   }
   store->writeback_limit = config->writeback_limited ? config->writeback_limit
     : UINT64_MAX;
+  if (region && config->backing && backing_map_in_region (store, config) == -1)
+    goto fail;
   store->backing = config->backing;   /* the store's from here */
   store->readback_below = config->readback_below;
   store->backing_sync = !config->backing_nosync;
@@ -158,6 +194,7 @@ store_create (const struct store_config *config)
 
  fail:;
   int saved = errno;
+  backing_map_free (store);
   if (store->pool)
     zs_pool_destroy (store->pool);
   process_parts_free (store);
@@ -176,6 +213,12 @@ store_hand_over (struct block_store *store)
   }
   decode_cache_trim (store);    /* this process's memory, discharged */
   write_scratch_trim (store);
+  if (store->backing) {
+    /* Runs released while reads were on: no read is on now. */
+    backing_map_settle (store, false);
+    backing_close (store->backing);
+    store->backing = NULL;
+  }
   process_parts_free (store);
   zs_pool_hand_over (store->pool);
   return 0;
@@ -192,8 +235,20 @@ store_config_mismatch (struct region *region, const struct store_config *config)
   if (store->algorithms[0] != config->algorithm
       || store->recomp_count != config->recomp_count)
     return "the stored blocks were compressed with another algorithm";
-  if (config->backing)
-    return "a cold tier is not yet kept across a take-over";
+  if (store->backing_map && !config->backing)
+    return "the stored device has blocks in a cold tier: give its "
+      "backing= again";
+  if (!store->backing_map && config->backing)
+    return "the stored device was served without a cold tier: backing= "
+      "cannot be added to it";
+  if (config->backing) {
+    const char *target = backing_target (config->backing);
+    if (crc32c (target, strlen (target)) != store->backing_target_crc)
+      return "the cold tier (backing=) is not the stored device's";
+    if (backing_sectors (config->backing) != store->backing_map->sectors)
+      return "the cold tier (backing=) has another capacity than the "
+        "stored device's";
+  }
   for (unsigned p = 1; p <= store->recomp_count; p++)
     if (store->algorithms[p] != config->recomp[p - 1].algorithm)
       return "the stored blocks were recompressed with other algorithms";
@@ -223,6 +278,12 @@ store_adopt (struct block_store *store, const struct store_config *config,
     process_parts_free (store);
     return -1;
   }
+  if (config->backing) {
+    /* The sizes were checked (store_config_mismatch). */
+    backing_map_adopt (config->backing, store->backing_map);
+    store->backing = config->backing;
+    backing_map_settle (store, false);
+  }
   store->raw_threshold = zs_huge_class_size (store->pool);
   return 0;
 }
@@ -239,6 +300,8 @@ store_take_over (struct region *region, const struct store_config *config,
   }
   struct block_store *store = region_root (region);
   zs_pool_take_over (store->pool);
+  if (store->backing_map)
+    space_map_take_over (store->backing_map);
   if (store_adopt (store, config, why, why_bytes) == -1)
     return NULL;
   return store;
@@ -257,6 +320,7 @@ store_destroy (struct block_store *store)
   process_parts_free (store);
   units_free_all (store);      /* their parts went with the pool */
   backing_close (store->backing);
+  backing_map_free (store);
   write_scratch_free (store);
   region_memory_free (store->region, store);
 }

@@ -128,8 +128,16 @@
  *   After a crash the store is rebuilt instead (store_recover); for
  *   that, an entry's two words are written with the stripe's intent
  *   record (entry_write) and a live object is never written over (no
- *   rewrite in place in a region).  Not yet: a backing store with a
- *   region (store_create refuses it, EINVAL).
+ *   rewrite in place in a region).
+ *   A cold tier (config.backing) is kept too: its space map (which runs
+ *   of the backing store hold which blocks, and their checksums) is made
+ *   in the region (space-map.h, IN A REGION), and the next owner gives
+ *   it to the backing store it opened - the same target (a checksum of
+ *   its name is kept) of the same capacity, or the take-over is refused.
+ *   A handover settles the runs released while reads were on and closes
+ *   the backing store (this process's part); a recovery marks the runs
+ *   the entries reach, and quarantines the ones nothing reaches when the
+ *   target is an NBD export (the dead server's requests may still land).
  */
 
 #ifndef ZRAM_BLOCK_STORE_H
@@ -151,7 +159,7 @@
  * a structure the store keeps there (struct block_store, the table, the
  * units), as REGION_LAYOUT_VERSION for the allocator's.
  */
-#define STORE_LAYOUT_VERSION 1
+#define STORE_LAYOUT_VERSION 2
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32

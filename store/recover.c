@@ -18,7 +18,11 @@
  *   4. the pool rebuilt around the handles (zs_recover_end), the
  *      region's heap closed (region_recover_end: what nothing reached is
  *      given back), the counters recomputed from the walk;
- *   5. then as a clean take-over: this process's parts made anew.
+ *   5. the cold tier's space map (a written-back block's entry was
+ *      written after its run was taken and its checksum kept): the runs
+ *      entries reach marked in step 2, the rest quarantined or freed
+ *      (space_map_recover_end);
+ *   6. then as a clean take-over: this process's parts made anew.
  * Every step reads what a crash cannot leave half written, or checks it.
  */
 
@@ -28,6 +32,7 @@
 #include <string.h>
 
 #include "block-store-internal.h"
+#include "space-map.h"
 
 /* A unit met in the walk, and the entries that name it. */
 struct unit_met {
@@ -38,6 +43,8 @@ struct unit_met {
 struct recovery_walk {
   struct block_store *store;
   struct zs_recovery *pool;
+  struct space_map_recovery *backing_map;   /* NULL: no cold tier */
+  uint64_t backed, backed_bytes;
   struct unit_met *units;         /* open addressing by address */
   size_t unit_capacity, unit_count;
   struct store_recover_result *result;
@@ -118,7 +125,16 @@ entry_recover (void *opaque, uint64_t block, struct block_entry *entry)
     }
     break;
   }
-  default:                      /* BACKED: no cold tier with a region */
+  case BLOCK_BACKED:
+    keep = walk->backing_map
+      && space_map_recover_run (walk->backing_map, backed_offset (value),
+                                backed_length (value));
+    if (keep) {
+      walk->backed++;
+      walk->backed_bytes += backed_length (value);
+    }
+    break;
+  default:
     keep = false;
     break;
   }
@@ -215,6 +231,15 @@ store_recover (struct region *region, const struct store_config *config,
     errno = EINVAL;
     return NULL;
   }
+  if (store->backing_map
+      && (!region_recover_claim (region, store->backing_map,
+                                 sizeof *store->backing_map, 16)
+          || !(walk.backing_map = space_map_recover_begin (store->backing_map)))) {
+    snprintf (why, why_bytes, "the cold tier's space map is not where it "
+              "should be: the region is damaged");
+    errno = EINVAL;
+    return NULL;
+  }
   intents_undo (store, result);
   block_table_recover (&store->table, entry_recover, &walk);
   uint64_t charged = units_recover (&walk)
@@ -222,20 +247,25 @@ store_recover (struct region *region, const struct store_config *config,
   free (walk.units);
   struct zs_recover_result pool_result;
   if (zs_recover_end (walk.pool, charged, &pool_result) == -1) {
+    space_map_recover_abandon (walk.backing_map);
     snprintf (why, why_bytes, "the allocator's own structures are damaged: "
               "%m");
     return NULL;
   }
   result->objects_refused = pool_result.refused;
   result->pages_given_back = region_recover_end (region);
+  if (walk.backing_map)
+    space_map_recover_end (walk.backing_map,
+                           backing_is_uri (backing_target (config->backing)));
+  store->map_charged = 0;       /* charged again once adopted */
 
   atomic_store (&store->stored_blocks, walk.stored);
   atomic_store (&store->compr_bytes, walk.compr_bytes);
   atomic_store (&store->same_blocks, walk.same);
   atomic_store (&store->raw_blocks, walk.raw);
   atomic_store (&store->packed_blocks, walk.packed);
-  atomic_store (&store->bd_count, 0);
-  atomic_store (&store->bd_bytes, 0);
+  atomic_store (&store->bd_count, walk.backed);
+  atomic_store (&store->bd_bytes, walk.backed_bytes);
   result->blocks = walk.stored;
   if (store_adopt (store, config, why, why_bytes) == -1)
     return NULL;

@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "crc32c.h"
+#include "region.h"
 #include "space-map.h"
 
 #define LEAF_SECTORS SPACE_MAP_LEAF_SECTORS
@@ -17,30 +19,65 @@ leaf_sectors (const struct space_map *map, uint64_t leaf)
   return left < LEAF_SECTORS ? left : LEAF_SECTORS;
 }
 
-int
-space_map_init (struct space_map *map, uint64_t sectors)
+/* The map's memory: zeroed, from its region or the C heap. */
+static void *
+map_alloc (struct space_map *map, size_t bytes)
 {
-  *map = (struct space_map) { .sectors = sectors };
+  if (!map->region)
+    return calloc (1, bytes);
+  void *p = region_alloc (map->region, bytes, 16);
+  if (p)
+    memset (p, 0, bytes);
+  return p;
+}
+
+static void
+map_free (struct space_map *map, void *p)
+{
+  if (map->region)
+    region_free (map->region, p);
+  else
+    free (p);
+}
+
+#define QUARANTINE_FIRST 16
+
+/* What the map takes without its leaves. */
+static uint64_t
+base_map_bytes (const struct space_map *map)
+{
+  return map->leaf_count * (sizeof *map->leaves + sizeof *map->longest_runs)
+    + 2 * map->tree_base * sizeof *map->longest;
+}
+
+int
+space_map_init (struct space_map *map, uint64_t sectors, struct region *region)
+{
+  *map = (struct space_map) { .sectors = sectors, .region = region };
   pthread_mutex_init (&map->lock, NULL);
   map->free_sectors = sectors;
   map->leaf_count = (sectors + LEAF_SECTORS - 1) / LEAF_SECTORS;
   map->tree_base = 1;
   while (map->tree_base < map->leaf_count)
     map->tree_base *= 2;
-  map->leaves = calloc (map->leaf_count ? map->leaf_count : 1,
-                        sizeof *map->leaves);
-  map->longest = calloc (2 * map->tree_base, sizeof *map->longest);
-  map->longest_runs = calloc (map->leaf_count ? map->leaf_count : 1,
-                              sizeof *map->longest_runs);
+  map->leaves = map_alloc (map, (map->leaf_count ? map->leaf_count : 1)
+                           * sizeof *map->leaves);
+  map->longest = map_alloc (map, 2 * map->tree_base * sizeof *map->longest);
+  map->longest_runs = map_alloc (map, (map->leaf_count ? map->leaf_count : 1)
+                                 * sizeof *map->longest_runs);
   if (!map->leaves || !map->longest || !map->longest_runs) {
     /* Nothing half made: the caller destroys only a map that was made. */
     space_map_destroy (map);
     errno = ENOMEM;
     return -1;
   }
-  map->map_bytes = map->leaf_count
-    * (sizeof *map->leaves + sizeof *map->longest_runs)
-    + 2 * map->tree_base * sizeof *map->longest;
+  map->map_bytes = base_map_bytes (map);
+  /* Room for a few quarantined extents from the start: a record that
+   * cannot grow falls back on the one it has (space_map_quarantine).
+   */
+  map->quarantine = map_alloc (map, QUARANTINE_FIRST * sizeof *map->quarantine);
+  if (map->quarantine)
+    map->quarantine_capacity = QUARANTINE_FIRST;
   /* Every leaf free: its longest run is all of it. */
   for (uint64_t i = 0; i < map->leaf_count; i++) {
     map->longest[map->tree_base + i] = leaf_sectors (map, i);
@@ -138,11 +175,15 @@ leaf_first_fit (const uint64_t *bits, uint32_t n, uint32_t count,
 /* Look at a whole leaf again: its longest free run, and how many are
  * that long, into the tree.
  */
-static void
-leaf_measure (struct space_map *map, uint64_t leaf)
+static uint32_t
+leaf_longest (struct space_map *map, uint64_t leaf, uint16_t *runs_out)
 {
   const uint64_t *bits = map->leaves[leaf];
   uint32_t n = leaf_sectors (map, leaf), longest = 0, runs = 0;
+  if (!bits) {
+    *runs_out = 1;              /* a leaf that is not there is free */
+    return n;
+  }
   for (uint32_t start = bit_find (bits, 0, n, false); start < n;) {
     uint32_t end = bit_find (bits, start, n, true);
     if (end - start > longest) {
@@ -152,8 +193,14 @@ leaf_measure (struct space_map *map, uint64_t leaf)
     runs += end - start == longest;
     start = bit_find (bits, end, n, false);
   }
-  map->longest_runs[leaf] = runs;
-  tree_set (map, leaf, longest);
+  *runs_out = runs;
+  return longest;
+}
+
+static void
+leaf_measure (struct space_map *map, uint64_t leaf)
+{
+  tree_set (map, leaf, leaf_longest (map, leaf, &map->longest_runs[leaf]));
 }
 
 /* Set (or clear) the bits of [first, first + count) in a leaf; returns
@@ -206,7 +253,7 @@ map_take (struct space_map *map, uint32_t count, uint32_t *start)
     *start = 0;
     if (!bits) {
       /* The bitmap, then the checksums (leaf_sums). */
-      bits = calloc (1, SPACE_MAP_LEAF_BYTES);
+      bits = map_alloc (map, SPACE_MAP_LEAF_BYTES);
       if (!bits) {
         errno = ENOMEM;
         return map->leaf_count;
@@ -257,12 +304,12 @@ void
 space_map_destroy (struct space_map *map)
 {
   pthread_mutex_destroy (&map->lock);
-  free (map->quarantine);
+  map_free (map, map->quarantine);
   for (uint64_t i = 0; map->leaves && i < map->leaf_count; i++)
-    free (map->leaves[i]);
-  free (map->leaves);
-  free (map->longest);
-  free (map->longest_runs);
+    map_free (map, map->leaves[i]);
+  map_free (map, map->leaves);
+  map_free (map, map->longest);
+  map_free (map, map->longest_runs);
 }
 
 /* Does [offset, offset + bytes) meet a quarantined extent?  lock held. */
@@ -308,8 +355,18 @@ space_map_quarantine (struct space_map *map, uint64_t offset, size_t bytes)
   }
   if (map->quarantine_count == map->quarantine_capacity) {
     size_t capacity = map->quarantine_capacity * 2 + 16;
-    struct space_run *extents = realloc (map->quarantine,
-                                         capacity * sizeof *extents);
+    struct space_run *extents = map_alloc (map, capacity * sizeof *extents);
+    if (extents && map->quarantine_count)
+      memcpy (extents, map->quarantine,
+              map->quarantine_count * sizeof *extents);
+    if (!extents && !map->quarantine) {
+      /* Nowhere to record it: no run is handed out again (space lost,
+       * never data).
+       */
+      map->quarantined_bytes = map->sectors * SPACE_MAP_SECTOR;
+      pthread_mutex_unlock (&map->lock);
+      return;
+    }
     if (!extents) {
       /* Unrecorded, the extent could be handed out again: keep every
        * run from now on instead (space lost, never data).
@@ -320,6 +377,7 @@ space_map_quarantine (struct space_map *map, uint64_t offset, size_t bytes)
       map->quarantine_count = 0;
     }
     else {
+      map_free (map, map->quarantine);
       map->quarantine = extents;
       map->quarantine_capacity = capacity;
     }
@@ -361,9 +419,11 @@ space_map_free (struct space_map *map, uint64_t offset, size_t bytes)
       else if (run == longest)
         map->longest_runs[leaf]++;
       if (longest == n) {
-        /* Its last run went: the leaf goes too. */
-        free (bits);
+        /* Its last run went: the leaf goes too (unlinked first: a crash
+         * between the two leaves it unreached, never reached and freed).
+         */
         map->leaves[leaf] = NULL;
+        map_free (map, bits);
         map->map_bytes -= SPACE_MAP_LEAF_BYTES;
         map->longest_runs[leaf] = 1;
       }
@@ -373,6 +433,183 @@ space_map_free (struct space_map *map, uint64_t offset, size_t bytes)
     count -= length;
   }
   pthread_mutex_unlock (&map->lock);
+}
+
+/* ---- a map in a region: take-over and recovery ----------------------- */
+
+void
+space_map_take_over (struct space_map *map)
+{
+  pthread_mutex_init (&map->lock, NULL);
+}
+
+/* A recovery's own record (process memory): the sectors the entries
+ * reach, a bitmap per leaf that is there.
+ */
+struct space_map_recovery {
+  struct space_map *map;
+  uint64_t **reached;
+};
+
+struct space_map_recovery *
+space_map_recover_begin (struct space_map *map)
+{
+  struct region *region = map->region;
+  size_t leaves_bytes = (map->leaf_count ? map->leaf_count : 1)
+    * sizeof *map->leaves;
+  if (!region
+      || !region_recover_claim (region, map->leaves, leaves_bytes, 16)
+      || !region_recover_claim (region, map->longest,
+                                2 * map->tree_base * sizeof *map->longest, 16)
+      || !region_recover_claim (region, map->longest_runs,
+                                (map->leaf_count ? map->leaf_count : 1)
+                                * sizeof *map->longest_runs, 16)) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (map->quarantine
+      && !region_recover_claim (region, map->quarantine,
+                                map->quarantine_capacity
+                                * sizeof *map->quarantine, 16)) {
+    /* Its extents are unknown now: nothing is handed out again. */
+    map->quarantine = NULL;
+    map->quarantine_count = map->quarantine_capacity = 0;
+    map->quarantined_bytes = map->sectors * SPACE_MAP_SECTOR;
+  }
+  struct space_map_recovery *recovery = calloc (1, sizeof *recovery);
+  if (!recovery
+      || !(recovery->reached = calloc (map->leaf_count ? map->leaf_count : 1,
+                                       sizeof *recovery->reached))) {
+    free (recovery);
+    errno = ENOMEM;
+    return NULL;
+  }
+  recovery->map = map;
+  for (uint64_t i = 0; i < map->leaf_count; i++) {
+    if (!map->leaves[i])
+      continue;
+    if (!region_recover_claim (region, map->leaves[i], SPACE_MAP_LEAF_BYTES,
+                               16)) {
+      map->leaves[i] = NULL;    /* its blocks are lost: their sums with it */
+      continue;
+    }
+    if (!(recovery->reached[i] = calloc (LEAF_WORDS, sizeof (uint64_t)))) {
+      space_map_recover_abandon (recovery);
+      errno = ENOMEM;
+      return NULL;
+    }
+  }
+  return recovery;
+}
+
+bool
+space_map_recover_run (struct space_map_recovery *recovery, uint64_t offset,
+                       size_t bytes)
+{
+  struct space_map *map = recovery->map;
+  uint64_t first = offset / SPACE_MAP_SECTOR;
+  uint64_t count = (bytes + SPACE_MAP_SECTOR - 1) / SPACE_MAP_SECTOR;
+  if (offset % SPACE_MAP_SECTOR || count == 0 || first >= map->sectors
+      || count > map->sectors - first
+      || first / LEAF_SECTORS != (first + count - 1) / LEAF_SECTORS)
+    return false;               /* runs lie within a leaf */
+  uint64_t leaf = first / LEAF_SECTORS;
+  uint64_t *reached = recovery->reached[leaf];
+  const uint64_t *taken = map->leaves[leaf];
+  uint32_t at = first % LEAF_SECTORS;
+  /* Taken in the map (it was, before its entry pointed at it), and not
+   * reached by another entry.
+   */
+  if (!reached || bit_find (taken, at, at + count, false) < at + count
+      || bit_find (reached, at, at + count, true) < at + count)
+    return false;
+  bits_assign (reached, at, count, true);
+  return true;
+}
+
+void
+space_map_recover_abandon (struct space_map_recovery *recovery)
+{
+  if (!recovery)
+    return;
+  for (uint64_t i = 0; i < recovery->map->leaf_count; i++)
+    free (recovery->reached[i]);
+  free (recovery->reached);
+  free (recovery);
+}
+
+void
+space_map_recover_end (struct space_map_recovery *recovery,
+                       bool keep_unreached)
+{
+  struct space_map *map = recovery->map;
+  pthread_mutex_init (&map->lock, NULL);
+  map->free_sectors = map->sectors;
+  map->map_bytes = base_map_bytes (map);
+  /* Quarantined extents stay taken, reached or not. */
+  for (size_t q = 0; q < map->quarantine_count; q++) {
+    uint64_t first = map->quarantine[q].offset / SPACE_MAP_SECTOR;
+    uint64_t end = first + map->quarantine[q].bytes / SPACE_MAP_SECTOR;
+    for (uint64_t sector = first; sector < end && sector < map->sectors;) {
+      uint64_t leaf = sector / LEAF_SECTORS;
+      uint64_t leaf_end = (leaf + 1) * LEAF_SECTORS < end
+        ? (leaf + 1) * LEAF_SECTORS : end;
+      if (recovery->reached[leaf])
+        bits_assign (recovery->reached[leaf], sector % LEAF_SECTORS,
+                     leaf_end - sector, true);
+      sector = leaf_end;
+    }
+  }
+  for (uint64_t leaf = 0; leaf < map->leaf_count; leaf++) {
+    uint64_t *bits = map->leaves[leaf], *reached = recovery->reached[leaf];
+    if (!bits)
+      continue;
+    /* Taken but reached by no entry: a writeback or a release the dead
+     * process was in the middle of.  Its requests may still land (an
+     * NBD server goes on with what it was sent): quarantined when
+     * keep_unreached, else free.
+     */
+    uint32_t n = leaf_sectors (map, leaf);
+    for (uint32_t start = 0; keep_unreached && start < n;) {
+      uint32_t s = start;
+      while (s < n && !((bits[s / 64] >> (s % 64) & 1)
+                        && !(reached[s / 64] >> (s % 64) & 1)))
+        s++;
+      uint32_t e = s;
+      while (e < n && (bits[e / 64] >> (e % 64) & 1)
+             && !(reached[e / 64] >> (e % 64) & 1))
+        e++;
+      if (e > s) {
+        bits_assign (reached, s, e - s, true);
+        space_map_quarantine (map, ((uint64_t) leaf * LEAF_SECTORS + s)
+                              * SPACE_MAP_SECTOR,
+                              (size_t) (e - s) * SPACE_MAP_SECTOR);
+      }
+      start = e > s ? e : n;
+    }
+    memcpy (bits, reached, LEAF_WORDS * sizeof *bits);
+    uint32_t taken = 0;
+    for (uint32_t w = 0; w < LEAF_WORDS; w++)
+      taken += __builtin_popcountll (bits[w]);
+    if (taken == 0) {
+      map->leaves[leaf] = NULL;
+      map_free (map, bits);
+      continue;
+    }
+    map->free_sectors -= taken;
+    map->map_bytes += SPACE_MAP_LEAF_BYTES;
+  }
+  /* The tree from its leaves up. */
+  for (uint64_t node = map->tree_base; node < 2 * map->tree_base; node++)
+    map->longest[node] = 0;
+  for (uint64_t leaf = 0; leaf < map->leaf_count; leaf++)
+    map->longest[map->tree_base + leaf]
+      = leaf_longest (map, leaf, &map->longest_runs[leaf]);
+  for (uint64_t node = map->tree_base; node-- > 1;) {
+    uint16_t a = map->longest[2 * node], b = map->longest[2 * node + 1];
+    map->longest[node] = a > b ? a : b;
+  }
+  space_map_recover_abandon (recovery);
 }
 
 /* ---- checksums -------------------------------------------------------- */

@@ -25,6 +25,19 @@
  * trimmed, never handed out again) for the life of the map.  Past a
  * quarter of the store, space_map_take refuses every run.
  *
+ * IN A REGION.  With a region (alloc/region.h) the map's memory - the
+ * struct, its arrays, leaves and quarantine - comes from it, so that the
+ * next server of the device finds the cold tier's map as it was: taken
+ * over cleanly (space_map_take_over: its lock made anew), or rebuilt
+ * after a crash (space_map_recover_*): its memory claimed, every run an
+ * entry of the block table reaches marked again (a run reached twice, or
+ * not taken in the map, is refused: that block is lost, never served
+ * wrong), the runs taken but reached by none - a writeback or a release
+ * the dead server was in the middle of - quarantined (an NBD store may
+ * still carry out what it was sent) or freed (a file: the dead process's
+ * writes are over), the tree and counts made anew.  Checksums are kept
+ * as they were: a block's is written before its entry points at it.
+ *
  * LOCK.  lock (a leaf: nothing is taken under it) guards everything in
  * the map; every function takes it, so a caller may hold the block
  * store's stripe lock around any of them.
@@ -49,8 +62,12 @@ struct space_run {
   size_t bytes;
 };
 
+struct region;
+
 struct space_map {
   pthread_mutex_t lock;         /* guards all below */
+  struct region *region;        /* where its memory comes from (NULL: the
+                                   C heap); set once */
   uint64_t **leaves;            /* leaf_count bitmaps (each followed by
                                    its checksums), NULL: all free */
   uint16_t *longest;            /* the tree: 2 * tree_base nodes, 1 the
@@ -67,10 +84,11 @@ struct space_map {
   uint64_t quarantined_bytes;   /* their bytes, in whole sectors */
 };
 
-/* A map of sectors sectors, all free: 0, or -1 with errno ENOMEM (and
- * nothing to destroy).
+/* A map of sectors sectors, all free, its memory from region (NULL: the
+ * C heap): 0, or -1 with errno ENOMEM (and nothing to destroy).
  */
-extern int space_map_init (struct space_map *map, uint64_t sectors);
+extern int space_map_init (struct space_map *map, uint64_t sectors,
+                           struct region *region);
 extern void space_map_destroy (struct space_map *map);
 
 /* Take a run of sectors for bytes (rounded up, at most a leaf: a run
@@ -103,6 +121,24 @@ extern void space_map_checksum_set (struct space_map *map, uint64_t offset,
 extern bool space_map_checksum_matches (struct space_map *map,
                                         uint64_t offset, const void *bytes,
                                         size_t length);
+
+/* IN A REGION, above.  space_map_take_over: a map handed over by its
+ * last process.  After a crash: space_map_recover_begin (during the
+ * region's recovery, between region_recover_begin and _end: it claims
+ * the map's memory; NULL with errno EINVAL if its arrays are not where
+ * they should be, ENOMEM), space_map_recover_run for each run an entry
+ * reaches (false: refused), space_map_recover_end once the region's
+ * recovery ended (keep_unreached: runs nothing reaches are quarantined,
+ * else freed; it frees the recovery), or space_map_recover_abandon.
+ */
+struct space_map_recovery;
+extern void space_map_take_over (struct space_map *map);
+extern struct space_map_recovery *space_map_recover_begin (struct space_map *map);
+extern bool space_map_recover_run (struct space_map_recovery *recovery,
+                                   uint64_t offset, size_t bytes);
+extern void space_map_recover_end (struct space_map_recovery *recovery,
+                                   bool keep_unreached);
+extern void space_map_recover_abandon (struct space_map_recovery *recovery);
 
 struct space_map_stats {
   uint64_t capacity;            /* bytes covered */
