@@ -1,7 +1,8 @@
 /* A store in a region handed from one process to the next (HANDOVER in
  * store/block-store.h): a child fills it with every kind of block a
  * device holds - compressed, raw, same-filled, partly written, partly
- * zeroed, trimmed, packed in units and units half dissolved - against an
+ * zeroed, trimmed, packed in units and units half dissolved, written
+ * back to a cold tier (a file) and some of those rewritten - against an
  * exact shadow in memory both processes share, hands it over and exits;
  * the parent takes it over and compares every byte of the device with
  * the shadow, the counters with the child's and with a walk, serves on
@@ -21,6 +22,7 @@
 #define DEVICE (16ull << 20)
 #define BLOCKS (DEVICE / BS)
 #define REGION_BYTES (128ull << 20)
+#define COLD_BYTES (2 * DEVICE)         /* the cold tier's file */
 
 /* What both processes share, made before the fork. */
 struct shared {
@@ -36,6 +38,33 @@ config_for (struct region *region, enum codec_algorithm algorithm)
   zs_pool_config_init (&config.pool);
   config.pool.region = region;
   return config;
+}
+
+/* config with a cold tier: the file at path (made, or the one a last
+ * process used).
+ */
+static void
+with_cold_tier (struct store_config *config, const char *path)
+{
+  char *error = NULL;
+  config->backing = backing_open (path, COLD_BYTES, false, 30, &error);
+  if (!config->backing)
+    fail_msg ("backing_open %s: %s", path, error);
+}
+
+/* Write back up to max blocks of [first, last]: the blocks written. */
+static uint64_t
+write_back (struct block_store *store, uint64_t first, uint64_t last,
+            uint64_t max)
+{
+  struct store_writeback_request request = {
+    .type = WRITEBACK_ANY, .first = first, .last = last, .max_blocks = max,
+  };
+  struct store_writeback_result result;
+  if (store_writeback (store, &request, NULL, NULL, &result) == -1
+      && errno != ENOSPC)
+    return 0;
+  return result.blocks;
 }
 
 static void
@@ -155,7 +184,8 @@ device_matches (struct block_store *store, const struct shared *shared)
  * over.
  */
 static void
-store_filled_in_child (struct shared *shared, const char *path)
+store_filled_in_child (struct shared *shared, const char *path,
+                       const char *cold_path)
 {
   pid_t pid = fork ();
   assert_true (pid >= 0);
@@ -166,11 +196,23 @@ store_filled_in_child (struct shared *shared, const char *path)
       _exit (3);
     region_start_serving (owner);
     struct store_config config = config_for (owner->region, CODEC_LZ4);
+    with_cold_tier (&config, cold_path);
     struct block_store *store = store_create (&config);
     if (!store)
       _exit (4);
     fill_mix (store, shared, 1);
     pack_and_break (store, shared, 1);
+    /* A quarter of the device written back, a few of those rewritten
+     * (their runs released) and trimmed.
+     */
+    if (write_back (store, 0, BLOCKS - 1, BLOCKS / 4) == 0)
+      _exit (6);
+    unsigned char buf[BS];
+    for (uint64_t b = 0; b < BLOCKS / 4; b += 7) {
+      block_fill (buf, b, 30);
+      shadow_write (store, shared, buf, BS, b * BS);
+    }
+    shadow_trim (store, shared, 4 * BS, 100 * BS);
     store_flush (store);
     store_stats (store, &shared->before);
     if (store_hand_over (store) == -1)
@@ -207,11 +249,14 @@ test_handover_mix (void **state)
 {
   (void) state;
   struct shared *shared = shared_make ();
+  char cold_path[256];            /* (region_path's buffer is reused) */
+  snprintf (cold_path, sizeof cold_path, "%s", region_path ("mix-cold"));
   const char *path = region_path ("mix");
-  store_filled_in_child (shared, path);
+  store_filled_in_child (shared, path, cold_path);
   struct region_owner *owner = attach_clean (path);
 
   struct store_config config = config_for (owner->region, CODEC_LZ4);
+  with_cold_tier (&config, cold_path);
   char why[256] = "";
   struct block_store *store = store_take_over (owner->region, &config, why,
                                                sizeof why);
@@ -231,25 +276,36 @@ test_handover_mix (void **state)
   assert_int_equal (after.pack_units, before->pack_units);
   assert_int_equal (after.mem_used_total, before->mem_used_total);
   assert_int_equal (after.table_bytes, before->table_bytes);
+  assert_int_equal (after.bd_count, before->bd_count);
+  assert_int_equal (after.bd_bytes, before->bd_bytes);
+  assert_int_equal (after.backing_used, before->backing_used);
+  assert_int_equal (after.backing_map_bytes, before->backing_map_bytes);
   print_message ("handed over: %" PRIu64 " blocks, %" PRIu64 " packed in %"
-                 PRIu64 " units, %" PRIu64 " raw, %" PRIu64 " same-filled\n",
+                 PRIu64 " units, %" PRIu64 " raw, %" PRIu64 " same-filled, %"
+                 PRIu64 " in the cold tier\n",
                  before->orig_data_size / BS, before->packed_blocks,
-                 before->pack_units, before->huge_pages, before->same_pages);
+                 before->pack_units, before->huge_pages, before->same_pages,
+                 before->bd_count);
   assert_true (before->packed_blocks > 0 && before->huge_pages > 0
-               && before->same_pages > 0);
+               && before->same_pages > 0 && before->bd_count > 0);
   struct store_walk walk;
   assert_int_equal (store_walk (store, &walk), 0);
   assert_int_equal (walk.stored * BS, after.orig_data_size);
+  assert_int_equal (walk.written_back, after.bd_count);
 
-  /* It serves on: every kind again over the old, packed again. */
+  /* It serves on: every kind again over the old, packed again, written
+   * back again.
+   */
   fill_mix (store, shared, 2);
   pack_and_break (store, shared, 2);
+  assert_true (write_back (store, 0, BLOCKS - 1, BLOCKS / 8) > 0);
   device_matches (store, shared);
 
   /* Destroyed, it leaves no page of the region taken. */
   store_destroy (store);
   assert_int_equal (owner->region->pages_taken, 0);
   region_destroy (owner);
+  unlink (cold_path);
   munmap (shared, sizeof *shared);
 }
 
@@ -261,8 +317,11 @@ test_take_over_refused (void **state)
 {
   (void) state;
   struct shared *shared = shared_make ();
+  char cold_path[256], other_path[256];
+  snprintf (cold_path, sizeof cold_path, "%s", region_path ("refused-cold"));
+  snprintf (other_path, sizeof other_path, "%s", region_path ("other-cold"));
   const char *path = region_path ("refused");
-  store_filled_in_child (shared, path);
+  store_filled_in_child (shared, path, cold_path);
   struct region_owner *owner = attach_clean (path);
 
   struct store_config config = config_for (owner->region, CODEC_ZSTD);
@@ -274,8 +333,17 @@ test_take_over_refused (void **state)
   config.size = DEVICE / 2;
   assert_null (store_take_over (owner->region, &config, why, sizeof why));
   assert_non_null (strstr (why, "another size"));
+  /* Its cold tier left out, or another file in its place. */
+  config = config_for (owner->region, CODEC_LZ4);
+  assert_null (store_take_over (owner->region, &config, why, sizeof why));
+  assert_non_null (strstr (why, "give its backing= again"));
+  with_cold_tier (&config, other_path);
+  assert_null (store_take_over (owner->region, &config, why, sizeof why));
+  assert_non_null (strstr (why, "not the stored device's"));
+  backing_close (config.backing);
 
   config = config_for (owner->region, CODEC_LZ4);
+  with_cold_tier (&config, cold_path);
   struct block_store *store = store_take_over (owner->region, &config, why,
                                                sizeof why);
   if (!store)
@@ -283,6 +351,8 @@ test_take_over_refused (void **state)
   device_matches (store, shared);
   store_destroy (store);
   region_destroy (owner);
+  unlink (cold_path);
+  unlink (other_path);
   munmap (shared, sizeof *shared);
 }
 
@@ -380,7 +450,8 @@ torn_window (void)
  * flushes the free batches without pause.
  */
 static void
-kill_child (const char *path, struct kill_shadow *shadow, uint64_t seed)
+kill_child (const char *path, const char *cold_path,
+            struct kill_shadow *shadow, uint64_t seed)
 {
   struct region_owner *owner = region_create (path, REGION_BYTES, DEVICE,
                                               false);
@@ -389,6 +460,7 @@ kill_child (const char *path, struct kill_shadow *shadow, uint64_t seed)
   region_start_serving (owner);
   struct store_config config = config_for (owner->region, CODEC_LZ4);
   config.pack_blocks = 4 + seed % 13;
+  with_cold_tier (&config, cold_path);
   struct block_store *store = store_create (&config);
   if (!store)
     _exit (4);
@@ -404,11 +476,14 @@ kill_child (const char *path, struct kill_shadow *shadow, uint64_t seed)
     if (pthread_create (&thread, NULL, kill_writer_main, &writers[t]) != 0)
       _exit (5);
   }
+  uint64_t mover_seed = seed;
   for (;;) {
     struct store_pack_result packed;
     store_mark_idle (store, 0, NULL, NULL);
     store_pack (store, 64, 0, NULL, NULL, &packed);
     store_pack_dissolve (store, 60, NULL, NULL);
+    uint64_t first = xorshift64 (&mover_seed) % KILL_BLOCKS;
+    write_back (store, first, KILL_BLOCKS - 1, 16);
     store_compact (store);
     store_flush (store);
     atomic_fetch_add (&shadow->movers, 1);
@@ -420,8 +495,9 @@ kill_child (const char *path, struct kill_shadow *shadow, uint64_t seed)
  * serves on, and gives every page back.
  */
 static uint64_t
-kill_recover_and_check (const char *path, struct kill_shadow *shadow,
-                        uint64_t *torn)
+kill_recover_and_check (const char *path, const char *cold_path,
+                        struct kill_shadow *shadow, uint64_t *torn,
+                        uint64_t *backed)
 {
   enum region_attach_result how;
   char why[256] = "";
@@ -440,6 +516,7 @@ kill_recover_and_check (const char *path, struct kill_shadow *shadow,
     return 0;
   }
   struct store_config config = config_for (owner->region, CODEC_LZ4);
+  with_cold_tier (&config, cold_path);
   struct store_recover_result result;
   struct block_store *store = store_recover (owner->region, &config, &result,
                                              why, sizeof why);
@@ -475,6 +552,8 @@ kill_recover_and_check (const char *path, struct kill_shadow *shadow,
   assert_int_equal (store_walk (store, &walk), 0);
   assert_int_equal (walk.stored * BS, stats.orig_data_size);
   assert_true (walk.stored >= stored);
+  assert_int_equal (walk.written_back, stats.bd_count);
+  *backed += stats.bd_count;
 
   /* Serves on: every block written again, packed, read back. */
   unsigned char buf[BS];
@@ -482,6 +561,7 @@ kill_recover_and_check (const char *path, struct kill_shadow *shadow,
     kill_content (buf, b, 1000);
     assert_int_equal (store_write (store, buf, BS, b * BS), 0);
   }
+  write_back (store, 0, KILL_BLOCKS - 1, 64);
   store_mark_idle (store, 0, NULL, NULL);
   struct store_pack_result packed;
   assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &packed), 0);
@@ -506,16 +586,19 @@ test_kill_points (void **state)
                                      PROT_READ | PROT_WRITE,
                                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true (shadow != MAP_FAILED);
+  char cold_path[256];            /* (region_path's buffer is reused) */
+  snprintf (cold_path, sizeof cold_path, "%s", region_path ("kill-cold"));
   const char *path = region_path ("kill-points");
   unsigned points = atoi (getenv ("KILL_POINTS") ? getenv ("KILL_POINTS")
                           : "200");
   uint64_t seed = 42, checked = 0, writes = 0, movers = 0, torn = 0;
+  uint64_t backed = 0;
   for (unsigned point = 0; point < points; point++) {
     memset (shadow, 0, sizeof *shadow);
     pid_t pid = fork ();
     assert_true (pid >= 0);
     if (pid == 0)
-      kill_child (path, shadow, seed + point);
+      kill_child (path, cold_path, shadow, seed + point);
     usleep (5000 + xorshift64 (&seed) % 60000);
     kill (pid, SIGKILL);
     int status;
@@ -524,12 +607,16 @@ test_kill_points (void **state)
       fail_msg ("kill point %u: the child exited (status %#x)", point, status);
     writes += shadow->writes;
     movers += shadow->movers;
-    checked += kill_recover_and_check (path, shadow, &torn);
+    checked += kill_recover_and_check (path, cold_path, shadow, &torn,
+                                       &backed);
   }
   print_message ("%u kill points: %" PRIu64 " acknowledged writes, %" PRIu64
                  " mover rounds; %" PRIu64 " acknowledged blocks checked, 0 "
-                 "mismatches, %" PRIu64 " torn entries put back\n", points,
-                 writes, movers, checked, torn);
+                 "mismatches, %" PRIu64 " torn entries put back, %" PRIu64
+                 " blocks found in the cold tier\n", points,
+                 writes, movers, checked, torn, backed);
+  assert_true (backed > 0);
+  unlink (cold_path);
   munmap (shadow, sizeof *shadow);
 }
 
