@@ -68,6 +68,8 @@
 #                        outlive every process the OOM killer can kill:
 #                        past RAM and the device, no machine, with swap
 #                        or without, recovers from them.)
+#   ZRAM_VM_TOOL_RESTARTABLE  1: the SIGTERM cases again with
+#                        swap on --restartable (a supervisor, a region)
 #   ZRAM_VM_TOOL_CASES   1: before the workload, the swap tool's cases
 #                        with the real driver (SIGTERM at five points of
 #                        swap on, then swap off: nothing left; a killed
@@ -228,6 +230,7 @@ NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
 NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
 DATA='$DATA'
 TOOL_CASES='${ZRAM_VM_TOOL_CASES:-0}'
+TOOL_RESTARTABLE='${ZRAM_VM_TOOL_RESTARTABLE:-0}'
 FILL_UNLINK='$([ "$EXPECT" = recover ] && echo 1 || echo 0)'
 TRACE_FAULTS='${ZRAM_VM_TRACE_FAULTS:-0}'
 SWAP_KIND='$SWAP_KIND'
@@ -407,10 +410,14 @@ fi
 guest_time=$(field "$result_line" time_s)
 oom_lines=$(grep -ac 'invoked oom-killer' "$clean" || :)
 # Page faults the server's threads took inside requests during the
-# workload (the stats at the end less those just before it).
+# workload (the stats at the end less those just before it; with
+# restarts, the last server's own, from its start).
 faults_line=$(grep -a '^ZRAM-VM: faults before the workload: ' "$clean" | tail -1 || :)
 write_faults=? read_faults=?
-if [ -n "$faults_line" ] && [ -n "${st[swap_write_faults]:-}" ]; then
+if [ -n "${ZRAM_VM_RESTARTS:-}" ] && [ -n "${st[swap_write_faults]:-}" ]; then
+    write_faults="${st[swap_write_faults]}(last server)"
+    read_faults=${st[swap_read_faults]}
+elif [ -n "$faults_line" ] && [ -n "${st[swap_write_faults]:-}" ]; then
     write_faults=$(( ${st[swap_write_faults]} - $(field "$faults_line" write) ))
     read_faults=$(( ${st[swap_read_faults]} - $(field "$faults_line" read) ))
 fi
@@ -504,7 +511,9 @@ tool_failures=$(grep -ac '^ZRAM-VM: tool .*: FAIL' "$clean" || :)
 [ "${tool_failures:-0}" = 0 ] || fail "$tool_failures of the swap tool's cases failed"
 if [ "${ZRAM_VM_TOOL_CASES:-0}" != 0 ]; then
     tool_ok=$(grep -ac '^ZRAM-VM: tool .*: ok$' "$clean" || :)
-    [ "$tool_ok" = 6 ] || fail "$tool_ok of the swap tool's 6 cases said ok"
+    tool_cases=$([ "${ZRAM_VM_TOOL_RESTARTABLE:-0}" = 0 ] && echo 6 || echo 11)
+    [ "$tool_ok" = "$tool_cases" ] ||
+        fail "$tool_ok of the swap tool's $tool_cases cases said ok"
 fi
 case "$result:$EXPECT" in
     OOM:recover)
