@@ -352,21 +352,29 @@ swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
 #define PLAIN_MMAP_THRESHOLD (128 << 10)
 #define PLAIN_TRIM_THRESHOLD (128 << 10)
 
-size_t
-swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit)
+void
+swap_mode_heap_settings (void)
 {
   if (swap_mode == SWAP_OFF) {
     mallopt (M_MMAP_THRESHOLD, PLAIN_MMAP_THRESHOLD);
     mallopt (M_TRIM_THRESHOLD, PLAIN_TRIM_THRESHOLD);
-    return 0;
+    return;
   }
-  /* One arena: the pages touched here serve every thread, including the
-   * workers nbdkit starts later.  The heap's free top is never given back
-   * (a request would fault it in again, maybe with memory gone).
+  /* One arena: the pages touched by swap_mode_prepare_heap serve every
+   * thread, including the workers nbdkit starts later.  The heap's free
+   * top is never given back (a request would fault it in again, maybe
+   * with memory gone).
    */
   mallopt (M_ARENA_MAX, 1);
   mallopt (M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD);
   mallopt (M_TRIM_THRESHOLD, INT_MAX);
+}
+
+size_t
+swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;
   /* The metadata is charged to mem_limit: it never outgrows a quarter of
    * it (the pages hold at least 32 bytes an object, the metadata 24).
    */

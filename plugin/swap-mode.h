@@ -97,13 +97,17 @@ extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,
                                            uint64_t reserve_unit);
 
 /* After swap_mode_lock, before any connection: the C library's heap for
- * the mode.  swap=on|try: ready for the requests of every thread and the
- * allocator's metadata of a device of blocks blocks, and kept (one arena,
- * requests up to 2 MiB from the heap, never trimmed, 8 MiB and the
- * metadata's room touched now, so locked).  Otherwise: glibc's mmap and
- * trim thresholds fixed at 128 KiB, so that freed memory goes back.
- * Returns the bytes touched.
+ * the mode.  swap_mode_heap_settings, before the store's process parts
+ * are made: swap=on|try: one arena, requests up to 2 MiB from the heap,
+ * never trimmed; otherwise glibc's mmap and trim thresholds fixed at
+ * 128 KiB, so that freed memory goes back.  swap_mode_prepare_heap,
+ * after them (the compression contexts took their own heap already): the
+ * heap ready for the requests of every thread and the allocator's
+ * metadata of a device of blocks blocks (0: it is elsewhere), 8 MiB and
+ * the metadata's room touched now, so locked and kept.  Returns the
+ * bytes touched.
  */
+extern void swap_mode_heap_settings (void);
 extern size_t swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit);
 
 /* After those, the line saying what was done (reserve_bytes: the

@@ -210,10 +210,7 @@ zram_after_fork (void)
    * With region= the allocator's metadata is in the region (made ready
    * there: metadata_make_ready), not in the C heap.
    */
-  size_t heap_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
-                                              : params.store.size
-                                              / STORE_BLOCK_SIZE,
-                                              params.store.pool.mem_limit);
+  swap_mode_heap_settings ();
   if (swap_mode != SWAP_OFF
       && store_keep_resident (store, SWAP_SERVING_THREADS) == -1) {
     nbdkit_error ("swap=%s: cannot make the block table and compression "
@@ -224,6 +221,14 @@ zram_after_fork (void)
     if (swap_mode == SWAP_ON)
       goto failed;
   }
+  /* Then the heap for the requests (nbdkit's buffers) and, without a
+   * region, the allocator's metadata: room of its own, not what the
+   * contexts took (zstd's take 4 MiB).
+   */
+  size_t heap_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
+                                              : params.store.size
+                                              / STORE_BLOCK_SIZE,
+                                              params.store.pool.mem_limit);
   /* Swap mode: the reserve populated (and locked) before any request,
    * and a full device watched.
    */
