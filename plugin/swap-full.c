@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -148,6 +149,69 @@ memory_short (void)
   return available < threshold;
 }
 
+/* A small file into buf (NUL-terminated, the last newline dropped):
+ * system calls only, nothing allocated.
+ */
+static void
+read_small (const char *path, char *buf, size_t size)
+{
+  buf[0] = '\0';
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return;
+  ssize_t n = read (fd, buf, size - 1);
+  close (fd);
+  if (n <= 0)
+    return;
+  buf[n] = '\0';
+  if (buf[n - 1] == '\n')
+    buf[n - 1] = '\0';
+}
+
+/* After a kill for a stall: each of this server's threads, its state and
+ * the kernel function it waits in - what held the server up, for the
+ * log.  Read into the watcher's stack after the kill (it cannot delay
+ * it).
+ */
+static void
+log_thread_waits (void)
+{
+  int dir = open ("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir == -1)
+    return;
+  char line[2048], entries[2048];
+  size_t used = 0;
+  long n;
+  while ((n = syscall (SYS_getdents64, dir, entries, sizeof entries)) > 0)
+    for (long at = 0; at < n;) {
+      struct entry {
+        uint64_t inode;
+        int64_t offset;
+        unsigned short length;
+        unsigned char type;
+        char name[];
+      } *entry = (struct entry *) (entries + at);
+      at += entry->length;
+      if (entry->name[0] == '.')
+        continue;
+      char path[96], name[32], wait[64], stat[512];
+      snprintf (path, sizeof path, "/proc/self/task/%s/comm", entry->name);
+      read_small (path, name, sizeof name);
+      snprintf (path, sizeof path, "/proc/self/task/%s/wchan", entry->name);
+      read_small (path, wait, sizeof wait);
+      snprintf (path, sizeof path, "/proc/self/task/%s/stat", entry->name);
+      read_small (path, stat, sizeof stat);
+      const char *after_name = strrchr (stat, ')');
+      char state = after_name && after_name[1] ? after_name[2] : '?';
+      if (used < sizeof line)
+        used += snprintf (line + used, sizeof line - used, " %s:%c:%s", name,
+                          state, wait[0] && strcmp (wait, "0") ? wait : "-");
+    }
+  close (dir);
+  nbdkit_error ("zram: the server's threads at that moment (name:state:"
+                "waiting in):%s", used ? line : " unknown");
+}
+
 /* No kill before this (swap_full_grace). */
 static _Atomic uint64_t grace_until_ns;
 
@@ -221,6 +285,8 @@ swap_full_watch (uint64_t now_ns)
                 "was asked to act (sysrq f), as it would without swap, "
                 "and the writes may take the reserve until it is refilled",
                 delay_ms);
+  if (stalled)
+    log_thread_waits ();
   last_kill_ns = now_ns;
   /* The victim's pages take a moment to leave: a new episode. */
   episode_start_ns = now_ns;

@@ -276,8 +276,12 @@ nbd_attach (const char *device, const char *socket_path, bool reconnect,
   return r;
 }
 
-int
-nbd_detach (const char *device)
+/* A command naming only the device (and, timeout_s >= 0, a request
+ * timeout): 0, or -1 after a message.
+ */
+static int
+device_command (const char *device, int command, const char *what,
+                int64_t timeout_s)
 {
   int index = device_index (device);
   if (index < 0)
@@ -289,13 +293,28 @@ nbd_detach (const char *device)
   struct nl_msg *msg = nlmsg_alloc ();
   int r = -1;
   if (msg && genlmsg_put (msg, NL_AUTO_PORT, NL_AUTO_SEQ, family, 0, 0,
-                          NBD_CMD_DISCONNECT, 0)
-      && nla_put_u32 (msg, NBD_ATTR_INDEX, index) >= 0)
-    r = nbd_command (nl, msg, "disconnect");
+                          command, 0)
+      && nla_put_u32 (msg, NBD_ATTR_INDEX, index) >= 0
+      && (timeout_s < 0
+          || nla_put_u64 (msg, NBD_ATTR_TIMEOUT, timeout_s) >= 0))
+    r = nbd_command (nl, msg, what);
   else if (msg)
     nlmsg_free (msg);
   nl_socket_free (nl);
   return r;
+}
+
+int
+nbd_detach (const char *device)
+{
+  return device_command (device, NBD_CMD_DISCONNECT, "disconnect", -1);
+}
+
+int
+nbd_set_request_timeout (const char *device, unsigned seconds)
+{
+  return device_command (device, NBD_CMD_RECONFIGURE, "request timeout",
+                         seconds);
 }
 
 int

@@ -19,6 +19,15 @@ extern int nbd_attach (const char *device, const char *socket_path,
                        bool reconnect, unsigned connections,
                        unsigned dead_conn_timeout, unsigned block_size);
 extern int nbd_detach (const char *device);
+/* The driver's request timeout (0: none, the default).  With none, a
+ * request sent to a server that died is never sent again: the driver
+ * only warns of it every 30 s ("Possible stuck request") - and so swap
+ * pages stay under writeback for good.  With one, the driver's timeout
+ * handler puts it back in the queue, for the current socket; it marks
+ * that socket dead only if the request was sent on it.  0, or -1 after
+ * a message.
+ */
+extern int nbd_set_request_timeout (const char *device, unsigned seconds);
 /* `nbdkit-zramctl nbd ...`: the exit status. */
 extern int run_nbd (int argc, char **argv);
 

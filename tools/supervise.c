@@ -24,6 +24,19 @@
  * (from the old server's end, or the signal that stopped it, to the
  * device reconnected).
  *
+ * The requests the kernel had sent to the old server and that it never
+ * answered (it died, or held them while it handed over) are not sent
+ * again by the reconnect: the driver sends a request again only from its
+ * timeout handler, and only when a request timeout is set - with none
+ * (the default, so that a live server that is slow is never cut off) it
+ * warns every 30 s and waits for good, and those swap pages stay under
+ * writeback, held in RAM, for good (seen: a restarted server's machine
+ * stalled on them until an OOM kill).  So after a reconnect the device
+ * gets a request timeout (REQUEUE_TIMEOUT_S) for REQUEUE_WINDOW_S: each
+ * such request's 30 s timer fires within it and is put back in the queue
+ * for the new socket (sent on the old one, it does not make the new one
+ * dead); then the timeout goes back to none.
+ *
  * While no server runs, the swapping kernel may need this process to
  * make progress, and none of its pages may be on the device: its memory
  * is locked (mlockall), it allocates nothing after the start, and a
@@ -57,6 +70,13 @@
 #include "supervise.h"
 
 static volatile sig_atomic_t restart_asked, stop_asked;
+
+/* After a reconnect (see above): the request timeout, long enough that
+ * no request of the new server meets it, and how long it stays (two of
+ * the driver's 30 s timer rounds, and some).
+ */
+#define REQUEUE_TIMEOUT_S 120
+#define REQUEUE_WINDOW_S 65
 
 static void
 on_signal (int signal)
@@ -270,12 +290,17 @@ run_supervise (int argc, char **argv)
   }
   note (dir, "attached", false, "%s\n", device);
   unsigned restarts = 0;
+  double requeue_until = 0;
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
     double stopped = 0;
     bool terminated = false;
     while (waitpid (server, &status, WNOHANG) != server) {
+      if (requeue_until && now () > requeue_until) {
+        if (nbd_set_request_timeout (device, 0) == 0)
+          requeue_until = 0;
+      }
       if (stop_asked && !terminated) {
         stopped = stopped ? stopped : now ();
         kill (server, SIGTERM);
@@ -318,19 +343,38 @@ run_supervise (int argc, char **argv)
             "not restarted\n");
       return EXIT_SUCCESS;
     }
-    server = server_start (dir, server_argv);
-    if (server == -1
-        || nbd_attach (device, sock_path, true, connections, timeout,
-                       4096) == -1) {
-      note (dir, "supervisor.log", true, "restart %u (%s): the server did "
-            "not start again, or %s could not be reconnected\n",
-            restarts + 1, why, device);
-      if (server > 0)
-        continue;               /* watch it; a later death tries again */
-      return EXIT_FAILURE;
+    /* Tried again each second until it serves and the device is
+     * reconnected: a start can fail for a reason that passes (memory
+     * short, its address space layout: the server's message says), and
+     * the device waits up to its dead-connection timeout.
+     */
+    for (unsigned attempt = 1;; attempt++) {
+      server = server_start (dir, server_argv);
+      if (server != -1
+          && nbd_attach (device, sock_path, true, connections, timeout,
+                         4096) == 0)
+        break;
+      note (dir, "supervisor.log", true, "restart %u (%s), attempt %u: "
+            "the server did not start again, or %s could not be "
+            "reconnected\n", restarts + 1, why, attempt, device);
+      if (server > 0) {
+        kill (server, SIGKILL);
+        waitpid (server, NULL, 0);
+      }
+      if (stop_asked || now () - stopped > timeout) {
+        note (dir, "supervisor.log", true, "restart %u: given up after %u "
+              "attempts (the device's dead-connection timeout, %u s, has "
+              "passed)\n", restarts + 1, attempt, timeout);
+        nbd_detach_quietly (device);
+        return EXIT_FAILURE;
+      }
+      sleep (1);
     }
     restarts++;
     note (dir, "supervisor.log", true, "restart %u (%s): %s reconnected, "
           "down %.3f s\n", restarts, why, device, now () - stopped);
+    /* The old server's unanswered requests: sent again (see above). */
+    if (nbd_set_request_timeout (device, REQUEUE_TIMEOUT_S) == 0)
+      requeue_until = now () + REQUEUE_WINDOW_S;
   }
 }
