@@ -303,7 +303,7 @@ housekeeper_start (struct block_store *the_store, const char *the_stats_path,
   stopping = false;
   atomic_store (&refill_requested, false);
   atomic_store (&reserve_active, policy.reserve_always);
-  if (policy.reserve_always)
+  if (policy.reserve_always && !policy.reserve_later)
     store_reserve_refill (store);
   stats_due = false;
   stats_thread_running = keeper_running = false;

@@ -52,6 +52,13 @@ struct housekeeper_policy {
                                      reclaim never stops the refills; and
                                      the reserve is kept by a thread of
                                      its own, the reserve keeper */
+  bool reserve_later;             /* with reserve_always: not filled by
+                                     housekeeper_start but by the keeper
+                                     once serving (a server that took its
+                                     device over: the kernel waits on it,
+                                     and memory populated before it
+                                     serves may be what only swapping,
+                                     through it, can give back) */
   void (*reserve_tick) (void);   /* with reserve_always: called
                                      by the reserve keeper after each
                                      refill, a few times a second (the

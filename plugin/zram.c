@@ -232,10 +232,21 @@ zram_after_fork (void)
   /* Swap mode: the reserve populated (and locked) before any request,
    * and a full device watched.
    */
+  struct handover_status handover;
+  handover_status_get (&handover);
   params.policy.reserve_always = swap_mode != SWAP_OFF;
   params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
+  /* A server that took its device over (a restart) serves first, with the
+   * reserve and ready metadata the last one left: populating more before
+   * it serves waited 130 s in reclaim in the guest, the device down, for
+   * memory only swapping through this server could give back.  The
+   * keeper tops them up once it serves.
+   */
+  params.policy.reserve_later = handover.generation > 1;
   if (swap_mode != SWAP_OFF)
-    store_metadata_ready (store, metadata_make_ready ());
+    store_metadata_ready (store, handover.generation > 1
+                          ? region_make_ready (params.store.pool.region, 0)
+                          : metadata_make_ready ());
   housekeeper_set_policy (&params.policy);
   if (housekeeper_start (store, params.stats_path, params.metrics_path,
                          params.store.pool.compact_before_refusal
@@ -243,8 +254,6 @@ zram_after_fork (void)
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
     goto failed;
   }
-  struct handover_status handover;
-  handover_status_get (&handover);
   if (handover.generation > 1)
     swap_full_grace (monotonic_ns ()
                      + SWAP_FULL_RESTART_GRACE_MS * UINT64_C (1000000));
