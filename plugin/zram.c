@@ -237,16 +237,17 @@ zram_after_fork (void)
   params.policy.reserve_always = swap_mode != SWAP_OFF;
   params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
   /* A server that took its device over (a restart) serves first, with the
-   * reserve and ready metadata the last one left: populating more before
-   * it serves waited 130 s in reclaim in the guest, the device down, for
-   * memory only swapping through this server could give back.  The
-   * keeper tops them up once it serves.
+   * reserve the last one left: populating more before it serves waited
+   * 130 s in reclaim in the guest, the device down, for memory only
+   * swapping through this server could give back.  The keeper tops it up
+   * once it serves.  The metadata's room (a MiB or so) is made ready
+   * first all the same: without it every write is refused (seen: a
+   * recovered region, its free pages given back, answered the kernel's
+   * first writes with errors).
    */
   params.policy.reserve_later = handover.generation > 1;
   if (swap_mode != SWAP_OFF)
-    store_metadata_ready (store, handover.generation > 1
-                          ? region_make_ready (params.store.pool.region, 0)
-                          : metadata_make_ready ());
+    store_metadata_ready (store, metadata_make_ready ());
   housekeeper_set_policy (&params.policy);
   if (housekeeper_start (store, params.stats_path, params.metrics_path,
                          params.store.pool.compact_before_refusal
