@@ -72,11 +72,15 @@
 static volatile sig_atomic_t restart_asked, stop_asked;
 
 /* After a reconnect (see above): the request timeout, long enough that
- * no request of the new server meets it, and how long it stays (two of
- * the driver's 30 s timer rounds, and some).
+ * no request of the new server meets it, and how long it stays: the old
+ * requests' 30 s timer round, and a whole timeout more, so that a
+ * request sent meanwhile (its timer armed with the new timeout) that the
+ * new server never answers - it died too - is sent again as well (seen:
+ * one started just after a reconnect, warned about 120 s later, after a
+ * window of 65 s had closed).
  */
 #define REQUEUE_TIMEOUT_S 120
-#define REQUEUE_WINDOW_S 65
+#define REQUEUE_WINDOW_S (35 + REQUEUE_TIMEOUT_S)
 
 static void
 on_signal (int signal)
