@@ -179,7 +179,8 @@ log_thread_waits (void)
   int dir = open ("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir == -1)
     return;
-  char line[2048], entries[2048];
+  char line[2048];
+  _Alignas (8) char entries[2048];
   size_t used = 0;
   long n;
   while ((n = syscall (SYS_getdents64, dir, entries, sizeof entries)) > 0)

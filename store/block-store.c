@@ -243,6 +243,9 @@ store_config_mismatch (struct region *region, const struct store_config *config)
       "cannot be added to it";
   if (config->backing) {
     const char *target = backing_target (config->backing);
+    if (!region_contains (region, store->backing_map,
+                          sizeof *store->backing_map))
+      return "the cold tier's space map is not in the region: it is damaged";
     if (crc32c (target, strlen (target)) != store->backing_target_crc)
       return "the cold tier (backing=) is not the stored device's";
     if (backing_sectors (config->backing) != store->backing_map->sectors)

@@ -377,9 +377,14 @@ space_map_quarantine (struct space_map *map, uint64_t offset, size_t bytes)
       map->quarantine_count = 0;
     }
     else {
-      map_free (map, map->quarantine);
+      /* The new array in place before the old goes: a crash between the
+       * two leaves the old one unreached (freed by a recovery), never
+       * the map pointing at a freed one.
+       */
+      struct space_run *old = map->quarantine;
       map->quarantine = extents;
       map->quarantine_capacity = capacity;
+      map_free (map, old);
     }
   }
   map->quarantine[map->quarantine_count++]
@@ -546,6 +551,14 @@ space_map_recover_end (struct space_map_recovery *recovery,
   pthread_mutex_init (&map->lock, NULL);
   map->free_sectors = map->sectors;
   map->map_bytes = base_map_bytes (map);
+  /* The quarantine's bytes from its list (a crash inside a merge can
+   * leave the count out of step), unless it could not be kept at all.
+   */
+  if (map->quarantine) {
+    map->quarantined_bytes = 0;
+    for (size_t q = 0; q < map->quarantine_count; q++)
+      map->quarantined_bytes += map->quarantine[q].bytes;
+  }
   /* Quarantined extents stay taken, reached or not. */
   for (size_t q = 0; q < map->quarantine_count; q++) {
     uint64_t first = map->quarantine[q].offset / SPACE_MAP_SECTOR;

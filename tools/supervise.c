@@ -365,6 +365,12 @@ run_supervise (int argc, char **argv)
         kill (server, SIGKILL);
         waitpid (server, NULL, 0);
       }
+      /* A second's wait that a signal ends (they are blocked but
+       * here): swap off meanwhile stops the tries.
+       */
+      alarm (1);
+      sigsuspend (&none);
+      alarm (0);
       if (stop_asked || now () - stopped > timeout) {
         note (dir, "supervisor.log", true, "restart %u: given up after %u "
               "attempts (the device's dead-connection timeout, %u s, has "
@@ -372,7 +378,6 @@ run_supervise (int argc, char **argv)
         nbd_detach_quietly (device);
         return EXIT_FAILURE;
       }
-      sleep (1);
     }
     restarts++;
     note (dir, "supervisor.log", true, "restart %u (%s): %s reconnected, "
