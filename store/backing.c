@@ -107,13 +107,13 @@ backing_target (const struct backing *backing)
 uint64_t
 backing_sectors (const struct backing *backing)
 {
-  return backing->own_map.sectors;
+  return backing->map->sectors;
 }
 
 int
 backing_map_adopt (struct backing *backing, struct space_map *map)
 {
-  if (map->sectors != backing->own_map.sectors) {
+  if (map->sectors != backing_sectors (backing)) {
     errno = EINVAL;
     return -1;
   }

@@ -99,6 +99,14 @@ process_parts_free (struct block_store *store)
     pthread_mutex_destroy (&store->stripes[i]);
 }
 
+/* What the store keeps of its cold tier's name (store_config_mismatch). */
+static uint32_t
+target_checksum (const struct backing *backing)
+{
+  const char *target = backing_target (backing);
+  return crc32c (target, strlen (target));
+}
+
 /* The cold tier's space map made in the store's region, and given to
  * config's backing store (HANDOVER in block-store.h).  0, or -1 with
  * errno.
@@ -116,8 +124,7 @@ backing_map_in_region (struct block_store *store,
     return -1;
   }
   store->backing_map = map;
-  const char *target = backing_target (config->backing);
-  store->backing_target_crc = crc32c (target, strlen (target));
+  store->backing_target_crc = target_checksum (config->backing);
   return backing_map_adopt (config->backing, map);
 }
 
@@ -242,11 +249,10 @@ store_config_mismatch (struct region *region, const struct store_config *config)
     return "the stored device was served without a cold tier: backing= "
       "cannot be added to it";
   if (config->backing) {
-    const char *target = backing_target (config->backing);
     if (!region_contains (region, store->backing_map,
                           sizeof *store->backing_map))
       return "the cold tier's space map is not in the region: it is damaged";
-    if (crc32c (target, strlen (target)) != store->backing_target_crc)
+    if (target_checksum (config->backing) != store->backing_target_crc)
       return "the cold tier (backing=) is not the stored device's";
     if (backing_sectors (config->backing) != store->backing_map->sectors)
       return "the cold tier (backing=) has another capacity than the "

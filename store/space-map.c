@@ -42,6 +42,13 @@ map_free (struct space_map *map, void *p)
 
 #define QUARANTINE_FIRST 16
 
+/* Entries of the per-leaf arrays (leaves, longest_runs): at least one. */
+static uint64_t
+leaf_slots (const struct space_map *map)
+{
+  return map->leaf_count ? map->leaf_count : 1;
+}
+
 /* What the map takes without its leaves. */
 static uint64_t
 base_map_bytes (const struct space_map *map)
@@ -60,10 +67,10 @@ space_map_init (struct space_map *map, uint64_t sectors, struct region *region)
   map->tree_base = 1;
   while (map->tree_base < map->leaf_count)
     map->tree_base *= 2;
-  map->leaves = map_alloc (map, (map->leaf_count ? map->leaf_count : 1)
+  map->leaves = map_alloc (map, leaf_slots (map)
                            * sizeof *map->leaves);
   map->longest = map_alloc (map, 2 * map->tree_base * sizeof *map->longest);
-  map->longest_runs = map_alloc (map, (map->leaf_count ? map->leaf_count : 1)
+  map->longest_runs = map_alloc (map, leaf_slots (map)
                                  * sizeof *map->longest_runs);
   if (!map->leaves || !map->longest || !map->longest_runs) {
     /* Nothing half made: the caller destroys only a map that was made. */
@@ -460,14 +467,13 @@ struct space_map_recovery *
 space_map_recover_begin (struct space_map *map)
 {
   struct region *region = map->region;
-  size_t leaves_bytes = (map->leaf_count ? map->leaf_count : 1)
-    * sizeof *map->leaves;
+  size_t leaves_bytes = leaf_slots (map) * sizeof *map->leaves;
   if (!region
       || !region_recover_claim (region, map->leaves, leaves_bytes, 16)
       || !region_recover_claim (region, map->longest,
                                 2 * map->tree_base * sizeof *map->longest, 16)
       || !region_recover_claim (region, map->longest_runs,
-                                (map->leaf_count ? map->leaf_count : 1)
+                                leaf_slots (map)
                                 * sizeof *map->longest_runs, 16)) {
     errno = EINVAL;
     return NULL;
@@ -483,7 +489,7 @@ space_map_recover_begin (struct space_map *map)
   }
   struct space_map_recovery *recovery = calloc (1, sizeof *recovery);
   if (!recovery
-      || !(recovery->reached = calloc (map->leaf_count ? map->leaf_count : 1,
+      || !(recovery->reached = calloc (leaf_slots (map),
                                        sizeof *recovery->reached))) {
     free (recovery);
     errno = ENOMEM;
@@ -583,22 +589,15 @@ space_map_recover_end (struct space_map_recovery *recovery,
      * keep_unreached, else free.
      */
     uint32_t n = leaf_sectors (map, leaf);
-    for (uint32_t start = 0; keep_unreached && start < n;) {
-      uint32_t s = start;
-      while (s < n && !((bits[s / 64] >> (s % 64) & 1)
-                        && !(reached[s / 64] >> (s % 64) & 1)))
-        s++;
-      uint32_t e = s;
-      while (e < n && (bits[e / 64] >> (e % 64) & 1)
-             && !(reached[e / 64] >> (e % 64) & 1))
-        e++;
-      if (e > s) {
-        bits_assign (reached, s, e - s, true);
-        space_map_quarantine (map, ((uint64_t) leaf * LEAF_SECTORS + s)
-                              * SPACE_MAP_SECTOR,
-                              (size_t) (e - s) * SPACE_MAP_SECTOR);
-      }
-      start = e > s ? e : n;
+    for (uint32_t w = 0; w < LEAF_WORDS; w++)
+      bits[w] &= ~reached[w];
+    for (uint32_t s = bit_find (bits, 0, n, true); keep_unreached && s < n;) {
+      uint32_t e = bit_find (bits, s, n, false);
+      bits_assign (reached, s, e - s, true);
+      space_map_quarantine (map, ((uint64_t) leaf * LEAF_SECTORS + s)
+                            * SPACE_MAP_SECTOR,
+                            (size_t) (e - s) * SPACE_MAP_SECTOR);
+      s = bit_find (bits, e, n, true);
     }
     memcpy (bits, reached, LEAF_WORDS * sizeof *bits);
     uint32_t taken = 0;

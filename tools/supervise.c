@@ -99,6 +99,18 @@ now (void)
   return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* Wait up to a second, or until a signal comes: they are blocked but
+ * here (none: the mask with them unblocked), so one that comes while
+ * the supervisor acts is acted on at the next wait, never lost.
+ */
+static void
+wait_a_second (const sigset_t *none)
+{
+  alarm (1);
+  sigsuspend (none);
+  alarm (0);
+}
+
 /* A line in DIR/name (appended, or replacing the file). */
 static void
 note (const char *dir, const char *name, bool append, const char *format, ...)
@@ -321,10 +333,8 @@ run_supervise (int argc, char **argv)
         kill (server, SIGTERM);
         terminated = true;
       }
-      /* Woken by a signal, or by the timer below (the 40 s above). */
-      alarm (1);
-      sigsuspend (&none);
-      alarm (0);
+      /* Woken by a signal, or each second (the 40 s above). */
+      wait_a_second (&none);
     }
     if (!stopped)
       stopped = now ();
@@ -365,16 +375,11 @@ run_supervise (int argc, char **argv)
         kill (server, SIGKILL);
         waitpid (server, NULL, 0);
       }
-      /* A second's wait that a signal ends (they are blocked but
-       * here): swap off meanwhile stops the tries.
-       */
-      alarm (1);
-      sigsuspend (&none);
-      alarm (0);
+      wait_a_second (&none);    /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
         note (dir, "supervisor.log", true, "restart %u: given up after %u "
-              "attempts (the device's dead-connection timeout, %u s, has "
-              "passed)\n", restarts + 1, attempt, timeout);
+              "attempts (%s)\n", restarts + 1, attempt, stop_asked
+              ? "stopped" : "the device's dead-connection timeout passed");
         nbd_detach_quietly (device);
         return EXIT_FAILURE;
       }
