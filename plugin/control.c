@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +25,7 @@
 #include "control-internal.h"
 #include "error-text.h"
 #include "monotonic.h"
+#include "unix-listen.h"
 
 #define CONTROL_WORDS_MAX 8
 /* Clients served at once; one more is told so and closed. */
@@ -42,11 +41,11 @@
  * (the command's effect stays; its log line says so).
  */
 #define CONTROL_SEND_TIMEOUT_MS 2000
-/* Connections the kernel queues before the thread accepts them. */
-#define CONTROL_BACKLOG SOMAXCONN
 
 /* Set up in control_listen / control_start, torn down in control_stop,
- * all on nbdkit's main thread; the control thread only reads them.
+ * one thread at a time: nbdkit's main thread, or a standby's thread at
+ * its takeover (standby.h), which the main thread joins before its
+ * control_stop; the control thread only reads them.
  */
 static int listen_fd = -1;
 static char *socket_path;
@@ -95,47 +94,9 @@ static atomic_bool stopping;
 int
 control_listen (const char *path)
 {
-  struct sockaddr_un address = { .sun_family = AF_UNIX };
-  if (strlen (path) >= sizeof address.sun_path) {
-    nbdkit_error ("ctl: '%s' is too long for a socket name (%zu bytes at most)",
-                  path, sizeof address.sun_path - 1);
+  int fd = unix_listen (path, "ctl");
+  if (fd == -1)
     return -1;
-  }
-  strcpy (address.sun_path, path);
-
-  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1) {
-    nbdkit_error ("ctl: socket: %s", error_text (errno));
-    return -1;
-  }
-  /* A socket left by a server that is gone is replaced; anything else
-   * that is there is not touched.
-   */
-  struct stat st;
-  if (lstat (path, &st) == 0) {
-    if (!S_ISSOCK (st.st_mode)) {
-      nbdkit_error ("ctl: '%s' exists and is not a socket", path);
-      close (fd);
-      return -1;
-    }
-    if (connect (fd, (struct sockaddr *) &address, sizeof address) == 0) {
-      nbdkit_error ("ctl: '%s' is in use by another server", path);
-      close (fd);
-      return -1;
-    }
-    unlink (path);
-  }
-  /* Owner only, from the moment it exists. */
-  mode_t old_mask = umask (0177);
-  int r = bind (fd, (struct sockaddr *) &address, sizeof address);
-  umask (old_mask);
-  if (r == -1 || listen (fd, CONTROL_BACKLOG) == -1) {
-    nbdkit_error ("ctl: cannot listen on '%s': %s", path, error_text (errno));
-    close (fd);
-    if (r == 0)
-      unlink (path);            /* bound, not listening: not left behind */
-    return -1;
-  }
   /* control_stop removes the socket by this name. */
   socket_path = strdup (path);
   if (!socket_path) {

@@ -154,6 +154,10 @@ static const struct param params_table[PARAM_COUNT] = {
     "Keep the device in memory that outlives the server: the region file\n"
     "naming it (a server started again with it serves the same data).",
     AT (region_path), .what = "file" },
+  [P_STANDBY] = { "standby", KIND_PATH, "PATH",
+    "Start as a standby for region=: ready, not serving, until a line\n"
+    "'takeover' on the socket PATH (its server handed over or died).",
+    AT (standby_path), .what = "socket" },
   [P_CHAIN] = { "chain", KIND_UNSIGNED, "N",
     "Tuning: pages per zspage at most, 1..16 (default 8).",
     AT (store.pool.chain_pages), ZS_CHAIN_MIN, ZS_CHAIN_MAX,
@@ -197,6 +201,7 @@ params_free (struct zram_params *params)
   free (params->device_name);
   free (params->ctl_path);
   free (params->region_path);
+  free (params->standby_path);
   free (params->backing_target);
 }
 
@@ -560,6 +565,11 @@ params_complete (struct zram_params *params)
       || writeback_complete (params) == -1
       || swap_complete (params) == -1)
     return -1;
+  if (params->standby_path && !params->region_path) {
+    nbdkit_error ("standby: needs region= (a standby takes over the region "
+                  "its server leaves)");
+    return -1;
+  }
   if (!params->given[P_LEVEL])
     store->level = codec_default_level (store->algorithm);
   else if (!codec_level_is_valid (store->algorithm, store->level, &min, &max)) {

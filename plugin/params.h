@@ -24,7 +24,7 @@ enum param_id {
   P_BACKING, P_BACKING_DIRECT, P_BACKING_TIMEOUT, P_BACKING_SYNC,
   P_WRITEBACK_LIMIT, P_WRITEBACK_BATCH_SIZE, P_WRITEBACK_WATERMARK,
   P_COMPACT, P_COMPACT_THRESHOLD, P_SWAP, P_SWAP_RESERVE, P_SWAP_FULL,
-  P_REGION, P_CHAIN, P_LOCK, P_FREE,
+  P_REGION, P_STANDBY, P_CHAIN, P_LOCK, P_FREE,
   PARAM_COUNT
 };
 
@@ -39,6 +39,7 @@ struct zram_params {
   char *device_name;            /* name=: the metrics' device label */
   char *ctl_path;
   char *region_path;            /* region=: the region file */
+  char *standby_path;           /* standby=: the takeover's socket */
   char *backing_target;         /* a path made absolute, or an NBD URI */
   bool backing_direct;
   unsigned backing_timeout;     /* seconds an NBD backing request may take */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <lz4.h>
 #include <zstd.h>
@@ -28,6 +29,7 @@
 #include "handover.h"
 #include "housekeeper.h"
 #include "server-check.h"
+#include "standby.h"
 #include "stats-file.h"
 #include "metrics.h"
 #include "monotonic.h"
@@ -107,6 +109,16 @@ zram_get_ready (void)
     }
     backing_set_log (params.store.backing, backing_log);
   }
+  const char *device_name = params.device_name ? params.device_name : "zram";
+  if (metrics_configure (device_name) == -1) {
+    nbdkit_error ("metrics: %s", error_text (errno));
+    return -1;
+  }
+  /* A standby takes the region at its takeover (standby.h), and starts
+   * the control channel then: its socket is the serving server's now.
+   */
+  if (params.standby_path)
+    return standby_listen (params.standby_path);
   if (params.region_path) {
     store = handover_store_open (&params.store, params.region_path,
                                  swap_mode != SWAP_OFF);
@@ -115,11 +127,6 @@ zram_get_ready (void)
   }
   else if (!(store = store_create (&params.store))) {
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
-    return -1;
-  }
-  const char *device_name = params.device_name ? params.device_name : "zram";
-  if (metrics_configure (device_name) == -1) {
-    nbdkit_error ("metrics: %s", error_text (errno));
     return -1;
   }
   if (params.ctl_path && control_listen (params.ctl_path) == -1)
@@ -197,20 +204,26 @@ threads_stop (void)
   housekeeper_stop ();
 }
 
-/* Threads do not survive nbdkit's fork: start the housekeeper after it. */
+/* The heap made ready for requests (swap_mode_prepare_heap): once, by
+ * .after_fork or, in a standby, ahead of its takeover.
+ */
+static size_t heap_ready_bytes;
+static bool heap_prepared;
+
+/* Serve the store this server now owns: everything a request reaches,
+ * made and started - in .after_fork, or at a standby's takeover.  0, or
+ * -1 after nbdkit_error (the caller stops what started).
+ */
 static int
-zram_after_fork (void)
+serve_start (void)
 {
   handover_serving ();
-  handover_set_quiesce (threads_stop);
-  if (swap_mode_lock () == -1)
-    goto failed;
   /* Swap mode: what the serving path needs, made (and so locked) before
    * any request; the reserve below.  The table is charged to mem_limit.
    * With region= the allocator's metadata is in the region (made ready
-   * there: metadata_make_ready), not in the C heap.
+   * there: metadata_make_ready), not in the C heap.  A standby's heap
+   * has the room for the contexts already (standby_heap_ready).
    */
-  swap_mode_heap_settings ();
   if (swap_mode != SWAP_OFF
       && store_keep_resident (store, SWAP_SERVING_THREADS) == -1) {
     nbdkit_error ("swap=%s: cannot make the block table and compression "
@@ -219,16 +232,17 @@ zram_after_fork (void)
                   errno == ENOSPC ? " (mem_limit is too small for the "
                   "device's table: 16 bytes a block)" : "");
     if (swap_mode == SWAP_ON)
-      goto failed;
+      return -1;
   }
   /* Then the heap for the requests (nbdkit's buffers) and, without a
    * region, the allocator's metadata: room of its own, not what the
    * contexts took (zstd's take 4 MiB).
    */
-  size_t heap_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
-                                              : params.store.size
-                                              / STORE_BLOCK_SIZE,
-                                              params.store.pool.mem_limit);
+  if (!heap_prepared)
+    heap_ready_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
+                                               : params.store.size
+                                               / STORE_BLOCK_SIZE,
+                                               params.store.pool.mem_limit);
   /* Swap mode: the reserve populated (and locked) before any request,
    * and a full device watched.
    */
@@ -253,19 +267,19 @@ zram_after_fork (void)
                          params.store.pool.compact_before_refusal
                          ? (int) params.compact_threshold : -1) == -1) {
     nbdkit_error ("cannot start the housekeeping thread: %s", error_text (errno));
-    goto failed;
+    return -1;
   }
   if (handover.generation > 1)
     swap_full_grace (monotonic_ns ()
                      + SWAP_FULL_RESTART_GRACE_MS * UINT64_C (1000000));
   if (swap_mode != SWAP_OFF && swap_full_start (open_reserve) == -1) {
     nbdkit_error ("cannot start the full-device watcher: %s", error_text (errno));
-    goto failed;
+    return -1;
   }
   struct store_stats stats;
   store_stats (store, &stats);
   swap_mode_report (stats.reserve_bytes,
-                    heap_bytes + stats.table_bytes + stats.codec_bytes);
+                    heap_ready_bytes + stats.table_bytes + stats.codec_bytes);
   struct control_info info = {
     .disksize = params.store.size,
     .algorithm = codec_name (params.store.algorithm),
@@ -273,14 +287,96 @@ zram_after_fork (void)
   };
   if (control_start (store, &info) == -1) {
     nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));
-    goto failed;
+    return -1;
   }
+  return 0;
+}
+
+/* A standby's heap made ready for what its takeover makes (standby.h):
+ * the compression contexts, scratch and caches of a store of the same
+ * parameters, made for a small scratch store and freed - in swap mode
+ * the heap keeps its free memory, resident and locked
+ * (swap_mode_heap_settings), for the real ones to take without a fault -
+ * and then the requests' heap.  The bytes made ready.
+ */
+static size_t
+standby_heap_ready (void)
+{
+  if (swap_mode == SWAP_OFF)
+    return 0;                   /* a heap that is not locked: nothing to do */
+  struct store_config config = params.store;
+  config.size = 64 * STORE_BLOCK_SIZE;
+  config.backing = NULL;
+  config.pool.region = NULL;
+  config.pool.reserve_bytes = 0;
+  config.pool.mem_limit = 0;
+  config.pool.resident_only = false;
+  uint64_t parts = 0;
+  struct block_store *scratch = store_create (&config);
+  if (scratch && store_keep_resident (scratch, SWAP_SERVING_THREADS) == 0) {
+    struct store_stats stats;
+    store_stats (scratch, &stats);
+    parts = stats.codec_bytes + stats.table_bytes;
+  }
+  store_destroy (scratch);
+  size_t bytes = swap_mode_prepare_heap (0, params.store.pool.mem_limit);
+  swap_mode_heap_ready (2 * parts);
+  return bytes + 2 * parts;
+}
+
+/* A standby's takeover (standby.h, on its thread): the control channel
+ * (refused while the last server lives: its socket answers), the region
+ * (refused while it is owned), then serving.  0, or -1 after
+ * nbdkit_error with nothing taken.
+ */
+static int
+zram_take_over (void)
+{
+  if (params.ctl_path && control_listen (params.ctl_path) == -1)
+    return -1;
+  struct block_store *taken = handover_store_open (&params.store,
+                                                   params.region_path,
+                                                   swap_mode != SWAP_OFF);
+  if (!taken) {
+    control_stop ();
+    return -1;
+  }
+  store = taken;
+  if (serve_start () == -1) {
+    /* The region says "serving": the next server recovers it. */
+    nbdkit_error ("standby: the device was taken over but cannot be "
+                  "served: exiting");
+    _exit (EXIT_FAILURE);
+  }
+  return 0;
+}
+
+/* Threads do not survive nbdkit's fork: start the housekeeper after it. */
+static int
+zram_after_fork (void)
+{
+  handover_set_quiesce (threads_stop);
+  if (swap_mode_lock () == -1)
+    goto failed;
+  swap_mode_heap_settings ();
+  if (params.standby_path) {
+    heap_ready_bytes = standby_heap_ready ();
+    heap_prepared = true;
+    if (standby_start (zram_take_over, swap_mode_ready_stacks) == -1) {
+      nbdkit_error ("cannot start the standby thread: %s", error_text (errno));
+      goto failed;
+    }
+    return 0;
+  }
+  if (serve_start () == -1)
+    goto failed;
   return 0;
 
  failed:
   /* nbdkit exits without .cleanup: stop what started, and leave no
    * control socket behind.
    */
+  standby_stop ();
   control_stop ();
   swap_full_stop ();
   housekeeper_stop ();
@@ -290,6 +386,8 @@ zram_after_fork (void)
 static void
 zram_cleanup (void)
 {
+  /* First: a takeover in progress finishes (or never starts). */
+  standby_stop ();
   /* A writeback in progress (the control channel's, the housekeeper's)
    * must not hold up the exit on a slow backing store.
    */
@@ -444,6 +542,19 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
   return -1;
 }
 
+/* A request to a standby that has not taken the device over (standby.h):
+ * refused, there is nothing to serve yet.
+ */
+static int
+standby_refuse (const char *what)
+{
+  if (failure_log_allowed ())
+    nbdkit_error ("%s: refused: this server is a standby (standby=) that "
+                  "has not taken the device over", what);
+  nbdkit_set_error (EIO);
+  return -1;
+}
+
 /* Every data request starts here: the server check and, in swap mode,
  * the count of the thread's page faults (swap-mode.h).
  */
@@ -479,6 +590,8 @@ static int
 zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
             uint32_t flags)
 {
+  if (standby_waiting ())
+    return standby_refuse ("read");
   uint64_t faults = request_begin (false);
   return request_end (store_read (store, buf, count, offset), "read", false,
                       faults, count, offset);
@@ -488,6 +601,8 @@ static int
 zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
+  if (standby_waiting ())
+    return standby_refuse ("write");
   uint64_t faults = request_begin (true);
   if (swap_mode != SWAP_OFF && store_reserve_low (store))
     housekeeper_wake ();
@@ -504,6 +619,8 @@ zram_flush (void *handle, uint32_t flags)
 static int
 zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
+  if (standby_waiting ())
+    return standby_refuse ("trim");
   uint64_t faults = request_begin (true);
   return request_end (store_trim (store, count, offset), "trim", true, faults,
                       count, offset);
@@ -515,6 +632,8 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
+  if (standby_waiting ())
+    return standby_refuse ("zero");
   uint64_t faults = request_begin (true);
   return request_end (store_zero (store, count, offset,
                                   flags & NBDKIT_FLAG_MAY_TRIM),
@@ -537,6 +656,8 @@ static int
 zram_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
               struct nbdkit_extents *extents)
 {
+  if (standby_waiting ())
+    return standby_refuse ("extents");
   handover_request_enter ();
   int r = store_extents (store, count, offset, add_extent, extents);
   handover_request_exit ();

@@ -9,7 +9,8 @@
 # server killed with SIGKILL leaves a region the next one recovers from
 # its block table, every acknowledged block whole; drop gives the memory
 # up at exit; handover (a planned restart's) hands it over and exits at
-# once.
+# once; a standby (standby=) takes the region over when told, after a
+# SIGKILL or a handover.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -177,6 +178,76 @@ serve read 4 || fail "after handover, the next server does not serve the data"
 [ "$(stat_of recoveries)" = "$recoveries" ] ||
     fail "after handover the next server recovered (a crash), not took over"
 echo "ok: handover: the server exits, the next takes the region over clean"
+
+# ---- a standby: made ready ahead, serving once told to take over ----------
+# standby=: the handshake is answered (the size), requests are refused,
+# "takeover" is refused while the region's server lives and taken once
+# it died (SIGKILL: a recovery) or handed over (the control channel's
+# handover: clean); each time every block is whole.
+if zram_nbdkit -U - "$PLUGIN" 8M standby="$tmp/sb" --run true 2>"$tmp/sb.err"; then
+    fail "standby= without region= was accepted"
+fi
+grep -q "standby: needs region=" "$tmp/sb.err" || fail "standby alone: $(cat "$tmp/sb.err")"
+cat > "$tmp/ask.py" <<'EOF'
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+print(s.makefile().readline().strip())
+EOF
+ask () { /usr/bin/python3 "$tmp/ask.py" "$@"; }
+standby () {   # N: a standby on sock$N, pid$N, standby$N
+    zram_nbdkit -U "$tmp/sock$1" -P "$tmp/pid$1" "$PLUGIN" 8M \
+        region="$region" ctl="$tmp/ctl4" stats="$tmp/stats" \
+        standby="$tmp/standby$1" || fail "a standby"
+}
+zram_nbdkit -U "$tmp/sock4" -P "$tmp/pid4" "$PLUGIN" 8M region="$region" \
+    ctl="$tmp/ctl4" stats="$tmp/stats" || fail "a background server"
+ACTION=write VERSION=7 nbdsh -u "nbd+unix://?socket=$tmp/sock4" -c - \
+    < "$tmp/data.py" || fail "writing to the background server"
+standby 5
+[ "$(nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c 'print (h.get_size ())')" = 8388608 ] ||
+    fail "the standby's handshake"
+if nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c 'h.pread (4096, 0)' 2>/dev/null; then
+    fail "a standby answered a read before its takeover"
+fi
+case "$(ask "$tmp/standby5" ready)" in ok\ *) ;; *) fail "the standby's ready" ;; esac
+case "$(ask "$tmp/standby5" takeover)" in
+    error:*) ;; *) fail "a standby took over a region whose server lives" ;;
+esac
+ACTION=read VERSION=7 nbdsh -u "nbd+unix://?socket=$tmp/sock4" -c - \
+    < "$tmp/data.py" || fail "the server after a refused takeover"
+sleep 1.2                       # a housekeeping round: its stats
+recoveries=$(stat_of recoveries)
+kill -9 "$(cat "$tmp/pid4")"
+while [ -e "/proc/$(cat "$tmp/pid4")" ]; do sleep 0.1; done
+case "$(ask "$tmp/standby5" takeover)" in
+    ok\ *) ;; *) fail "the standby did not take over after SIGKILL" ;;
+esac
+[ ! -e "$tmp/standby5" ] || fail "the standby's socket is still there after its takeover"
+ACTION=read VERSION=7 nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c - \
+    < "$tmp/data.py" || fail "the standby after its takeover"
+sleep 1.2
+[ "$(stat_of recoveries)" = $((recoveries + 1)) ] ||
+    fail "the standby's takeover after SIGKILL was not a recovery"
+echo "ok: a standby: handshake answered, requests refused, takeover refused while the server lived, after SIGKILL taken over with every block whole"
+standby 6
+ACTION=write VERSION=8 nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c - \
+    < "$tmp/data.py" || fail "writing to the standby that took over"
+"$BUILDDIR/tools/nbdkit-zramctl" handover "$tmp/ctl4" || fail "handover to a standby"
+while [ -e "/proc/$(cat "$tmp/pid5")" ]; do sleep 0.1; done
+case "$(ask "$tmp/standby6" takeover)" in
+    ok\ *) ;; *) fail "the standby did not take over after a handover" ;;
+esac
+ACTION=read VERSION=8 nbdsh -u "nbd+unix://?socket=$tmp/sock6" -c - \
+    < "$tmp/data.py" || fail "the second standby after its takeover"
+sleep 1.2
+[ "$(stat_of recoveries)" = $((recoveries + 1)) ] ||
+    fail "a takeover after a handover recovered (a crash), not took over"
+kill "$(cat "$tmp/pid6")"
+while [ -e "/proc/$(cat "$tmp/pid6")" ]; do sleep 0.1; done
+serve read 8 || fail "after the standbys, the next server"
+echo "ok: a standby after a handover: taken over clean, every block whole"
 
 # ---- drop: the memory goes at exit -----------------------------------------
 zram_nbdkit -U - "$PLUGIN" 8M region="$region" ctl="$tmp/ctl" \

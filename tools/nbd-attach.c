@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <endian.h>
@@ -40,6 +41,23 @@
 #define NBD_INFO_EXPORT 0
 
 static const char *program = "nbdkit-zramctl";
+
+/* How long the handshake may take: a server that accepts and then says
+ * nothing (stuck, or not an NBD server) must not hold up the caller - the
+ * supervisor, whose device waits for its next try.
+ */
+#define HANDSHAKE_TIMEOUT_S 10
+
+/* The socket's send and receive timeouts (0: none, as the kernel's
+ * driver must find them).
+ */
+static void
+socket_timeouts (int sock, unsigned seconds)
+{
+  struct timeval timeout = { .tv_sec = seconds };
+  setsockopt (sock, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt (sock, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+}
 
 static int
 read_all (int fd, void *buf, size_t length)
@@ -91,6 +109,7 @@ server_handshake (const char *path, uint64_t *size, uint16_t *flags)
       close (sock);
     return -1;
   }
+  socket_timeouts (sock, HANDSHAKE_TIMEOUT_S);
   struct {
     uint64_t magic, opts_magic;
     uint16_t flags;
@@ -157,6 +176,7 @@ server_handshake (const char *path, uint64_t *size, uint16_t *flags)
              "size\n", program, path);
     goto fail;
   }
+  socket_timeouts (sock, 0);
   return sock;
 
  io_failed:
@@ -230,27 +250,39 @@ put_sockets (struct nl_msg *msg, const int *socks, unsigned n)
 }
 
 int
-nbd_attach (const char *device, const char *socket_path, bool reconnect,
-            unsigned connections, unsigned dead_conn_timeout,
-            unsigned block_size)
+nbd_connect (const char *socket_path, unsigned connections, int *socks,
+             uint64_t *size, uint16_t *flags)
 {
-  int index = device_index (device);
-  if (index < 0 || connections < 1 || connections > NBD_CONNECTIONS_MAX) {
-    if (index >= 0)
-      fprintf (stderr, "%s: nbd: connections: 1 to %d\n", program,
-               NBD_CONNECTIONS_MAX);
+  if (connections < 1 || connections > NBD_CONNECTIONS_MAX) {
+    fprintf (stderr, "%s: nbd: connections: 1 to %d\n", program,
+             NBD_CONNECTIONS_MAX);
     return -1;
   }
-  uint64_t size = 0;
-  uint16_t flags = 0;
-  int socks[NBD_CONNECTIONS_MAX];
-  unsigned made = 0;
+  for (unsigned made = 0; made < connections; made++)
+    if ((socks[made] = server_handshake (socket_path, size, flags)) == -1) {
+      nbd_close (socks, made);
+      return -1;
+    }
+  return 0;
+}
+
+void
+nbd_close (const int *socks, unsigned count)
+{
+  for (unsigned i = 0; i < count; i++)
+    close (socks[i]);
+}
+
+int
+nbd_attach_sockets (const char *device, const int *socks, unsigned count,
+                    bool reconnect, uint64_t size, uint16_t flags,
+                    unsigned dead_conn_timeout, unsigned block_size)
+{
+  int index = device_index (device);
+  if (index < 0)
+    return -1;
   int family, r = -1;
-  struct nl_sock *nl = NULL;
-  for (; made < connections; made++)
-    if ((socks[made] = server_handshake (socket_path, &size, &flags)) == -1)
-      goto out;
-  nl = nbd_family (&family);
+  struct nl_sock *nl = nbd_family (&family);
   struct nl_msg *msg = nl ? nlmsg_alloc () : NULL;
   if (!msg)
     goto out;
@@ -262,7 +294,7 @@ nbd_attach (const char *device, const char *socket_path, bool reconnect,
               || nla_put_u64 (msg, NBD_ATTR_BLOCK_SIZE_BYTES, block_size) < 0
               || nla_put_u64 (msg, NBD_ATTR_SERVER_FLAGS, flags) < 0))
       || nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT, dead_conn_timeout) < 0
-      || put_sockets (msg, socks, connections) == -1) {
+      || put_sockets (msg, socks, count) == -1) {
     fprintf (stderr, "%s: nbd: cannot build the netlink message\n", program);
     nlmsg_free (msg);
     goto out;
@@ -271,9 +303,90 @@ nbd_attach (const char *device, const char *socket_path, bool reconnect,
  out:
   if (nl)
     nl_socket_free (nl);
-  for (unsigned i = 0; i < made; i++)
-    close (socks[i]);           /* the kernel holds its own references */
   return r;
+}
+
+int
+nbd_attach (const char *device, const char *socket_path, bool reconnect,
+            unsigned connections, unsigned dead_conn_timeout,
+            unsigned block_size)
+{
+  uint64_t size = 0;
+  uint16_t flags = 0;
+  int socks[NBD_CONNECTIONS_MAX];
+  if (device_index (device) < 0
+      || nbd_connect (socket_path, connections, socks, &size, &flags) == -1)
+    return -1;
+  int r = nbd_attach_sockets (device, socks, connections, reconnect, size,
+                              flags, dead_conn_timeout, block_size);
+  nbd_close (socks, connections);  /* the kernel holds its own references */
+  return r;
+}
+
+/* The driver's link-dead notices (see nbd-attach.h): the socket in the
+ * multicast group, the device it is for, and whether a notice came in
+ * the last nbd_watch_link_dead.
+ */
+struct nbd_watch {
+  struct nl_sock *nl;
+  unsigned index;
+  bool dead;
+};
+
+static int
+on_notice (struct nl_msg *msg, void *opaque)
+{
+  struct nbd_watch *watch = opaque;
+  struct nlmsghdr *header = nlmsg_hdr (msg);
+  struct genlmsghdr *generic = nlmsg_data (header);
+  struct nlattr *attrs[NBD_ATTR_MAX + 1];
+  if (generic->cmd == NBD_CMD_LINK_DEAD
+      && genlmsg_parse (header, 0, attrs, NBD_ATTR_MAX, NULL) == 0
+      && attrs[NBD_ATTR_INDEX]
+      && nla_get_u32 (attrs[NBD_ATTR_INDEX]) == watch->index)
+    watch->dead = true;
+  return NL_OK;
+}
+
+struct nbd_watch *
+nbd_watch_open (const char *device)
+{
+  int index = device_index (device);
+  int family;
+  struct nl_sock *nl = index < 0 ? NULL : nbd_family (&family);
+  if (!nl)
+    return NULL;
+  int group = genl_ctrl_resolve_grp (nl, NBD_GENL_FAMILY_NAME,
+                                     NBD_GENL_MCAST_GROUP_NAME);
+  struct nbd_watch *watch = calloc (1, sizeof *watch);
+  if (group < 0 || !watch || nl_socket_add_membership (nl, group) < 0
+      || nl_socket_set_nonblocking (nl) < 0
+      || nl_socket_modify_cb (nl, NL_CB_VALID, NL_CB_CUSTOM, on_notice,
+                              watch) < 0) {
+    fprintf (stderr, "%s: nbd: cannot watch the driver's notices\n", program);
+    free (watch);
+    nl_socket_free (nl);
+    return NULL;
+  }
+  nl_socket_disable_seq_check (nl);
+  watch->nl = nl;
+  watch->index = index;
+  return watch;
+}
+
+int
+nbd_watch_fd (const struct nbd_watch *watch)
+{
+  return nl_socket_get_fd (watch->nl);
+}
+
+bool
+nbd_watch_link_dead (struct nbd_watch *watch)
+{
+  watch->dead = false;
+  while (nl_recvmsgs_default (watch->nl) >= 0)
+    ;
+  return watch->dead;
 }
 
 /* A command naming only the device (and, timeout_s >= 0, a request

@@ -2,21 +2,37 @@
  * swap tool starts it; tools/nbdkit-zram-swap.in).
  *
  *   nbdkit-zramctl supervise DIR DEVICE CONNECTIONS DEAD_CONN_TIMEOUT
- *                            -- NBDKIT ARGUMENT...
+ *                            [--standby] -- NBDKIT ARGUMENT...
  *
  * It goes to the background (its pid in DIR/supervisor.pid), runs the
- * server in the foreground (nbdkit -f, its pid file DIR/pid and socket
- * DIR/sock among the arguments) and attaches DEVICE to it (netlink, with
- * the dead-connection timeout: nbd-attach.c); DIR/attached says that is
- * done, DIR/supervisor.err why it failed.  Then:
+ * server in the foreground (NBDKIT ARGUMENT... with -f among them; it
+ * adds --unix DIR/sock --pidfile DIR/pid) and attaches DEVICE to it
+ * (netlink, with the dead-connection timeout: nbd-attach.c);
+ * DIR/attached says that is done, DIR/supervisor.err why it failed.
+ *
+ * With --standby it keeps a second server ready beside the first: the
+ * same command with the plugin's standby=DIR/standby.sock (and --unix
+ * DIR/sock.standby --pidfile DIR/pid.standby), its CONNECTIONS sockets
+ * connected and through the handshake, its threads' stacks made ready
+ * ("ready"); DIR/standby.ready holds its pid while it is.  A restart
+ * then asks it to take the device over ("takeover") and gives the
+ * kernel those sockets: nothing is started, exec'd or faulted in while
+ * the device is down - a server started then, on a machine whose
+ * memory the swapping kernel used up meanwhile, can wait in reclaim
+ * for pages only the device could take (seen in the guest: half the
+ * restarts under 2.25x RAM).  A new standby follows each restart; one
+ * that cannot be made ready is tried again every STANDBY_RETRY_S, and
+ * meanwhile a restart starts a server as below.  Then:
  *   - the server dies (a crash, SIGKILL, the OOM killer): it is started
  *     again at once - it recovers the device's region - and DEVICE is
  *     given its socket (reconnect): the requests the kernel kept are
  *     sent again;
- *   - SIGHUP (`swap restart`): the server is asked to hand its region
- *     over and exit (the control channel's handover, SIGTERM if that
- *     cannot be asked or it has not exited in 40 s) and started again -
- *     the binary as it is on disk now, so an upgraded one - and DEVICE
+ *   - SIGHUP (`swap restart`): a new standby is made ready first - the
+ *     binary as it is on disk now, so an upgraded one - while the old
+ *     server serves; then the server is asked to hand its region over
+ *     and exit (the control channel's handover, SIGTERM if that cannot
+ *     be asked or it has not exited in 40 s), and the standby takes
+ *     over (or, without one, the server is started again) and DEVICE is
  *     reconnected;
  *   - SIGTERM (`swap off`): the server is stopped and the supervisor
  *     exits.
@@ -47,6 +63,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -57,6 +74,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -71,23 +89,48 @@
 
 static volatile sig_atomic_t restart_asked, stop_asked;
 
-/* After a reconnect (see above): the request timeout, long enough that
- * no request of the new server meets it, and how long it stays: the old
- * requests' 30 s timer round, and a whole timeout more, so that a
- * request sent meanwhile (its timer armed with the new timeout) that the
- * new server never answers - it died too - is sent again as well (seen:
- * one started just after a reconnect, warned about 120 s later, after a
- * window of 65 s had closed).
+/* After a reconnect (see above): the request timeout, and how long it
+ * stays: the old requests' 30 s timer round, and a whole timeout more,
+ * so that a request sent meanwhile (its timer armed with the new
+ * timeout) that the new server never answers - it died too - is sent
+ * again as well (seen: one started just after a reconnect, warned about
+ * 120 s later, after a window of 65 s had closed).  Short, because such
+ * a request waits that long: with 120 s, a kill within a restart's
+ * window kept a swap-in and the kernel's swap discards (queued behind
+ * one) waiting, the device filled with pages the kernel had freed, and
+ * the full-device watch had a process killed (seen in the guest).  A
+ * live server's request that meets it costs a connection, which the
+ * link-dead watch gives back within a second (run_supervise).
  */
-#define REQUEUE_TIMEOUT_S 120
+#define REQUEUE_TIMEOUT_S 30
 #define REQUEUE_WINDOW_S (35 + REQUEUE_TIMEOUT_S)
+/* The driver's link-dead notices for the server that went come a moment
+ * after the restart: not taken for a live server's.
+ */
+#define QUIET_AFTER_RESTART_S 3
+
+/* A standby that could not be made ready, or that exited: tried again
+ * after this long.  Its answer to "ready" and to "takeover" (a recovery
+ * after a crash walks the whole device) may take this long at most.
+ */
+#define STANDBY_RETRY_S 30
+#define STANDBY_READY_TIMEOUT_S 10
+#define TAKEOVER_TIMEOUT_S 60
+
+/* The standby (--standby; see above). */
+struct standby {
+  pid_t pid;                            /* 0: none */
+  int socks[NBD_CONNECTIONS_MAX];       /* connected to it: count */
+  unsigned count;
+  double next_try;                      /* after a failure: not before */
+};
 
 static void
 on_signal (int signal)
 {
   if (signal == SIGHUP)
     restart_asked = 1;
-  else if (signal != SIGCHLD && signal != SIGALRM)
+  else if (signal != SIGCHLD)
     stop_asked = 1;
 }
 
@@ -99,16 +142,27 @@ now (void)
   return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* Wait up to a second, or until a signal comes: they are blocked but
- * here (none: the mask with them unblocked), so one that comes while
- * the supervisor acts is acted on at the next wait, never lost.
+/* Wait up to a second, or until a signal or a notice of the driver
+ * (watch, if not NULL) comes: signals are blocked but here (none: the
+ * mask with them unblocked), so one that comes while the supervisor acts
+ * is acted on at the next wait, never lost.
  */
 static void
-wait_a_second (const sigset_t *none)
+wait_a_second (const sigset_t *none, const struct nbd_watch *watch)
 {
-  alarm (1);
-  sigsuspend (none);
-  alarm (0);
+  struct pollfd notice = { .fd = watch ? nbd_watch_fd (watch) : -1,
+                           .events = POLLIN };
+  struct timespec second = { .tv_sec = 1 };
+  ppoll (&notice, 1, &second, none);
+}
+
+/* The server runs (it has not exited; its status is left to waitpid). */
+static bool
+server_alive (pid_t pid)
+{
+  siginfo_t info = { .si_pid = 0 };
+  return waitid (P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0
+    && info.si_pid == 0;
 }
 
 /* A line in DIR/name (appended, or replacing the file). */
@@ -168,15 +222,17 @@ nbd_detach_quietly (const char *device)
     close (null);
 }
 
-/* Start the server; wait for its pid file and socket.  Its pid, or -1
- * (the server exited, or wrote neither in 60 s).
+/* Start a server (argv: server_argv's, for suffix ""; the standby's,
+ * for ".standby"); wait for its pid file DIR/pid<suffix> and socket
+ * DIR/sock<suffix>.  Its pid, or -1 (the server exited, or wrote
+ * neither in 60 s).
  */
 static pid_t
-server_start (const char *dir, char **argv)
+server_start (const char *dir, char **argv, const char *suffix)
 {
   char pid_path[4096], sock_path[4096];
-  snprintf (pid_path, sizeof pid_path, "%s/pid", dir);
-  snprintf (sock_path, sizeof sock_path, "%s/sock", dir);
+  snprintf (pid_path, sizeof pid_path, "%s/pid%s", dir, suffix);
+  snprintf (sock_path, sizeof sock_path, "%s/sock%s", dir, suffix);
   unlink (pid_path);
   unlink (sock_path);
   pid_t pid = fork ();
@@ -203,17 +259,194 @@ server_start (const char *dir, char **argv)
   return -1;
 }
 
+/* The command line of a server: NBDKIT, --unix DIR/sock<suffix>
+ * --pidfile DIR/pid<suffix>, the rest of nbdkit_argv, and for a standby
+ * standby=DIR/standby.sock.  Made once, at the start (NULL: no memory).
+ */
+static char **
+server_argv_make (const char *dir, char **nbdkit_argv, const char *suffix,
+                  bool standby)
+{
+  int count = 0;
+  while (nbdkit_argv[count])
+    count++;
+  char **argv = calloc (count + 6, sizeof *argv);
+  if (!argv
+      || asprintf (&argv[2], "%s/sock%s", dir, suffix) == -1
+      || asprintf (&argv[4], "%s/pid%s", dir, suffix) == -1
+      || (standby
+          && asprintf (&argv[count + 4], "standby=%s/standby.sock", dir) == -1))
+    return NULL;
+  argv[0] = nbdkit_argv[0];
+  argv[1] = "--unix";
+  argv[3] = "--pidfile";
+  for (int i = 1; i < count; i++)
+    argv[i + 4] = nbdkit_argv[i];
+  return argv;
+}
+
+/* Send line to the server's socket DIR/name and read its one-line reply
+ * into reply[] (without the newline), waiting timeout_s at most.  true
+ * if a reply came.
+ */
+static bool
+ask (const char *dir, const char *name, const char *line, char *reply,
+     size_t size, unsigned timeout_s)
+{
+  struct sockaddr_un address = { .sun_family = AF_UNIX };
+  snprintf (address.sun_path, sizeof address.sun_path, "%s/%s", dir, name);
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1)
+    return false;
+  struct timeval timeout = { .tv_sec = timeout_s };
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  size_t used = 0;
+  bool answered = false;
+  double deadline = now () + timeout_s;
+  if (connect (fd, (struct sockaddr *) &address, sizeof address) == 0
+      && write (fd, line, strlen (line)) == (ssize_t) strlen (line)) {
+    while (used < size - 1 && now () < deadline) {
+      ssize_t r = read (fd, reply + used, 1);
+      if (r == -1 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        break;
+      if (reply[used] == '\n') {
+        answered = true;
+        break;
+      }
+      used++;
+    }
+  }
+  reply[used] = '\0';
+  close (fd);
+  return answered;
+}
+
+/* The standby gone: its sockets closed, the process stopped (SIGTERM,
+ * SIGKILL after 5 s) unless it has been waited for already (pid 0).
+ */
+static void
+standby_discard (const char *dir, struct standby *standby)
+{
+  char path[4096];
+  snprintf (path, sizeof path, "%s/standby.ready", dir);
+  unlink (path);
+  nbd_close (standby->socks, standby->count);
+  standby->count = 0;
+  if (standby->pid > 0) {
+    kill (standby->pid, SIGTERM);
+    int waited = 0;
+    while (waitpid (standby->pid, NULL, WNOHANG) == 0) {
+      if (++waited == 500)
+        kill (standby->pid, SIGKILL);
+      usleep (10000);
+    }
+  }
+  standby->pid = 0;
+}
+
+/* Start a standby and make it ready (see above): true, or false after a
+ * line in the log, with none left and the next try due in
+ * STANDBY_RETRY_S.
+ */
+static bool
+standby_prepare (const char *dir, char **argv, unsigned connections,
+                 struct standby *standby)
+{
+  char sock_path[4096], reply[128] = "";
+  snprintf (sock_path, sizeof sock_path, "%s/sock.standby", dir);
+  uint64_t size;
+  uint16_t flags;
+  pid_t pid = server_start (dir, argv, ".standby");
+  if (pid == -1)
+    goto failed;
+  standby->pid = pid;
+  if (nbd_connect (sock_path, connections, standby->socks, &size, &flags) == -1)
+    goto failed;
+  standby->count = connections;
+  /* nbdkit starts a connection's workers after its handshake: a moment
+   * for them to start, then their stacks made ready.
+   */
+  usleep (200000);
+  if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
+            STANDBY_READY_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0)
+    goto failed;
+  note (dir, "standby.ready", false, "%d\n", (int) pid);
+  note (dir, "supervisor.log", true, "standby: pid %d ready\n", (int) pid);
+  return true;
+
+ failed:
+  note (dir, "supervisor.log", true, "standby: could not be made ready%s%s "
+        "(tried again in %d s)\n", *reply ? ": " : "", reply, STANDBY_RETRY_S);
+  standby_discard (dir, standby);
+  standby->next_try = now () + STANDBY_RETRY_S;
+  return false;
+}
+
+/* The standby takes the device over and the kernel gets its sockets:
+ * the standby's pid, now the server's (its socket and pid file renamed
+ * to DIR/sock and DIR/pid), or -1 after a line in the log with the
+ * standby gone (stopped by SIGTERM, a server that took the region over
+ * hands it over cleanly).
+ */
+static pid_t
+standby_take_over (const char *dir, struct standby *standby,
+                   const char *device, unsigned timeout)
+{
+  char reply[256] = "", from[4096], to[4096];
+  snprintf (from, sizeof from, "%s/standby.ready", dir);
+  unlink (from);
+  if (!ask (dir, "standby.sock", "takeover\n", reply, sizeof reply,
+            TAKEOVER_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0) {
+    note (dir, "supervisor.log", true, "standby: pid %d did not take the "
+          "device over: %s\n", (int) standby->pid,
+          *reply ? reply : "no answer");
+    standby_discard (dir, standby);
+    return -1;
+  }
+  if (nbd_attach_sockets (device, standby->socks, standby->count, true, 0, 0,
+                          timeout, 4096) == -1) {
+    note (dir, "supervisor.log", true, "standby: pid %d took the device "
+          "over, but %s could not be given its sockets\n",
+          (int) standby->pid, device);
+    standby_discard (dir, standby);
+    return -1;
+  }
+  nbd_close (standby->socks, standby->count);
+  standby->count = 0;
+  pid_t pid = standby->pid;
+  standby->pid = 0;
+  const char *const names[][2] = { { "sock.standby", "sock" },
+                                   { "pid.standby", "pid" } };
+  for (int i = 0; i < 2; i++) {
+    snprintf (from, sizeof from, "%s/%s", dir, names[i][0]);
+    snprintf (to, sizeof to, "%s/%s", dir, names[i][1]);
+    rename (from, to);
+  }
+  return pid;
+}
+
 int
 run_supervise (int argc, char **argv)
 {
-  if (argc < 6 || strcmp (argv[4], "--") != 0) {
+  bool use_standby = argc >= 5 && strcmp (argv[4], "--standby") == 0;
+  int dashes = use_standby ? 5 : 4;
+  if (argc < dashes + 2 || strcmp (argv[dashes], "--") != 0) {
     fprintf (stderr, "usage: nbdkit-zramctl supervise DIR DEVICE CONNECTIONS "
-             "DEAD_CONN_TIMEOUT -- NBDKIT ARGUMENT...\n");
+             "DEAD_CONN_TIMEOUT [--standby] -- NBDKIT ARGUMENT...\n");
     return EXIT_FAILURE;
   }
   const char *dir = argv[0], *device = argv[1];
   unsigned connections = atoi (argv[2]), timeout = atoi (argv[3]);
-  char **server_argv = argv + 5;
+  char **server_argv = server_argv_make (dir, argv + dashes + 1, "", false);
+  char **standby_argv = server_argv_make (dir, argv + dashes + 1, ".standby",
+                                          true);
+  if (!server_argv || !standby_argv) {
+    perror ("nbdkit-zramctl: supervise");
+    return EXIT_FAILURE;
+  }
 
   /* Into the background: the swap tool goes on once DIR/attached is
    * there.
@@ -264,7 +497,6 @@ run_supervise (int argc, char **argv)
   sigaddset (&blocked, SIGTERM);
   sigaddset (&blocked, SIGINT);
   sigaddset (&blocked, SIGCHLD);
-  sigaddset (&blocked, SIGALRM);
   sigprocmask (SIG_BLOCK, &blocked, &none);
   /* Blocked but while it waits (sigsuspend): a signal that comes while
    * it acts is acted on at the next wait, never lost.
@@ -274,11 +506,10 @@ run_supervise (int argc, char **argv)
   sigaction (SIGTERM, &action, NULL);
   sigaction (SIGINT, &action, NULL);
   sigaction (SIGCHLD, &action, NULL);
-  sigaction (SIGALRM, &action, NULL);
 
   char sock_path[4096];
   snprintf (sock_path, sizeof sock_path, "%s/sock", dir);
-  pid_t server = server_start (dir, server_argv);
+  pid_t server = server_start (dir, server_argv, "");
   if (server == -1
       || nbd_attach (device, sock_path, false, connections, timeout, 4096) == -1) {
     note (dir, "supervisor.err", false, "the server did not start, or %s "
@@ -305,8 +536,20 @@ run_supervise (int argc, char **argv)
     close (region_fd);
   }
   note (dir, "attached", false, "%s\n", device);
+  /* A live server whose connection the driver dropped (a request met the
+   * request timeout: REQUEUE_TIMEOUT_S) is reconnected: the driver's
+   * link-dead notice says so.  Its notices for a server that went are
+   * the restart's business: ignored until QUIET_AFTER_RESTART_S after.
+   */
+  struct nbd_watch *watch = nbd_watch_open (device);
+  if (!watch)
+    note (dir, "supervisor.log", true, "cannot watch the driver's notices: "
+          "a live server whose connection a request timeout dropped is "
+          "not reconnected\n");
+  double quiet_until = 0;
   unsigned restarts = 0;
   double requeue_until = 0;
+  struct standby standby = { .pid = 0 };
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
@@ -317,12 +560,41 @@ run_supervise (int argc, char **argv)
         if (nbd_set_request_timeout (device, 0) == 0)
           requeue_until = 0;
       }
+      if (watch && nbd_watch_link_dead (watch) && now () > quiet_until) {
+        /* A server that is going ends this wait at the next round. */
+        usleep (100000);
+        if (server_alive (server)) {
+          bool back = nbd_attach (device, sock_path, true, connections,
+                                  timeout, 4096) == 0;
+          note (dir, "supervisor.log", true, "the driver dropped a "
+                "connection to the live server (pid %d): %s\n", (int) server,
+                back ? "reconnected" : "could not be reconnected");
+        }
+      }
+      if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
+        note (dir, "supervisor.log", true, "standby: pid %d exited (a new "
+              "one in %d s)\n", (int) standby.pid, STANDBY_RETRY_S);
+        standby.pid = 0;
+        standby_discard (dir, &standby);
+        standby.next_try = now () + STANDBY_RETRY_S;
+      }
+      if (use_standby && !standby.pid && !stop_asked && !restart_asked
+          && now () >= standby.next_try)
+        standby_prepare (dir, standby_argv, connections, &standby);
       if (stop_asked && !terminated) {
         stopped = stopped ? stopped : now ();
+        standby_discard (dir, &standby);
         kill (server, SIGTERM);
         terminated = true;
       }
       else if (restart_asked && !stopped) {
+        /* The binary on disk now takes over: a new standby, made ready
+         * while this server still serves.
+         */
+        if (use_standby) {
+          standby_discard (dir, &standby);
+          standby_prepare (dir, standby_argv, connections, &standby);
+        }
         stopped = now ();
         if (!ask_handover (dir)) {
           kill (server, SIGTERM);
@@ -334,7 +606,7 @@ run_supervise (int argc, char **argv)
         terminated = true;
       }
       /* Woken by a signal, or each second (the 40 s above). */
-      wait_a_second (&none);
+      wait_a_second (&none, watch);
     }
     if (!stopped)
       stopped = now ();
@@ -355,6 +627,7 @@ run_supervise (int argc, char **argv)
     if (!asked && WIFEXITED (status) && WEXITSTATUS (status) == 0) {
       note (dir, "supervisor.log", true, "the server exited (status 0): "
             "not restarted\n");
+      standby_discard (dir, &standby);
       return EXIT_SUCCESS;
     }
     /* Tried again each second until it serves and the device is
@@ -362,8 +635,11 @@ run_supervise (int argc, char **argv)
      * short, its address space layout: the server's message says), and
      * the device waits up to its dead-connection timeout.
      */
-    for (unsigned attempt = 1;; attempt++) {
-      server = server_start (dir, server_argv);
+    server = standby.pid > 0
+      ? standby_take_over (dir, &standby, device, timeout) : -1;
+    bool by_standby = server != -1;
+    for (unsigned attempt = 1; server == -1; attempt++) {
+      server = server_start (dir, server_argv, "");
       if (server != -1
           && nbd_attach (device, sock_path, true, connections, timeout,
                          4096) == 0)
@@ -375,7 +651,8 @@ run_supervise (int argc, char **argv)
         kill (server, SIGKILL);
         waitpid (server, NULL, 0);
       }
-      wait_a_second (&none);    /* swap off meanwhile stops the tries */
+      server = -1;
+      wait_a_second (&none, NULL);  /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
         note (dir, "supervisor.log", true, "restart %u: given up after %u "
               "attempts (%s)\n", restarts + 1, attempt, stop_asked
@@ -386,9 +663,11 @@ run_supervise (int argc, char **argv)
     }
     restarts++;
     note (dir, "supervisor.log", true, "restart %u (%s): %s reconnected, "
-          "down %.3f s\n", restarts, why, device, now () - stopped);
+          "down %.3f s%s\n", restarts, why, device, now () - stopped,
+          by_standby ? ", taken over by the standby" : "");
     /* The old server's unanswered requests: sent again (see above). */
     if (nbd_set_request_timeout (device, REQUEUE_TIMEOUT_S) == 0)
       requeue_until = now () + REQUEUE_WINDOW_S;
+    quiet_until = now () + QUIET_AFTER_RESTART_S;
   }
 }
