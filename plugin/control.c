@@ -49,6 +49,7 @@
  */
 static int listen_fd = -1;
 static char *socket_path;
+static struct stat socket_name;     /* what unix_listen bound */
 static int wake_pipe[2] = { -1, -1 };  /* written by control_stop */
 static pthread_t thread;
 static bool running;
@@ -94,7 +95,7 @@ static atomic_bool stopping;
 int
 control_listen (const char *path)
 {
-  int fd = unix_listen (path, "ctl");
+  int fd = unix_listen (path, "ctl", &socket_name);
   if (fd == -1)
     return -1;
   /* control_stop removes the socket by this name. */
@@ -612,7 +613,7 @@ control_stop (void)
   if (listen_fd != -1) {
     close (listen_fd);
     listen_fd = -1;
-    unlink (socket_path);
+    unix_unlink (socket_path, &socket_name);
   }
   free (socket_path);
   socket_path = NULL;

@@ -33,6 +33,7 @@
  */
 static int listen_fd = -1;
 static char *socket_path;
+static struct stat socket_name;     /* what unix_listen bound */
 static int wake_pipe[2] = { -1, -1 };
 static pthread_t thread;
 static bool running;
@@ -44,7 +45,7 @@ static atomic_bool waiting;
 int
 standby_listen (const char *path)
 {
-  int fd = unix_listen (path, "standby");
+  int fd = unix_listen (path, "standby", &socket_name);
   if (fd == -1)
     return -1;
   if (!(socket_path = strdup (path))) {
@@ -71,7 +72,7 @@ socket_close (void)
   if (listen_fd != -1) {
     close (listen_fd);
     listen_fd = -1;
-    unlink (socket_path);
+    unix_unlink (socket_path, &socket_name);
   }
 }
 

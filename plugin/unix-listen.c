@@ -14,7 +14,7 @@
 #include "unix-listen.h"
 
 int
-unix_listen (const char *path, const char *what)
+unix_listen (const char *path, const char *what, struct stat *bound)
 {
   struct sockaddr_un address = { .sun_family = AF_UNIX };
   if (strlen (path) >= sizeof address.sun_path) {
@@ -58,5 +58,19 @@ unix_listen (const char *path, const char *what)
       unlink (path);            /* bound, not listening: not left behind */
     return -1;
   }
+  if (lstat (path, bound) == -1) {
+    nbdkit_error ("%s: '%s': %s", what, path, error_text (errno));
+    close (fd);
+    return -1;
+  }
   return fd;
+}
+
+void
+unix_unlink (const char *path, const struct stat *bound)
+{
+  struct stat now;
+  if (lstat (path, &now) == 0 && now.st_dev == bound->st_dev
+      && now.st_ino == bound->st_ino)
+    unlink (path);
 }

@@ -5,11 +5,19 @@
 #ifndef ZRAM_UNIX_LISTEN_H
 #define ZRAM_UNIX_LISTEN_H
 
+#include <sys/stat.h>
+
 /* Listen on path (what: the parameter, for messages).  A socket already
  * there that nobody answers on is removed first; one that answers, or
  * anything that is not a socket, is refused.  The socket (mode 0600,
- * close-on-exec), or -1 after nbdkit_error.
+ * close-on-exec), with the name's identity in *bound, or -1 after
+ * nbdkit_error.
  */
-extern int unix_listen (const char *path, const char *what);
+extern int unix_listen (const char *path, const char *what,
+                        struct stat *bound);
+/* Remove path if it is still the name unix_listen bound: a server that
+ * exits late must not remove the socket of the one that replaced it.
+ */
+extern void unix_unlink (const char *path, const struct stat *bound);
 
 #endif /* ZRAM_UNIX_LISTEN_H */

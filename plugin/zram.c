@@ -320,8 +320,8 @@ standby_heap_ready (void)
   }
   store_destroy (scratch);
   size_t bytes = swap_mode_prepare_heap (0, params.store.pool.mem_limit);
-  swap_mode_heap_ready (2 * parts);
-  return bytes + 2 * parts;
+  swap_mode_heap_ready (parts);
+  return bytes + parts;
 }
 
 /* A standby's takeover (standby.h, on its thread): the control channel

@@ -69,7 +69,9 @@
 #                        past RAM and the device, no machine, with swap
 #                        or without, recovers from them.)
 #   ZRAM_VM_TOOL_RESTARTABLE  1: the SIGTERM cases again with
-#                        swap on --restartable (a supervisor, a region)
+#                        swap on --restartable (a supervisor, a standby,
+#                        a region), and the supervisor SIGKILLed before a
+#                        swap off (its server and standby stopped)
 #   ZRAM_VM_TOOL_CASES   1: before the workload, the swap tool's cases
 #                        with the real driver (SIGTERM at five points of
 #                        swap on, then swap off: nothing left; a killed
@@ -511,7 +513,7 @@ tool_failures=$(grep -ac '^ZRAM-VM: tool .*: FAIL' "$clean" || :)
 [ "${tool_failures:-0}" = 0 ] || fail "$tool_failures of the swap tool's cases failed"
 if [ "${ZRAM_VM_TOOL_CASES:-0}" != 0 ]; then
     tool_ok=$(grep -ac '^ZRAM-VM: tool .*: ok$' "$clean" || :)
-    tool_cases=$([ "${ZRAM_VM_TOOL_RESTARTABLE:-0}" = 0 ] && echo 6 || echo 11)
+    tool_cases=$([ "${ZRAM_VM_TOOL_RESTARTABLE:-0}" = 0 ] && echo 6 || echo 12)
     [ "$tool_ok" = "$tool_cases" ] ||
         fail "$tool_ok of the swap tool's $tool_cases cases said ok"
 fi

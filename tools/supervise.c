@@ -20,9 +20,10 @@
  * the device is down - a server started then, on a machine whose
  * memory the swapping kernel used up meanwhile, can wait in reclaim
  * for pages only the device could take (seen in the guest: half the
- * restarts under 2.25x RAM).  A new standby follows each restart; one
- * that cannot be made ready is tried again every STANDBY_RETRY_S, and
- * meanwhile a restart starts a server as below.  Then:
+ * restarts under 2.25x RAM).  A new standby follows each restart, once
+ * its requeue window (below) has closed; one that cannot be made ready
+ * is tried again every STANDBY_RETRY_S; meanwhile a restart starts a
+ * server as below.  Then:
  *   - the server dies (a crash, SIGKILL, the OOM killer): it is started
  *     again at once - it recovers the device's region - and DEVICE is
  *     given its socket (reconnect): the requests the kernel kept are
@@ -578,8 +579,14 @@ run_supervise (int argc, char **argv)
         standby_discard (dir, &standby);
         standby.next_try = now () + STANDBY_RETRY_S;
       }
+      /* Not within a restart's requeue window: a standby starting then
+       * faults its memory in while the old server's requests still hold
+       * pages under writeback, and the new server's reserve, refilled
+       * from the same free memory, ran dry (seen with zstd in the guest:
+       * writes refused, a process killed).
+       */
       if (use_standby && !standby.pid && !stop_asked && !restart_asked
-          && now () >= standby.next_try)
+          && !requeue_until && now () >= standby.next_try)
         standby_prepare (dir, standby_argv, connections, &standby);
       if (stop_asked && !terminated) {
         stopped = stopped ? stopped : now ();
