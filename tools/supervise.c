@@ -111,10 +111,12 @@ static volatile sig_atomic_t restart_asked, stop_asked;
 #define QUIET_AFTER_RESTART_S 3
 
 /* A standby that could not be made ready, or that exited: tried again
- * after this long.  Its answer to "ready" and to "takeover" (a recovery
+ * after this long.  Its first answer to "ready" (it makes everything
+ * ready first), a later one, and its answer to "takeover" (a recovery
  * after a crash walks the whole device) may take this long at most.
  */
 #define STANDBY_RETRY_S 30
+#define STANDBY_START_TIMEOUT_S 60
 #define STANDBY_READY_TIMEOUT_S 10
 #define TAKEOVER_TIMEOUT_S 60
 
@@ -364,7 +366,14 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
   if (pid == -1)
     goto failed;
   standby->pid = pid;
-  if (nbd_connect (sock_path, connections, standby->socks, &size, &flags) == -1)
+  /* Its first answer comes once it has made everything ready - under
+   * memory pressure that took more than the handshake's 10 s (seen in
+   * the guest with zstd); the server serves meanwhile.
+   */
+  if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
+            STANDBY_START_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0
+      || nbd_connect (sock_path, connections, standby->socks, &size,
+                      &flags) == -1)
     goto failed;
   standby->count = connections;
   /* nbdkit starts a connection's workers after its handshake: a moment
@@ -547,7 +556,7 @@ run_supervise (int argc, char **argv)
     note (dir, "supervisor.log", true, "cannot watch the driver's notices: "
           "a live server whose connection a request timeout dropped is "
           "not reconnected\n");
-  double quiet_until = 0;
+  double quiet_until = 0, link_dead_since = 0;
   unsigned restarts = 0;
   double requeue_until = 0;
   struct standby standby = { .pid = 0 };
@@ -561,15 +570,26 @@ run_supervise (int argc, char **argv)
         if (nbd_set_request_timeout (device, 0) == 0)
           requeue_until = 0;
       }
-      if (watch && nbd_watch_link_dead (watch) && now () > quiet_until) {
-        /* A server that is going ends this wait at the next round. */
+      if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
+          && !link_dead_since) {
+        note (dir, "supervisor.log", true, "the driver marked a connection "
+              "of %s dead\n", device);
+        link_dead_since = now ();
+      }
+      if (link_dead_since) {
+        /* A server that is going ends this wait at the next round; one
+         * that does not answer (stopped, stuck) is tried again each
+         * round, as long as the device waits for it.
+         */
         usleep (100000);
-        if (server_alive (server)) {
-          bool back = nbd_attach (device, sock_path, true, connections,
-                                  timeout, 4096) == 0;
+        if (!server_alive (server) || now () - link_dead_since > timeout)
+          link_dead_since = 0;
+        else if (nbd_attach (device, sock_path, true, connections, timeout,
+                             4096) == 0) {
           note (dir, "supervisor.log", true, "the driver dropped a "
-                "connection to the live server (pid %d): %s\n", (int) server,
-                back ? "reconnected" : "could not be reconnected");
+                "connection to the live server (pid %d): reconnected after "
+                "%.1f s\n", (int) server, now () - link_dead_since);
+          link_dead_since = 0;
         }
       }
       if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
