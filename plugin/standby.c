@@ -137,8 +137,10 @@ standby_main (void *unused)
       continue;
     }
     int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd == -1)
+    if (fd == -1) {
+      usleep (100000);          /* out of descriptors: not a busy loop */
       continue;
+    }
     bool serving = answer (fd);
     close (fd);
     if (serving) {

@@ -82,13 +82,10 @@ zram_config_complete (void)
   return params_complete (&params);
 }
 
-/* Create the store before nbdkit forks, so errors reach the user. */
+/* The cold tier (backing=) opened: 0, or -1 after nbdkit_error. */
 static int
-zram_get_ready (void)
+backing_start (void)
 {
-  /* First: no thread may exist yet (they inherit the IO flusher flag). */
-  if (swap_mode_prepare () == -1)
-    return -1;
   if (params.backing_target) {
     char *error = NULL;
     /* Reads bring written-back blocks home below the watermark; above
@@ -109,6 +106,16 @@ zram_get_ready (void)
     }
     backing_set_log (params.store.backing, backing_log);
   }
+  return 0;
+}
+
+/* Create the store before nbdkit forks, so errors reach the user. */
+static int
+zram_get_ready (void)
+{
+  /* First: no thread may exist yet (they inherit the IO flusher flag). */
+  if (swap_mode_prepare () == -1)
+    return -1;
   const char *device_name = params.device_name ? params.device_name : "zram";
   if (metrics_configure (device_name) == -1) {
     nbdkit_error ("metrics: %s", error_text (errno));
@@ -116,9 +123,13 @@ zram_get_ready (void)
   }
   /* A standby takes the region at its takeover (standby.h), and starts
    * the control channel then: its socket is the serving server's now.
+   * So it opens the cold tier then too: the serving server holds a
+   * backing file's lock.
    */
   if (params.standby_path)
     return standby_listen (params.standby_path);
+  if (backing_start () == -1)
+    return -1;
   if (params.region_path) {
     store = handover_store_open (&params.store, params.region_path,
                                  swap_mode != SWAP_OFF);
@@ -334,6 +345,10 @@ zram_take_over (void)
 {
   if (params.ctl_path && control_listen (params.ctl_path) == -1)
     return -1;
+  if (!params.store.backing && backing_start () == -1) {
+    control_stop ();
+    return -1;
+  }
   struct block_store *taken = handover_store_open (&params.store,
                                                    params.region_path,
                                                    swap_mode != SWAP_OFF);

@@ -248,6 +248,31 @@ kill "$(cat "$tmp/pid6")"
 while [ -e "/proc/$(cat "$tmp/pid6")" ]; do sleep 0.1; done
 serve read 8 || fail "after the standbys, the next server"
 echo "ok: a standby after a handover: taken over clean, every block whole"
+# With a cold tier: the standby opens backing= at its takeover (the
+# serving server holds the backing file's lock until it goes).
+zram_nbdkit -U "$tmp/sock7" -P "$tmp/pid7" "$PLUGIN" 8M region="$cold_region" \
+    backing="$tmp/cold" ctl="$tmp/ctl7" stats="$tmp/stats" ||
+    fail "a background server with a cold tier"
+ACTION=write VERSION=9 nbdsh -u "nbd+unix://?socket=$tmp/sock7" -c - \
+    < "$tmp/data.py" || fail "writing to the server with a cold tier"
+"$zramctl" writeback "$tmp/ctl7" page_indexes=0-1023 >/dev/null ||
+    fail "writeback before the standby's takeover"
+zram_nbdkit -U "$tmp/sock8" -P "$tmp/pid8" "$PLUGIN" 8M region="$cold_region" \
+    backing="$tmp/cold" ctl="$tmp/ctl7" stats="$tmp/stats" \
+    standby="$tmp/standby8" || fail "a standby with backing="
+kill -9 "$(cat "$tmp/pid7")"
+while [ -e "/proc/$(cat "$tmp/pid7")" ]; do sleep 0.1; done
+case "$(ask "$tmp/standby8" takeover)" in
+    ok\ *) ;; *) fail "the standby with backing= did not take over" ;;
+esac
+ACTION=read VERSION=9 nbdsh -u "nbd+unix://?socket=$tmp/sock8" -c - \
+    < "$tmp/data.py" || fail "the standby with a cold tier after its takeover"
+sleep 1.2
+[ "$(stat_of bd_count)" -gt 100 ] ||
+    fail "after the standby's takeover bd_count is $(stat_of bd_count)"
+kill "$(cat "$tmp/pid8")"
+while [ -e "/proc/$(cat "$tmp/pid8")" ]; do sleep 0.1; done
+echo "ok: a standby with a cold tier: backing= opened at the takeover, $(stat_of bd_count) blocks still in it, every block whole"
 
 # ---- drop: the memory goes at exit -----------------------------------------
 zram_nbdkit -U - "$PLUGIN" 8M region="$region" ctl="$tmp/ctl" \

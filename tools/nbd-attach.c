@@ -12,6 +12,7 @@
  */
 
 #include <errno.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -384,7 +385,13 @@ bool
 nbd_watch_link_dead (struct nbd_watch *watch)
 {
   watch->dead = false;
-  while (nl_recvmsgs_default (watch->nl) >= 0)
+  /* Only while something is there: an older libnl answers 0, not
+   * -NLE_AGAIN, on a non-blocking socket with nothing to read.
+   */
+  struct pollfd pending = { .fd = nl_socket_get_fd (watch->nl),
+                            .events = POLLIN };
+  while (poll (&pending, 1, 0) > 0
+         && nl_recvmsgs_default (watch->nl) >= 0)
     ;
   return watch->dead;
 }

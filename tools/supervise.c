@@ -225,13 +225,49 @@ nbd_detach_quietly (const char *device)
     close (null);
 }
 
+/* Children stopped but not reaped yet (stuck exiting, in the kernel's
+ * reclaim say): reaped later, so that no wait holds the supervisor up.
+ */
+#define LEFTOVERS_MAX 8
+static pid_t leftovers[LEFTOVERS_MAX];
+
+static void
+leftovers_reap (void)
+{
+  for (int i = 0; i < LEFTOVERS_MAX; i++)
+    if (leftovers[i] > 0 && waitpid (leftovers[i], NULL, WNOHANG) != 0)
+      leftovers[i] = 0;
+}
+
+/* Stop child pid: SIGTERM first if gently (5 s to exit), then SIGKILL
+ * and 5 s more; still there, it is reaped later (leftovers_reap).
+ */
+static void
+child_stop (pid_t pid, bool gently)
+{
+  kill (pid, gently ? SIGTERM : SIGKILL);
+  for (int waited = 0; waited < 1000; waited++) {
+    if (waitpid (pid, NULL, WNOHANG) != 0)
+      return;
+    if (waited == 500 && gently)
+      kill (pid, SIGKILL);
+    usleep (10000);
+  }
+  for (int i = 0; i < LEFTOVERS_MAX; i++)
+    if (leftovers[i] <= 0) {
+      leftovers[i] = pid;
+      return;
+    }
+}
+
 /* Start a server (argv: server_argv's, for suffix ""; the standby's,
  * for ".standby"); wait for its pid file DIR/pid<suffix> and socket
  * DIR/sock<suffix>.  Its pid, or -1 (the server exited, or wrote
  * neither in 60 s).
  */
 static pid_t
-server_start (const char *dir, char **argv, const char *suffix)
+server_start (const char *dir, char **argv, const char *suffix,
+              pid_t watched)
 {
   char pid_path[4096], sock_path[4096];
   snprintf (pid_path, sizeof pid_path, "%s/pid%s", dir, suffix);
@@ -243,12 +279,13 @@ server_start (const char *dir, char **argv, const char *suffix)
     sigset_t none;
     sigemptyset (&none);
     sigprocmask (SIG_SETMASK, &none, NULL);
+    signal (SIGPIPE, SIG_DFL);
     execv (argv[0], argv);
     _exit (127);
   }
   if (pid == -1)
     return -1;
-  for (int i = 0; i < 6000; i++) {
+  for (int i = 0; i < 6000 && (watched <= 0 || server_alive (watched)); i++) {
     struct stat st;
     if (stat (pid_path, &st) == 0 && st.st_size > 0
         && stat (sock_path, &st) == 0)
@@ -257,8 +294,7 @@ server_start (const char *dir, char **argv, const char *suffix)
       return -1;
     usleep (10000);
   }
-  kill (pid, SIGKILL);
-  waitpid (pid, NULL, 0);
+  child_stop (pid, false);
   return -1;
 }
 
@@ -289,12 +325,13 @@ server_argv_make (const char *dir, char **nbdkit_argv, const char *suffix,
 }
 
 /* Send line to the server's socket DIR/name and read its one-line reply
- * into reply[] (without the newline), waiting timeout_s at most.  true
- * if a reply came.
+ * into reply[] (without the newline), waiting timeout_s at most, and no
+ * longer than the process watched lives (if > 0: the server, which the
+ * supervisor must not stop watching for long).  true if a reply came.
  */
 static bool
 ask (const char *dir, const char *name, const char *line, char *reply,
-     size_t size, unsigned timeout_s)
+     size_t size, unsigned timeout_s, pid_t watched)
 {
   struct sockaddr_un address = { .sun_family = AF_UNIX };
   snprintf (address.sun_path, sizeof address.sun_path, "%s/%s", dir, name);
@@ -309,7 +346,11 @@ ask (const char *dir, const char *name, const char *line, char *reply,
   double deadline = now () + timeout_s;
   if (connect (fd, (struct sockaddr *) &address, sizeof address) == 0
       && write (fd, line, strlen (line)) == (ssize_t) strlen (line)) {
-    while (used < size - 1 && now () < deadline) {
+    while (used < size - 1 && now () < deadline
+           && (watched <= 0 || server_alive (watched))) {
+      struct pollfd readable = { .fd = fd, .events = POLLIN };
+      if (poll (&readable, 1, 100) == 0)
+        continue;
       ssize_t r = read (fd, reply + used, 1);
       if (r == -1 && errno == EINTR)
         continue;
@@ -338,15 +379,8 @@ standby_discard (const char *dir, struct standby *standby)
   unlink (path);
   nbd_close (standby->socks, standby->count);
   standby->count = 0;
-  if (standby->pid > 0) {
-    kill (standby->pid, SIGTERM);
-    int waited = 0;
-    while (waitpid (standby->pid, NULL, WNOHANG) == 0) {
-      if (++waited == 500)
-        kill (standby->pid, SIGKILL);
-      usleep (10000);
-    }
-  }
+  if (standby->pid > 0)
+    child_stop (standby->pid, true);
   standby->pid = 0;
 }
 
@@ -356,13 +390,13 @@ standby_discard (const char *dir, struct standby *standby)
  */
 static bool
 standby_prepare (const char *dir, char **argv, unsigned connections,
-                 struct standby *standby)
+                 struct standby *standby, pid_t server)
 {
   char sock_path[4096], reply[128] = "";
   snprintf (sock_path, sizeof sock_path, "%s/sock.standby", dir);
   uint64_t size;
   uint16_t flags;
-  pid_t pid = server_start (dir, argv, ".standby");
+  pid_t pid = server_start (dir, argv, ".standby", server);
   if (pid == -1)
     goto failed;
   standby->pid = pid;
@@ -371,7 +405,7 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
    * the guest with zstd); the server serves meanwhile.
    */
   if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
-            STANDBY_START_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0
+            STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0
       || nbd_connect (sock_path, connections, standby->socks, &size,
                       &flags) == -1)
     goto failed;
@@ -381,7 +415,7 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
    */
   usleep (200000);
   if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
-            STANDBY_READY_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0)
+            STANDBY_READY_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0)
     goto failed;
   note (dir, "standby.ready", false, "%d\n", (int) pid);
   note (dir, "supervisor.log", true, "standby: pid %d ready\n", (int) pid);
@@ -409,7 +443,7 @@ standby_take_over (const char *dir, struct standby *standby,
   snprintf (from, sizeof from, "%s/standby.ready", dir);
   unlink (from);
   if (!ask (dir, "standby.sock", "takeover\n", reply, sizeof reply,
-            TAKEOVER_TIMEOUT_S) || strncmp (reply, "ok", 2) != 0) {
+            TAKEOVER_TIMEOUT_S, 0) || strncmp (reply, "ok", 2) != 0) {
     note (dir, "supervisor.log", true, "standby: pid %d did not take the "
           "device over: %s\n", (int) standby->pid,
           *reply ? reply : "no answer");
@@ -516,10 +550,14 @@ run_supervise (int argc, char **argv)
   sigaction (SIGTERM, &action, NULL);
   sigaction (SIGINT, &action, NULL);
   sigaction (SIGCHLD, &action, NULL);
+  /* A server or standby that goes while it is written to must not take
+   * the supervisor with it (its children get the default back).
+   */
+  signal (SIGPIPE, SIG_IGN);
 
   char sock_path[4096];
   snprintf (sock_path, sizeof sock_path, "%s/sock", dir);
-  pid_t server = server_start (dir, server_argv, "");
+  pid_t server = server_start (dir, server_argv, "", 0);
   if (server == -1
       || nbd_attach (device, sock_path, false, connections, timeout, 4096) == -1) {
     note (dir, "supervisor.err", false, "the server did not start, or %s "
@@ -572,16 +610,20 @@ run_supervise (int argc, char **argv)
       }
       if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
           && !link_dead_since) {
-        note (dir, "supervisor.log", true, "the driver marked a connection "
-              "of %s dead\n", device);
-        link_dead_since = now ();
-      }
-      if (link_dead_since) {
-        /* A server that is going ends this wait at the next round; one
-         * that does not answer (stopped, stuck) is tried again each
-         * round, as long as the device waits for it.
+        /* A server that is going ends this wait at the next round: only
+         * a live one's is news.
          */
         usleep (100000);
+        if (server_alive (server)) {
+          note (dir, "supervisor.log", true, "the driver marked a "
+                "connection of %s to the live server dead\n", device);
+          link_dead_since = now ();
+        }
+      }
+      if (link_dead_since) {
+        /* One that does not answer (stopped, stuck) is tried again each
+         * round, as long as the device waits for it.
+         */
         if (!server_alive (server) || now () - link_dead_since > timeout)
           link_dead_since = 0;
         else if (nbd_attach (device, sock_path, true, connections, timeout,
@@ -592,6 +634,7 @@ run_supervise (int argc, char **argv)
           link_dead_since = 0;
         }
       }
+      leftovers_reap ();
       if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
         note (dir, "supervisor.log", true, "standby: pid %d exited (a new "
               "one in %d s)\n", (int) standby.pid, STANDBY_RETRY_S);
@@ -607,7 +650,7 @@ run_supervise (int argc, char **argv)
        */
       if (use_standby && !standby.pid && !stop_asked && !restart_asked
           && !requeue_until && now () >= standby.next_try)
-        standby_prepare (dir, standby_argv, connections, &standby);
+        standby_prepare (dir, standby_argv, connections, &standby, server);
       if (stop_asked && !terminated) {
         stopped = stopped ? stopped : now ();
         standby_discard (dir, &standby);
@@ -620,7 +663,7 @@ run_supervise (int argc, char **argv)
          */
         if (use_standby) {
           standby_discard (dir, &standby);
-          standby_prepare (dir, standby_argv, connections, &standby);
+          standby_prepare (dir, standby_argv, connections, &standby, server);
         }
         stopped = now ();
         if (!ask_handover (dir)) {
@@ -639,8 +682,11 @@ run_supervise (int argc, char **argv)
       stopped = now ();
     if (stop_asked) {
       /* Stopped for good: the device it attached goes too (swap off has
-       * detached it already; an interrupted swap on may not have).
+       * detached it already; an interrupted swap on may not have), and
+       * the standby (a stop that came with the server's exit skipped
+       * the loop that discards it).
        */
+      standby_discard (dir, &standby);
       nbd_detach_quietly (device);
       return EXIT_SUCCESS;
     }
@@ -666,7 +712,7 @@ run_supervise (int argc, char **argv)
       ? standby_take_over (dir, &standby, device, timeout) : -1;
     bool by_standby = server != -1;
     for (unsigned attempt = 1; server == -1; attempt++) {
-      server = server_start (dir, server_argv, "");
+      server = server_start (dir, server_argv, "", 0);
       if (server != -1
           && nbd_attach (device, sock_path, true, connections, timeout,
                          4096) == 0)
@@ -674,10 +720,8 @@ run_supervise (int argc, char **argv)
       note (dir, "supervisor.log", true, "restart %u (%s), attempt %u: "
             "the server did not start again, or %s could not be "
             "reconnected\n", restarts + 1, why, attempt, device);
-      if (server > 0) {
-        kill (server, SIGKILL);
-        waitpid (server, NULL, 0);
-      }
+      if (server > 0)
+        child_stop (server, false);
       server = -1;
       wait_a_second (&none, NULL);  /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
