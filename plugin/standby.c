@@ -102,6 +102,8 @@ answer (int fd)
       handover_status_get (&status);
       atomic_store_explicit (&waiting, false, memory_order_release);
       serving = true;
+      /* Gone before the answer: whoever reads "ok" finds no standby. */
+      socket_close ();
       snprintf (reply, sizeof reply, "ok %" PRIu64 "\n", status.generation);
       nbdkit_debug ("standby: took the device over: generation %" PRIu64,
                     status.generation);
@@ -143,10 +145,8 @@ standby_main (void *unused)
     }
     bool serving = answer (fd);
     close (fd);
-    if (serving) {
-      socket_close ();
+    if (serving)
       break;
-    }
   }
   return NULL;
 }
