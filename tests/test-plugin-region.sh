@@ -196,6 +196,10 @@ s.sendall(sys.argv[2].encode() + b"\n")
 print(s.makefile().readline().strip())
 EOF
 ask () { /usr/bin/python3 "$tmp/ask.py" "$@"; }
+gone () { while [ -e "/proc/$(cat "$1")" ]; do sleep 0.1; done; }
+take_over () {   # SOCKET WHAT: the standby on SOCKET serves, or fail WHAT
+    case "$(ask "$1" takeover)" in ok\ *) ;; *) fail "$2" ;; esac
+}
 standby () {   # N: a standby on sock$N, pid$N, standby$N
     zram_nbdkit -U "$tmp/sock$1" -P "$tmp/pid$1" "$PLUGIN" 8M \
         region="$region" ctl="$tmp/ctl4" stats="$tmp/stats" \
@@ -220,10 +224,8 @@ ACTION=read VERSION=7 nbdsh -u "nbd+unix://?socket=$tmp/sock4" -c - \
 sleep 1.2                       # a housekeeping round: its stats
 recoveries=$(stat_of recoveries)
 kill -9 "$(cat "$tmp/pid4")"
-while [ -e "/proc/$(cat "$tmp/pid4")" ]; do sleep 0.1; done
-case "$(ask "$tmp/standby5" takeover)" in
-    ok\ *) ;; *) fail "the standby did not take over after SIGKILL" ;;
-esac
+gone "$tmp/pid4"
+take_over "$tmp/standby5" "the standby did not take over after SIGKILL"
 [ ! -e "$tmp/standby5" ] || fail "the standby's socket is still there after its takeover"
 ACTION=read VERSION=7 nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c - \
     < "$tmp/data.py" || fail "the standby after its takeover"
@@ -235,17 +237,15 @@ standby 6
 ACTION=write VERSION=8 nbdsh -u "nbd+unix://?socket=$tmp/sock5" -c - \
     < "$tmp/data.py" || fail "writing to the standby that took over"
 "$BUILDDIR/tools/nbdkit-zramctl" handover "$tmp/ctl4" || fail "handover to a standby"
-while [ -e "/proc/$(cat "$tmp/pid5")" ]; do sleep 0.1; done
-case "$(ask "$tmp/standby6" takeover)" in
-    ok\ *) ;; *) fail "the standby did not take over after a handover" ;;
-esac
+gone "$tmp/pid5"
+take_over "$tmp/standby6" "the standby did not take over after a handover"
 ACTION=read VERSION=8 nbdsh -u "nbd+unix://?socket=$tmp/sock6" -c - \
     < "$tmp/data.py" || fail "the second standby after its takeover"
 sleep 1.2
 [ "$(stat_of recoveries)" = $((recoveries + 1)) ] ||
     fail "a takeover after a handover recovered (a crash), not took over"
 kill "$(cat "$tmp/pid6")"
-while [ -e "/proc/$(cat "$tmp/pid6")" ]; do sleep 0.1; done
+gone "$tmp/pid6"
 serve read 8 || fail "after the standbys, the next server"
 echo "ok: a standby after a handover: taken over clean, every block whole"
 # With a cold tier: the standby opens backing= at its takeover (the
@@ -261,17 +261,15 @@ zram_nbdkit -U "$tmp/sock8" -P "$tmp/pid8" "$PLUGIN" 8M region="$cold_region" \
     backing="$tmp/cold" ctl="$tmp/ctl7" stats="$tmp/stats" \
     standby="$tmp/standby8" || fail "a standby with backing="
 kill -9 "$(cat "$tmp/pid7")"
-while [ -e "/proc/$(cat "$tmp/pid7")" ]; do sleep 0.1; done
-case "$(ask "$tmp/standby8" takeover)" in
-    ok\ *) ;; *) fail "the standby with backing= did not take over" ;;
-esac
+gone "$tmp/pid7"
+take_over "$tmp/standby8" "the standby with backing= did not take over"
 ACTION=read VERSION=9 nbdsh -u "nbd+unix://?socket=$tmp/sock8" -c - \
     < "$tmp/data.py" || fail "the standby with a cold tier after its takeover"
 sleep 1.2
 [ "$(stat_of bd_count)" -gt 100 ] ||
     fail "after the standby's takeover bd_count is $(stat_of bd_count)"
 kill "$(cat "$tmp/pid8")"
-while [ -e "/proc/$(cat "$tmp/pid8")" ]; do sleep 0.1; done
+gone "$tmp/pid8"
 echo "ok: a standby with a cold tier: backing= opened at the takeover, $(stat_of bd_count) blocks still in it, every block whole"
 
 # ---- drop: the memory goes at exit -----------------------------------------
