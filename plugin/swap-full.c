@@ -233,7 +233,17 @@ swap_full_watch (uint64_t now_ns)
    * request stuck in nbdkit before it reaches the plugin (reading its
    * data into a buffer that faults) is in flight only there.
    */
-  static uint64_t done_seen, stall_since_ns, last_done_ns;
+  static uint64_t done_seen, stall_since_ns, last_done_ns, last_look_ns;
+  if (last_look_ns && now_ns - last_look_ns >= SWAP_FULL_GAP_MS * 1000000ull) {
+    /* The watcher did not run (the process stopped: SIGSTOP, a frozen
+     * cgroup, a debugger): its clocks measured its own absence, not the
+     * device.  They start again from now.
+     */
+    stall_since_ns = 0;
+    episode_start_ns = 0;
+    last_done_ns = now_ns;
+  }
+  last_look_ns = now_ns;
   uint64_t done = atomic_load_explicit (&stores_done, memory_order_relaxed);
   bool waited_on = atomic_load_explicit (&stores_started, memory_order_relaxed) != done
     || (now_ns - last_done_ns < SWAP_FULL_RECENT_MS * 1000000ull

@@ -48,6 +48,14 @@
  * back can free - the OOM killer's victim, whose memory the kernel's
  * OOM reaper frees even while the victim is stuck.
  *
+ * The clocks run only while the watcher looks: a gap of
+ * SWAP_FULL_GAP_MS or more between two looks (the process was stopped:
+ * SIGSTOP, a frozen cgroup, a debugger) starts them again, so that a
+ * pause of the whole server is not taken for its stall, nor the writes
+ * the kernel kept meanwhile for a full device's refusals (seen in the
+ * guest: a server SIGSTOPped for 40 s had two processes killed when it
+ * went on).
+ *
  * Threads: swap_full_note_refusal and the store counts are called by
  * any request thread (one atomic add); swap_full_watch by one thread
  * only, the watcher (swap_full_start), every SWAP_FULL_TICK_MS; its
@@ -69,6 +77,7 @@
 #define SWAP_FULL_TICK_MS 250
 #define SWAP_FULL_RECENT_MS 30000
 #define SWAP_FULL_STALL_MS 10000
+#define SWAP_FULL_GAP_MS 10000
 
 enum swap_full_action {
   SWAP_FULL_OOM,                /* ask the kernel's OOM killer (default) */

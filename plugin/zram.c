@@ -206,11 +206,13 @@ open_reserve (void)
 }
 
 /* A planned restart's (handover_now): the threads that touch the store,
- * stopped.
+ * stopped, and a standby's thread joined (it ended at its takeover: the
+ * handover's exit would leave it unjoined).
  */
 static void
 threads_stop (void)
 {
+  standby_stop ();
   swap_full_stop ();
   housekeeper_stop ();
 }

@@ -85,6 +85,11 @@ _cleanup ()
     for c in ${_captive_pids[@]+"${_captive_pids[@]}"}; do
         kill -9 "$c" 2>/dev/null || :
     done
+    # A server in the background reports into a file, not to the test.
+    if _sanitizer_reports; then
+        echo "$TEST_NAME: FAIL: a sanitizer report from a server" >&2
+        rc=1
+    fi
     rm -rf "$tmp"
     exit "$rc"
 }
@@ -152,7 +157,7 @@ case "$SANITIZERS" in
     thread)
         _nbdkit_env=(
             "LD_PRELOAD=$(_sanitizer_lib libtsan.so)"
-            "TSAN_OPTIONS=halt_on_error=1:exitcode=66:report_signal_unsafe=0"
+            "TSAN_OPTIONS=halt_on_error=1:exitcode=66:report_signal_unsafe=0:log_path=$tmp/sanitizer"
         ) ;;
     *)
         _preload=
@@ -161,8 +166,8 @@ case "$SANITIZERS" in
             _preload="${_preload:+$_preload:}$(_sanitizer_lib libubsan.so)" ;; esac
         _nbdkit_env=(
             "LD_PRELOAD=$_preload"
-            "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0"
-            "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+            "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=$tmp/sanitizer"
+            "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$tmp/sanitizer"
         ) ;;
 esac
 
@@ -172,6 +177,20 @@ NO_PRELOAD='unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS;'
 
 # Patterns of a sanitizer report.
 SANITIZER_PATTERN='ERROR: AddressSanitizer|ERROR: LeakSanitizer|WARNING: ThreadSanitizer|ThreadSanitizer:|runtime error:|UndefinedBehaviorSanitizer'
+
+# The sanitizers write their reports to $tmp/sanitizer.PID (log_path): a
+# server in the background has no stderr to read.  True, with the reports
+# copied to our stderr, if there is one.
+_sanitizer_reports ()
+{
+    local report found=1
+    for report in "$tmp"/sanitizer.*; do
+        [ -s "$report" ] || continue
+        cat "$report" >&2
+        found=0
+    done
+    return "$found"
+}
 
 # The stderr of the latest zram_nbdkit (nbdkit and its --run command).
 NBDKIT_STDERR=
@@ -220,7 +239,7 @@ zram_nbdkit ()
     fi
     [ "$rc" != 124 ] || fail "nbdkit ${args[*]}: no exit within ${NBDKIT_TIMEOUT}s"
     cat "$NBDKIT_STDERR" >&2
-    if grep -Eq "$SANITIZER_PATTERN" "$NBDKIT_STDERR"; then
+    if grep -Eq "$SANITIZER_PATTERN" "$NBDKIT_STDERR" || _sanitizer_reports; then
         echo "$TEST_NAME: FAIL: sanitizer report from nbdkit (exit status $rc)" >&2
         exit 1
     fi

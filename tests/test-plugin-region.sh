@@ -198,7 +198,8 @@ EOF
 ask () { /usr/bin/python3 "$tmp/ask.py" "$@"; }
 gone () { while [ -e "/proc/$(cat "$1")" ]; do sleep 0.1; done; }
 take_over () {   # SOCKET WHAT: the standby on SOCKET serves, or fail WHAT
-    case "$(ask "$1" takeover)" in ok\ *) ;; *) fail "$2" ;; esac
+    answer=$(ask "$1" takeover)
+    case "$answer" in ok\ *) ;; *) fail "$2: $answer" ;; esac
 }
 standby () {   # N: a standby on sock$N, pid$N, standby$N
     zram_nbdkit -U "$tmp/sock$1" -P "$tmp/pid$1" "$PLUGIN" 8M \
