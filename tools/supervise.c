@@ -188,27 +188,6 @@ note (const char *dir, const char *name, bool append, const char *format, ...)
   close (fd);
 }
 
-/* Ask the server on DIR/ctl to hand its device over and exit (the
- * control channel's handover): its held requests are never answered, so
- * the kernel sends them again to the next server - a SIGTERM would have
- * nbdkit answer them with ESHUTDOWN, an I/O error.  false if it could not
- * be asked.
- */
-static bool
-ask_handover (const char *dir)
-{
-  struct sockaddr_un address = { .sun_family = AF_UNIX };
-  snprintf (address.sun_path, sizeof address.sun_path, "%s/ctl", dir);
-  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1)
-    return false;
-  static const char line[] = "handover\n";
-  bool asked = connect (fd, (struct sockaddr *) &address, sizeof address) == 0
-    && write (fd, line, sizeof line - 1) == sizeof line - 1;
-  close (fd);
-  return asked;
-}
-
 /* Detach device, saying nothing if it is not attached. */
 static void
 nbd_detach_quietly (const char *device)
@@ -366,6 +345,26 @@ ask (const char *dir, const char *name, const char *line, char *reply,
   reply[used] = '\0';
   close (fd);
   return answered;
+}
+
+/* Ask the server on DIR/ctl to hand its device over and exit (the
+ * control channel's handover): its held requests are never answered, so
+ * the kernel sends them again to the next server - a SIGTERM would have
+ * nbdkit answer them with ESHUTDOWN, an I/O error.  true once it said
+ * "ok", or exited while asked (a handover whose requests did not finish
+ * exits without answering: the next server recovers the device); false
+ * if it refused (no region=), could not be asked, or did not answer
+ * within HANDOVER_WAIT_S: the caller stops it.
+ */
+#define HANDOVER_WAIT_S 40
+static bool
+ask_handover (const char *dir, pid_t server)
+{
+  char reply[256];
+  if (ask (dir, "ctl", "handover\n", reply, sizeof reply, HANDOVER_WAIT_S,
+           server))
+    return strcmp (reply, "ok") == 0;
+  return !server_alive (server);
 }
 
 /* The standby gone: its sockets closed, the process stopped (SIGTERM,
@@ -666,12 +665,13 @@ run_supervise (int argc, char **argv)
           standby_prepare (dir, standby_argv, connections, &standby, server);
         }
         stopped = now ();
-        if (!ask_handover (dir)) {
+        if (!ask_handover (dir, server)) {
           kill (server, SIGTERM);
           terminated = true;
         }
       }
-      else if (restart_asked && !terminated && now () - stopped > 40) {
+      else if (restart_asked && !terminated
+               && now () - stopped > HANDOVER_WAIT_S) {
         kill (server, SIGTERM);
         terminated = true;
       }
