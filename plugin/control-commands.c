@@ -18,7 +18,9 @@
 #include "error-text.h"
 #include "handover.h"
 #include "metrics.h"
+#include "monotonic.h"
 #include "stats-file.h"
+#include "swap-full.h"
 #include "swap-mode.h"
 
 
@@ -186,6 +188,23 @@ command_drop (struct client *client, int argc, char **argv)
     return reply_error (client, "drop: the device has no region (region=): "
                         "its memory goes with the server anyway");
   handover_drop ();
+  return 0;
+}
+
+/* Swap mode: the full-device watch asks the OOM killer for nothing for
+ * the next SECONDS (swap-full.h: a standby being made ready beside this
+ * server); 0 ends the grace asked for before.
+ */
+static int
+command_grace (struct client *client, int argc, char **argv)
+{
+  uint64_t seconds;
+  if (parse_number (argv[1], &seconds) == -1
+      || seconds > SWAP_FULL_ASKED_GRACE_MAX_S)
+    return reply_error (client, "grace: '%s' is not a number of seconds "
+                        "(0..%u)", argv[1], SWAP_FULL_ASKED_GRACE_MAX_S);
+  swap_full_grace (SWAP_FULL_GRACE_ASKED,
+                   monotonic_ns () + seconds * UINT64_C (1000000000));
   return 0;
 }
 

@@ -38,6 +38,7 @@
   COMMAND (writeback_limit, 1, 2, "writeback_limit [SIZE|off]", \
            command_writeback_limit, 2) \
   COMMAND (drop, 1, 1, "drop", command_drop, 0) \
+  COMMAND (grace, 2, 2, "grace SECONDS", command_grace, 0) \
   COMMAND (handover, 1, 1, "handover", command_handover, 0) \
   COMMAND (help, 1, 1, "help", command_help, 0)
 

@@ -213,13 +213,22 @@ log_thread_waits (void)
                 "waiting in):%s", used ? line : " unknown");
 }
 
-/* No kill before this (swap_full_grace). */
-static _Atomic uint64_t grace_until_ns;
+/* No kill before these (swap_full_grace), one per reason. */
+static _Atomic uint64_t grace_until_ns[SWAP_FULL_GRACE_ASKED + 1];
 
 void
-swap_full_grace (uint64_t until_ns)
+swap_full_grace (enum swap_full_grace_reason reason, uint64_t until_ns)
 {
-  atomic_store (&grace_until_ns, until_ns);
+  atomic_store (&grace_until_ns[reason], until_ns);
+}
+
+static bool
+in_grace (uint64_t now_ns)
+{
+  for (int reason = 0; reason <= SWAP_FULL_GRACE_ASKED; reason++)
+    if (now_ns < atomic_load (&grace_until_ns[reason]))
+      return true;
+  return false;
 }
 
 void
@@ -271,7 +280,7 @@ swap_full_watch (uint64_t now_ns)
   atomic_store (&full_now, episode_start_ns != 0);
 
   if (!episode_start_ns || sysrq_fd == -1
-      || now_ns < atomic_load (&grace_until_ns)
+      || in_grace (now_ns)
       || now_ns - episode_start_ns < SWAP_FULL_AFTER_MS * 1000000ull
       || (last_kill_ns && now_ns - last_kill_ns < SWAP_FULL_SETTLE_MS * 1000000ull)
       || !memory_short ())

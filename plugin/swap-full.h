@@ -128,7 +128,21 @@ extern void swap_full_watch (uint64_t now_ns);
  * and have a process killed that the machine did not need to lose.
  */
 #define SWAP_FULL_RESTART_GRACE_MS 45000
-extern void swap_full_grace (uint64_t until_ns);
+/* Or asked for (the control channel's grace): the supervisor makes a
+ * standby ready beside this server, whose memory, faulted in on a
+ * machine short of it, is taken from the writes' reserve for a while
+ * (seen in the guest: a swap restart's standby, made ready at 2.25x,
+ * left this server's writes refused and a process was killed).  At most
+ * SWAP_FULL_ASKED_GRACE_MAX_S; a new ask replaces the last (0 ends it).
+ * The two are kept apart: the later deadline holds.
+ */
+enum swap_full_grace_reason {
+  SWAP_FULL_GRACE_RESTART,
+  SWAP_FULL_GRACE_ASKED,
+};
+#define SWAP_FULL_ASKED_GRACE_MAX_S 300
+extern void swap_full_grace (enum swap_full_grace_reason reason,
+                             uint64_t until_ns);
 
 /* What the stats file's swap_full_* lines say. */
 struct swap_full_status {

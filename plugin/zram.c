@@ -283,7 +283,7 @@ serve_start (void)
     return -1;
   }
   if (handover.generation > 1)
-    swap_full_grace (monotonic_ns ()
+    swap_full_grace (SWAP_FULL_GRACE_RESTART, monotonic_ns ()
                      + SWAP_FULL_RESTART_GRACE_MS * UINT64_C (1000000));
   if (swap_mode != SWAP_OFF && swap_full_start (open_reserve) == -1) {
     nbdkit_error ("cannot start the full-device watcher: %s", error_text (errno));

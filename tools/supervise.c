@@ -383,6 +383,41 @@ standby_discard (const char *dir, struct standby *standby)
   standby->pid = 0;
 }
 
+/* standby_prepare's steps: the process started, made ready, connected
+ * and its connections' stacks made ready.  false on the first that
+ * fails, its answer (if any) in reply.
+ */
+static bool
+standby_make_ready (const char *dir, char **argv, unsigned connections,
+                    struct standby *standby, pid_t server, char *reply,
+                    size_t reply_size)
+{
+  char sock_path[4096];
+  snprintf (sock_path, sizeof sock_path, "%s/sock.standby", dir);
+  uint64_t size;
+  uint16_t flags;
+  pid_t pid = server_start (dir, argv, ".standby", server);
+  if (pid == -1)
+    return false;
+  standby->pid = pid;
+  /* Its first answer comes once it has made everything ready - under
+   * memory pressure that took more than the handshake's 10 s (seen in
+   * the guest with zstd); the server serves meanwhile.
+   */
+  if (!ask (dir, "standby.sock", "ready\n", reply, reply_size,
+            STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0
+      || nbd_connect (sock_path, connections, standby->socks, &size,
+                      &flags) == -1)
+    return false;
+  standby->count = connections;
+  /* nbdkit starts a connection's workers after its handshake: a moment
+   * for them to start, then their stacks made ready.
+   */
+  usleep (200000);
+  return ask (dir, "standby.sock", "ready\n", reply, reply_size,
+              STANDBY_READY_TIMEOUT_S, server) && strncmp (reply, "ok", 2) == 0;
+}
+
 /* Start a standby and make it ready (see above): true, or false after a
  * line in the log, with none left and the next try due in
  * STANDBY_RETRY_S.
@@ -391,36 +426,23 @@ static bool
 standby_prepare (const char *dir, char **argv, unsigned connections,
                  struct standby *standby, pid_t server)
 {
-  char sock_path[4096], reply[128] = "";
-  snprintf (sock_path, sizeof sock_path, "%s/sock.standby", dir);
-  uint64_t size;
-  uint16_t flags;
-  pid_t pid = server_start (dir, argv, ".standby", server);
-  if (pid == -1)
-    goto failed;
-  standby->pid = pid;
-  /* Its first answer comes once it has made everything ready - under
-   * memory pressure that took more than the handshake's 10 s (seen in
-   * the guest with zstd); the server serves meanwhile.
+  char reply[128] = "";
+  /* Its memory is faulted in from the free memory the server's writes
+   * need: the server's full-device watch is asked not to take the
+   * refusals meanwhile for a full device (an old server without the
+   * command refuses it: no matter).
    */
-  if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
-            STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0
-      || nbd_connect (sock_path, connections, standby->socks, &size,
-                      &flags) == -1)
-    goto failed;
-  standby->count = connections;
-  /* nbdkit starts a connection's workers after its handshake: a moment
-   * for them to start, then their stacks made ready.
-   */
-  usleep (200000);
-  if (!ask (dir, "standby.sock", "ready\n", reply, sizeof reply,
-            STANDBY_READY_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0)
-    goto failed;
-  note (dir, "standby.ready", false, "%d\n", (int) pid);
-  note (dir, "supervisor.log", true, "standby: pid %d ready\n", (int) pid);
-  return true;
-
- failed:
+  char grace_reply[128];
+  ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
+  bool ready = standby_make_ready (dir, argv, connections, standby, server,
+                                   reply, sizeof reply);
+  ask (dir, "ctl", "grace 10\n", grace_reply, sizeof grace_reply, 5, server);
+  if (ready) {
+    note (dir, "standby.ready", false, "%d\n", (int) standby->pid);
+    note (dir, "supervisor.log", true, "standby: pid %d ready\n",
+          (int) standby->pid);
+    return true;
+  }
   note (dir, "supervisor.log", true, "standby: could not be made ready%s%s "
         "(tried again in %d s)\n", *reply ? ": " : "", reply, STANDBY_RETRY_S);
   standby_discard (dir, standby);
