@@ -265,6 +265,77 @@ region_file_read (int fd, int *shm_id, key_t *key, char device_text[33])
   return true;
 }
 
+/* A copy of the header of the segment the region file at path names,
+ * read without owning it; false with errno if there is none to read.
+ */
+static bool
+path_peek (const char *path, struct region *seen)
+{
+  char device_text[33];
+  int shm_id;
+  key_t key;
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return false;
+  bool named = region_file_read (fd, &shm_id, &key, device_text);
+  close (fd);
+  if (!named) {
+    errno = ENOENT;
+    return false;
+  }
+  return header_peek (shm_id, seen);
+}
+
+/* The address range region_reserve_address keeps (ADDRESS RESERVATION
+ * in region.h): set by it, consumed or given back by region_attach.
+ * Not locked: a process reserves before it starts the thread that
+ * attaches (a standby: nbdkit's get_ready, then its takeover thread).
+ */
+static void *reserved_address;
+static uint64_t reserved_bytes;
+
+int
+region_reserve_address (const char *path)
+{
+  struct region seen;
+  if (reserved_address) {
+    errno = EALREADY;
+    return -1;
+  }
+  if (!path_peek (path, &seen))
+    return -1;
+  if (memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) != 0
+      || seen.identity_checksum != identity_checksum (&seen)) {
+    errno = EINVAL;
+    return -1;
+  }
+  void *want = (void *) (uintptr_t) seen.base_address;
+  void *got = mmap (want, seen.region_bytes, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+                    | MAP_FIXED_NOREPLACE, -1, 0);
+  if (got == MAP_FAILED)
+    return -1;                  /* EEXIST: something is there already */
+  if (got != want) {
+    /* A kernel before 4.17 takes the flag for a hint. */
+    munmap (got, seen.region_bytes);
+    errno = EEXIST;
+    return -1;
+  }
+  reserved_address = want;
+  reserved_bytes = seen.region_bytes;
+  return 0;
+}
+
+/* The reservation given back (its range unmapped), if there is one. */
+static void
+reservation_release (void)
+{
+  if (reserved_address) {
+    munmap (reserved_address, reserved_bytes);
+    reserved_address = NULL;
+  }
+}
+
 struct region_owner *
 region_attach (const char *path, uint64_t device_bytes,
                enum region_attach_result *how, char *why, size_t why_bytes)
@@ -272,17 +343,7 @@ region_attach (const char *path, uint64_t device_bytes,
   int lock_fd = ownership_take (path, 0);
   if (lock_fd == -1 && errno == EBUSY) {
     struct region seen = { 0 };
-    char device_text[33];
-    int shm_id = -1;
-    key_t key;
-    int fd = open (path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      if (!region_file_read (fd, &shm_id, &key, device_text))
-        shm_id = -1;
-      close (fd);
-    }
-    if (shm_id >= 0)
-      header_peek (shm_id, &seen);
+    path_peek (path, &seen);
     return refuse (EBUSY, why, why_bytes,
                    "the region is owned by another process (last owner "
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
@@ -374,7 +435,18 @@ region_attach (const char *path, uint64_t device_bytes,
     goto refused;
 
   void *want = (void *) (uintptr_t) seen.base_address;
-  struct region *region = shmat (shm_id, want, 0);
+  /* Over this process's reservation of the range, if it is this one's
+   * (SHM_REMAP replaces it in one step: no moment where another mapping
+   * could take the range); one of another region is given back.
+   */
+  int remap = 0;
+  if (reserved_address == want && reserved_bytes == seen.region_bytes)
+    remap = SHM_REMAP;
+  else
+    reservation_release ();
+  struct region *region = shmat (shm_id, want, remap);
+  if (region == want && remap)
+    reserved_address = NULL;    /* the segment sits there now */
   if (region != want) {
     int err = region == (void *) -1 ? errno : EEXIST;
     if (region != (void *) -1)

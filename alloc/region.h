@@ -32,6 +32,16 @@
  *   not nil), the attach is refused with that message and the memory is
  *   untouched: a retry - a new process, a new layout - can succeed.
  *
+ * ADDRESS RESERVATION
+ *   A process that attaches late - a standby, which makes its heap,
+ *   threads and stacks ready first and takes the region over only when
+ *   told to - would find its own mappings where the region goes whenever
+ *   layouts are alike (randomisation off: `setarch -R`, or
+ *   kernel.randomize_va_space=0; the serving server made the region at
+ *   the same point of the same start-up).  So it keeps the range first
+ *   (region_reserve_address: a PROT_NONE mapping, no memory), and
+ *   region_attach maps the segment over it.
+ *
  * LAYOUT (version REGION_LAYOUT_VERSION; all sizes in 4 KiB pages)
  *   page 0          the header (struct region): identity, then
  *                   state, then the heap's own state.
@@ -266,6 +276,14 @@ extern struct region_owner *region_attach (const char *path,
                                            uint64_t device_bytes,
                                            enum region_attach_result *how,
                                            char *why, size_t why_bytes);
+
+/* Keep the address range of the region the file at path names for a
+ * later region_attach in this process (ADDRESS RESERVATION).  0, or -1
+ * with errno: ENOENT (no region yet), EINVAL (not a region), EEXIST (the
+ * range is taken in this process already), EALREADY (one is kept).  A
+ * region_attach of another region gives it back.
+ */
+extern int region_reserve_address (const char *path);
 
 /* The user's root object and its layout version, set by the creator. */
 extern void region_set_root (struct region *region, void *root,

@@ -76,6 +76,15 @@ store_new (struct store_config *config, const char *path, bool locked)
   return store;
 }
 
+void
+handover_reserve_address (const char *path)
+{
+  if (region_reserve_address (path) == -1)
+    nbdkit_debug ("region: %s: its address is not kept for the takeover "
+                  "(%s): the takeover maps it there if it is free then",
+                  path, error_text (errno));
+}
+
 struct block_store *
 handover_store_open (struct store_config *config, const char *path,
                      bool locked)

@@ -32,6 +32,13 @@
 
 #include "block-store.h"
 
+/* A standby, before it makes anything ready: the address of the region
+ * path names kept for its takeover (alloc/region.h, ADDRESS
+ * RESERVATION).  If it cannot be kept it is only logged: the takeover
+ * maps the region if the address is free then.
+ */
+extern void handover_reserve_address (const char *path);
+
 /* The store for config, in the region that path names (made if none),
  * locked in memory when locked (swap).  NULL after nbdkit_error saying
  * why.

@@ -126,8 +126,10 @@ zram_get_ready (void)
    * So it opens the cold tier then too: the serving server holds a
    * backing file's lock.
    */
-  if (params.standby_path)
+  if (params.standby_path) {
+    handover_reserve_address (params.region_path);
     return standby_listen (params.standby_path);
+  }
   if (backing_start () == -1)
     return -1;
   if (params.region_path) {

@@ -259,6 +259,71 @@ test_handover_clean (void **state)
   region_destroy (owner);
 }
 
+/* ADDRESS RESERVATION: an attach finds the region's address taken by a
+ * mapping of its own and is refused, the memory untouched; a process
+ * that kept the range first (a standby) finds it kept - nothing else
+ * can map there - and attaches over it; a second reservation, or one
+ * for no region, is refused.
+ */
+static void
+test_address_reserved (void **state)
+{
+  (void) state;
+  int status;
+  const char *path = region_path ("reserved");
+  enum region_attach_result how;
+  char why[256] = "";
+  errno = 0;
+  assert_int_equal (region_reserve_address (path), -1);
+  assert_int_equal (errno, ENOENT);
+  pid_t pid = fill_in_child (path, true);
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
+
+  /* Where it goes: attached once, and left as it was. */
+  struct region_owner *owner = region_attach_expecting (path, DEVICE_BYTES,
+                                                        REGION_ATTACH_CLEAN);
+  void *address = owner->region;
+  region_close (owner);
+
+  void *blocker = mmap ((char *) address + REGION_BYTES / 2, 4096, PROT_READ,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                        -1, 0);
+  assert_ptr_equal (blocker, (char *) address + REGION_BYTES / 2);
+  assert_null (region_attach (path, DEVICE_BYTES, &how, why, sizeof why));
+  assert_int_equal (errno, EEXIST);
+  assert_non_null (strstr (why, "this process has something there already"));
+  errno = 0;
+  assert_int_equal (region_reserve_address (path), -1);
+  assert_int_equal (errno, EEXIST);
+  munmap (blocker, 4096);
+
+  assert_int_equal (region_reserve_address (path), 0);
+  errno = 0;
+  assert_int_equal (region_reserve_address (path), -1);
+  assert_int_equal (errno, EALREADY);
+  blocker = mmap ((char *) address + REGION_BYTES / 2, 4096, PROT_READ,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  assert_ptr_equal (blocker, MAP_FAILED);
+  assert_int_equal (errno, EEXIST);
+
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CLEAN);
+  assert_ptr_equal (owner->region, address);
+  region_start_serving (owner);
+  struct handover_root *root = region_root (owner->region);
+  struct zs_pool *pool = zs_pool_take_over (root->pool);
+  for (unsigned i = 0; i < root->count; i++)
+    if (root->handles[i])
+      assert_true (object_ok (pool, root->handles[i], root->sizes[i], i));
+  check_stats_consistent (pool);
+  /* Consumed: a new reservation may be made (none is kept now). */
+  zs_pool_destroy (pool);
+  region_free (owner->region, root);
+  region_destroy (owner);
+  assert_int_equal (region_reserve_address (path), -1);
+  assert_int_equal (errno, ENOENT);
+}
+
 /* A killed owner: the next attach reports the crash (the recovery that
  * rebuilds the pool is the caller's), and the region is not "handed
  * over" in anyone's eyes.
@@ -690,6 +755,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_region_heap),
     cmocka_unit_test (test_handover_clean),
+    cmocka_unit_test (test_address_reserved),
     cmocka_unit_test (test_crash_reported),
     cmocka_unit_test (test_crash_recovered),
     cmocka_unit_test (test_refusals),
