@@ -214,7 +214,7 @@ log_thread_waits (void)
 }
 
 /* No kill before these (swap_full_grace), one per reason. */
-static _Atomic uint64_t grace_until_ns[SWAP_FULL_GRACE_ASKED + 1];
+static _Atomic uint64_t grace_until_ns[SWAP_FULL_GRACE_REASONS];
 
 void
 swap_full_grace (enum swap_full_grace_reason reason, uint64_t until_ns)
@@ -225,7 +225,7 @@ swap_full_grace (enum swap_full_grace_reason reason, uint64_t until_ns)
 static bool
 in_grace (uint64_t now_ns)
 {
-  for (int reason = 0; reason <= SWAP_FULL_GRACE_ASKED; reason++)
+  for (int reason = 0; reason < SWAP_FULL_GRACE_REASONS; reason++)
     if (now_ns < atomic_load (&grace_until_ns[reason]))
       return true;
   return false;

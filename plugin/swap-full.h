@@ -51,10 +51,11 @@
  * The clocks run only while the watcher looks: a gap of
  * SWAP_FULL_GAP_MS or more between two looks (the process was stopped:
  * SIGSTOP, a frozen cgroup, a debugger) starts them again, so that a
- * pause of the whole server is not taken for its stall, nor the writes
- * the kernel kept meanwhile for a full device's refusals (seen in the
- * guest: a server SIGSTOPped for 40 s had two processes killed when it
- * went on).
+ * pause of the whole server is not taken for its stall, nor refusals
+ * on both sides of it for one long episode: what comes after the pause
+ * is judged by its own length (a server SIGSTOPped for 40 s in the guest
+ * had processes killed once, the cause not pinned down; this is the part
+ * that a pause surely falsified).
  *
  * Threads: swap_full_note_refusal and the store counts are called by
  * any request thread (one atomic add); swap_full_watch by one thread
@@ -139,6 +140,7 @@ extern void swap_full_watch (uint64_t now_ns);
 enum swap_full_grace_reason {
   SWAP_FULL_GRACE_RESTART,
   SWAP_FULL_GRACE_ASKED,
+  SWAP_FULL_GRACE_REASONS       /* how many */
 };
 #define SWAP_FULL_ASKED_GRACE_MAX_S 300
 extern void swap_full_grace (enum swap_full_grace_reason reason,
