@@ -104,6 +104,19 @@ case "$job" in
       socket=${ZRAM_SOCKET:-$top/$BUILD_DIR/zram.sock}
       listen=(--unix "$socket")
       uri="nbd+unix:///?socket=$socket"
+      # A socket left by a server that is gone (nbdkit leaves its socket
+      # behind when it is killed) would stop this one: removed.  One
+      # that answers is another server's: not touched.
+      if [ -S "$socket" ]; then
+        if nbdinfo --size "$uri" >/dev/null 2>&1; then
+          echo "setup.sh: a server already answers on $socket (stop it, or set ZRAM_SOCKET)" >&2
+          exit 1
+        fi
+        rm -f "$socket"
+      elif [ -e "$socket" ]; then
+        echo "setup.sh: $socket exists and is not a socket (set ZRAM_SOCKET)" >&2
+        exit 1
+      fi
     fi
     cat <<EOM
 Serving a $size compressed RAM disk (nbdkit-zram, on $("$NBDKIT" --version)) at
