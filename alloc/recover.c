@@ -20,6 +20,15 @@
  * waiting in batches - is free afterwards.  The reserve's chunks are
  * kept (reserve_rebuild): they are whole runs on a stack whose every
  * link was written before the chunk was pushed.
+ *
+ * The recovery can be killed too, and the next one starts over on what
+ * it left.  So it never clears a fact it rebuilds from: a live handle's
+ * slot already names it and is left as it is (only slots no live handle
+ * names are emptied), the reserve's stack is cut after its last good
+ * chunk rather than rebuilt, and everything else it writes (lists, free
+ * lists threaded through free slots and cells, counters) is made from
+ * the handles alone.  The next recovery gets the same handles, passes
+ * the same checks and writes the same.
  */
 
 #include <errno.h>
@@ -177,7 +186,7 @@ lists_reset (struct zs_pool *pool)
     list->dirty_count = 0;
     list->empty_chunks = 0;
   }
-  source->reserve = NULL;
+  /* source->reserve stays: reserve_rebuild walks it. */
   atomic_store (&source->reserve_chunks, 0);
   atomic_store (&source->reserve_spare_pages, 0);
   for (unsigned n = 0; n < ZS_FREE_BATCHES; n++)
@@ -266,26 +275,27 @@ claim (struct zs_recovery *recovery, const void *p, size_t bytes, size_t align)
  * restarted under memory pressure must find its reserve populated, as
  * after a clean handover (seen: a recovery that gave them back left the
  * new server populating them in the kernel's reclaim, which waited for
- * the swap device that server is).  The stack is walked from the old
- * head; a chunk that is not a whole run of the region, or was claimed
- * already (a crash between its taking and the stack's update), ends the
- * walk: the rest is given back.  Returns the chunks kept.
+ * the swap device that server is).  The stack is walked in place from
+ * its head; a chunk that is not a whole run of the region, or was
+ * claimed already (a crash between its taking and the stack's update),
+ * ends it there: the rest is given back.  Only that one link is written,
+ * so a recovery killed here leaves a stack the next one walks the same
+ * way.  Returns the chunks kept.
  */
 static uint64_t
-reserve_rebuild (struct zs_recovery *recovery, struct reserve_chunk *node)
+reserve_rebuild (struct zs_recovery *recovery)
 {
   struct page_source *source = &recovery->pool->pages;
   uint64_t kept = 0;
   uint64_t most = recovery->region->region_bytes / source->chunk_bytes;
-  while (node && kept < most
-         && region_contains (recovery->region, node, source->chunk_bytes)
-         && claim (recovery, node, source->chunk_bytes, REGION_PAGE_SIZE)) {
-    struct reserve_chunk *next = node->next;
-    node->next = source->reserve;
-    source->reserve = node;
+  struct reserve_chunk **link = &source->reserve;
+  while (*link && kept < most
+         && region_contains (recovery->region, *link, source->chunk_bytes)
+         && claim (recovery, *link, source->chunk_bytes, REGION_PAGE_SIZE)) {
     kept++;
-    node = next;
+    link = &(*link)->next;
   }
+  *link = NULL;
   atomic_store (&source->reserve_chunks, kept);
   return kept;
 }
@@ -297,7 +307,6 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   struct zs_pool *pool = recovery->pool;
   struct met_set zspages = { 0 }, blocks = { 0 }, chunks = { 0 };
   int r = -1;
-  struct reserve_chunk *old_reserve = pool->pages.reserve;
   pool_locks_init (pool);
   lists_reset (pool);
   *result = (struct zs_recover_result) { .refused = recovery->refused };
@@ -317,23 +326,13 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
     goto out;
   }
 
-  /* Pass 1: each zspage met is emptied of its old slots. */
-  for (size_t h = 0; h < recovery->count; h++) {
-    struct zspage *zspage = cell_zspage (handle_load (recovery->handles[h]));
-    bool fresh;
-    struct met *met = met_find (&zspages, zspage, &fresh);
-    if (!met)
-      goto out;
-    if (fresh) {
-      struct size_class *class
-        = class_for_size (pool, cell_object_size (handle_load (recovery->handles[h])));
-      met->class = class;
-      for (unsigned i = 0; i < class->objs_per_zspage; i++)
-        zspage->slot_cells[i] = NULL;
-      zspage->inuse = 0;
-    }
-  }
-  /* Pass 2: each live object back in its slot, its cell in its block. */
+  /* Pass 1: the live objects marked, nothing written.  A live handle's
+   * slot names it already (zs_recover_handle checked it), so a slot is
+   * never cleared and set again: a recovery killed part way leaves every
+   * live slot as it found it, and the next one finds the same handles
+   * live (RECOVERY in region.h).  A second handle for a slot or a cell
+   * is refused (the later one lost).
+   */
   uint64_t descriptors = 0, pages = 0;
   for (size_t h = 0; h < recovery->count; h++) {
     zs_handle_t handle = recovery->handles[h];
@@ -341,29 +340,52 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
     struct zspage *zspage = cell_zspage (location);
     struct size_class *class = class_for_size (pool, cell_object_size (location));
     unsigned index = cell_object_index (location);
-    if (zspage->slot_cells[index]) {
-      result->refused++;        /* two handles in one slot: the later lost */
-      continue;
-    }
     bool fresh;
-    uintptr_t block = handle & ~(uintptr_t) (ZS_PAGE_SIZE - 1);
-    struct met *met = met_find (&blocks, (const void *) block, &fresh);
-    if (!met)
+    struct met *zspage_met = met_find (&zspages, zspage, &fresh);
+    if (!zspage_met)
       goto out;
     if (fresh)
-      met->class = class;
+      zspage_met->class = class;
+    uintptr_t block = handle & ~(uintptr_t) (ZS_PAGE_SIZE - 1);
+    struct met *block_met = met_find (&blocks, (const void *) block, &fresh);
+    if (!block_met)
+      goto out;
+    if (fresh)
+      block_met->class = class;
     size_t cell_index = (handle - block
                          - offsetof (struct cell_block, cells)) / 8;
-    if (met->class != class || bit_set (met->bits, cell_index)) {
+    if (zspage_met->class != class || block_met->class != class
+        || bit_get (zspage_met->bits, index)
+        || bit_get (block_met->bits, cell_index)) {
       result->refused++;
       continue;
     }
-    zspage->slot_cells[index] = (_Atomic uint64_t *) handle;
-    zspage->inuse++;
+    bit_set (zspage_met->bits, index);
+    bit_set (block_met->bits, cell_index);
     class->objs_used++;
     class->bytes_stored += cell_object_size (location);
     result->objects++;
   }
+  recovery_step ("allocator: live objects marked");
+  /* Pass 2: the slots no live object holds emptied (what a dead
+   * allocation, free or move left there), each zspage's count.
+   */
+  for (size_t i = 0; i < zspages.capacity; i++) {
+    struct met *met = &zspages.slots[i];
+    if (!met->key)
+      continue;
+    struct zspage *zspage = (struct zspage *) met->key;
+    unsigned inuse = 0;
+    for (unsigned slot = 0; slot < met->class->objs_per_zspage; slot++)
+      if (bit_get (met->bits, slot))
+        inuse++;
+      else
+        zspage->slot_cells[slot] = NULL;
+    zspage->inuse = inuse;
+    if (i % 64 == 0)
+      recovery_step ("allocator: slots emptied");
+  }
+  recovery_step ("allocator: zspages counted");
   /* Each zspage listed and claimed, its chunk's run in use. */
   for (size_t i = 0; i < zspages.capacity; i++) {
     struct met *met = &zspages.slots[i];
@@ -387,7 +409,10 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
     zspage_rebuild (class, zspage);
     descriptors += zspage_descriptor_bytes (class);
     pages += class->pages_per_zspage;
+    if (i % 64 == 0)
+      recovery_step ("allocator: zspages rebuilt");
   }
+  recovery_step ("allocator: zspages listed");
   for (size_t i = 0; i < blocks.capacity; i++)
     if (blocks.slots[i].key) {
       if (!claim (recovery, blocks.slots[i].key, ZS_PAGE_SIZE, ZS_PAGE_SIZE)) {
@@ -396,6 +421,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
       }
       cell_block_rebuild (&blocks.slots[i]);
     }
+  recovery_step ("allocator: cell blocks rebuilt");
   for (size_t i = 0; i < chunks.capacity; i++)
     if (chunks.slots[i].key) {
       struct page_chunk *chunk = (struct page_chunk *) chunks.slots[i].key;
@@ -408,8 +434,10 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
       }
       chunk_rebuild (pool, &chunks.slots[i]);
     }
+  recovery_step ("allocator: chunks rebuilt");
 
-  uint64_t reserve_kept = reserve_rebuild (recovery, old_reserve);
+  uint64_t reserve_kept = reserve_rebuild (recovery);
+  recovery_step ("allocator: reserve kept");
 
   /* The counters, and the limit account: what is held now. */
   uint64_t block_bytes = (uint64_t) blocks.count * ZS_PAGE_SIZE;

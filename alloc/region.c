@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,20 +26,45 @@ identity_checksum (const struct region *header)
 }
 
 static uint32_t
-state_checksum (const struct region *header)
+state_checksum (const struct region_state_record *record)
 {
-  size_t start = offsetof (struct region, generation);
-  return crc32c ((const char *) header + start,
-                 offsetof (struct region, state_checksum) - start);
+  return crc32c (record, offsetof (struct region_state_record, checksum));
 }
 
-static void
-state_write (struct region *header, enum region_state state)
+static bool
+state_whole (const struct region_state_record *record)
 {
-  header->state = state;
-  header->owner_pid = getpid ();
-  header->state_checksum = state_checksum (header);
+  return record->checksum == state_checksum (record)
+    && record->state >= REGION_SERVING && record->state <= REGION_RECOVERING;
 }
+
+const struct region_state_record *
+region_state_read (const struct region *region)
+{
+  if (state_whole (&region->current) || !state_whole (&region->journal))
+    return &region->current;
+  return &region->journal;
+}
+
+/* Write the state as changed by the owner (STATE WRITES in region.h):
+ * the journal whole first, then current.  The fences keep the compiler
+ * from mixing the two copies' stores: a kill stops this process between
+ * two of its stores, whatever order they were given.
+ */
+static void
+state_publish (struct region *header, struct region_state_record record)
+{
+  record.owner_pid = getpid ();
+  record.pad = 0;
+  record.checksum = state_checksum (&record);
+  header->journal = record;
+  atomic_signal_fence (memory_order_seq_cst);
+  recovery_step ("state: journal written");
+  header->current = record;
+  atomic_signal_fence (memory_order_seq_cst);
+}
+
+void (*region_recovery_step) (const char *step);
 
 /* Pages of maps for a region of pages pages: the header's page, the
  * bitmap, the page records.
@@ -196,12 +222,9 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
     goto fail;
   region->map_pages = map_pages;
   region->identity_checksum = identity_checksum (region);
-  region->generation = 0;
-  region->root = 0;
-  region->user_version = 0;
-  region->stopped_ns = 0;
-  region->recoveries = 0;
-  state_write (region, REGION_HANDED_OVER);   /* nothing to recover yet */
+  /* Made until its user names its root (CREATION). */
+  state_publish (region, (struct region_state_record) {
+                           .state = REGION_CREATING });
 
   heap_own (region);
   region->rover = map_pages;
@@ -344,10 +367,11 @@ region_attach (const char *path, uint64_t device_bytes,
   if (lock_fd == -1 && errno == EBUSY) {
     struct region seen = { 0 };
     path_peek (path, &seen);
+    const struct region_state_record *state = region_state_read (&seen);
     return refuse (EBUSY, why, why_bytes,
                    "the region is owned by another process (last owner "
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
-                   seen.owner_pid, seen.generation);
+                   state->owner_pid, state->generation);
   }
   if (lock_fd == -1)
     return refuse (errno, why, why_bytes, "no region file %s: %m", path);
@@ -383,6 +407,7 @@ region_attach (const char *path, uint64_t device_bytes,
   }
   char seen_text[33];
   device_id_text (seen.device_id, seen_text);
+  const struct region_state_record *state = region_state_read (&seen);
   bool bad = true;
   if (memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) != 0)
     refuse (EINVAL, why, why_bytes,
@@ -417,18 +442,19 @@ region_attach (const char *path, uint64_t device_bytes,
             "the segment holds device %s, the region file names "
             "device %s: memory of another device", seen_text,
             device_text);
-  else if (device_bytes && seen.device_bytes != device_bytes)
+  else if (!state_whole (state))
+    refuse (EINVAL, why, why_bytes,
+            "the region's state is damaged (state checksum %08"
+            PRIx32 ", computed %08" PRIx32 "; its journal's %08" PRIx32
+            ", computed %08" PRIx32 ")", seen.current.checksum,
+            state_checksum (&seen.current), seen.journal.checksum,
+            state_checksum (&seen.journal));
+  else if (device_bytes && seen.device_bytes != device_bytes
+           && state->state != REGION_CREATING)
     refuse (EINVAL, why, why_bytes,
             "the region holds a device of %" PRIu64 " bytes, not "
             "%" PRIu64 ": memory of another device",
             seen.device_bytes, device_bytes);
-  else if (seen.state_checksum != state_checksum (&seen)
-           || (seen.state != REGION_SERVING
-               && seen.state != REGION_HANDED_OVER))
-    refuse (EINVAL, why, why_bytes,
-            "the region's state is damaged (state checksum %08"
-            PRIx32 ", computed %08" PRIx32 ")",
-            seen.state_checksum, state_checksum (&seen));
   else
     bad = false;
   if (bad)
@@ -468,8 +494,11 @@ region_attach (const char *path, uint64_t device_bytes,
   owner->region = region;
   owner->shm_id = shm_id;
   owner->lock_fd = lock_fd;
-  *how = seen.state == REGION_HANDED_OVER
-    ? REGION_ATTACH_CLEAN : REGION_ATTACH_CRASHED;
+  switch (state->state) {
+  case REGION_HANDED_OVER: *how = REGION_ATTACH_CLEAN; break;
+  case REGION_CREATING: *how = REGION_ATTACH_UNMADE; break;
+  default: *how = REGION_ATTACH_CRASHED; break;
+  }
   heap_own (region);
   return owner;
 
@@ -481,15 +510,42 @@ region_attach (const char *path, uint64_t device_bytes,
 void
 region_set_root (struct region *region, void *root, uint64_t user_version)
 {
-  region->root = (uintptr_t) root;
-  region->user_version = user_version;
-  region->state_checksum = state_checksum (region);
+  struct region_state_record record = *region_state_read (region);
+  record.root = (uintptr_t) root;
+  record.user_version = user_version;
+  if (record.state == REGION_CREATING)
+    record.state = REGION_HANDED_OVER;  /* made: nothing served yet */
+  state_publish (region, record);
 }
 
 void *
 region_root (const struct region *region)
 {
-  return (void *) (uintptr_t) region->root;
+  return (void *) (uintptr_t) region_state_read (region)->root;
+}
+
+void
+region_remake (struct region_owner *owner, uint64_t device_bytes)
+{
+  struct region *region = owner->region;
+  region_recover_begin (region);
+  region_recover_end (region);  /* nothing claimed: every page back */
+  if (device_bytes && device_bytes != region->device_bytes) {
+    region->device_bytes = device_bytes;
+    region->identity_checksum = identity_checksum (region);
+  }
+  state_publish (region, (struct region_state_record) {
+                           .state = REGION_CREATING });
+}
+
+void
+region_recovery_start (struct region *region)
+{
+  struct region_state_record record = *region_state_read (region);
+  if (record.state == REGION_RECOVERING)
+    record.recovery_restarts++;
+  record.state = REGION_RECOVERING;
+  state_publish (region, record);
 }
 
 static void
@@ -505,8 +561,10 @@ void
 region_hand_over (struct region_owner *owner, uint64_t stopped_ns)
 {
   pthread_mutex_destroy (&owner->region->heap_lock);
-  owner->region->stopped_ns = stopped_ns;
-  state_write (owner->region, REGION_HANDED_OVER);
+  struct region_state_record record = *region_state_read (owner->region);
+  record.stopped_ns = stopped_ns;
+  record.state = REGION_HANDED_OVER;
+  state_publish (owner->region, record);
   owner_end (owner);
 }
 
@@ -520,13 +578,14 @@ region_close (struct region_owner *owner)
 void
 region_start_serving (struct region_owner *owner)
 {
-  struct region *region = owner->region;
-  region->generation++;
-  if (region->state == REGION_SERVING) {
-    region->recoveries++;
-    region->stopped_ns = 0;
+  struct region_state_record record = *region_state_read (owner->region);
+  record.generation++;
+  if (record.state == REGION_SERVING || record.state == REGION_RECOVERING) {
+    record.recoveries++;
+    record.stopped_ns = 0;
   }
-  state_write (region, REGION_SERVING);
+  record.state = REGION_SERVING;
+  state_publish (owner->region, record);
 }
 
 int

@@ -77,17 +77,27 @@
  * HEADER and VERSION
  *   The identity (magic, layout version, sizes, the mapping address, the
  *   device's id) is written once and covered by a CRC-32C; the state
- *   (generation, the owner's pid, whether it was handed over cleanly,
- *   the user's root object) is covered by a second one, rewritten at
- *   each change of owner.  An attach checks, in order: the segment is at
- *   least a header long, the magic, the identity checksum, the layout
- *   version (one this build knows: REGION_LAYOUT_VERSION exactly, for
- *   now), the segment's size against the header's, the page size, the
- *   device id against the region file's, the device's size when the
- *   caller names one, the state checksum; each failure is refused with a
- *   message naming what differed, and nothing in the segment is written.
- *   A change to any structure kept in a region (here, in the allocator,
- *   in the store) must raise REGION_LAYOUT_VERSION.
+ *   (generation, the owner's pid, how the last owner left it, the user's
+ *   root object, the counts of recoveries) is covered by a second one,
+ *   rewritten at each change of owner.  An attach checks, in order: the
+ *   segment is at least a header long, the magic, the identity checksum,
+ *   the layout version (one this build knows: REGION_LAYOUT_VERSION
+ *   exactly, for now), the segment's size against the header's, the page
+ *   size, the device id against the region file's, the device's size
+ *   when the caller names one (not for a region still being made), the
+ *   state's checksum; each failure is refused with a message naming what
+ *   differed, and nothing in the segment is written.  A change to any
+ *   structure kept in a region (here, in the allocator, in the store)
+ *   must raise REGION_LAYOUT_VERSION.
+ *
+ * STATE WRITES
+ *   A process can be killed between any two stores, so the state is
+ *   never changed in place alone: a change is written whole, with its
+ *   checksum, to the journal copy first, then to the current copy.  A
+ *   kill inside the journal's write leaves current whole (the old
+ *   state); a kill inside current's leaves the journal whole (the new
+ *   one).  A reader takes current when its checksum holds, else the
+ *   journal; only when neither holds is the state damaged.
  *
  * OWNERSHIP
  *   One process serves a region at a time: its owner holds
@@ -104,11 +114,20 @@
  *   initialising every lock in them anew (a pthread lock's state is the
  *   old process's); it sets "serving" only when it starts changing them
  *   (region_start_serving), so a server that fails to start between the
- *   two leaves the region clean.  A new region is "handed over" (with
- *   nothing in it) until its first server serves.  A region whose state still says "serving" was left
- *   by a crash: only a recovery that rebuilds what a crash can leave half
- *   done may take it; region_attach reports it (REGION_ATTACH_CRASHED)
- *   and the caller decides.
+ *   two leaves the region clean.  A region whose state still says
+ *   "serving" was left by a crash, and one that says "recovering" by a
+ *   crash during the recovery of a crash: only a recovery that rebuilds
+ *   what a crash can leave half done may take it; region_attach reports
+ *   it (REGION_ATTACH_CRASHED) and the caller decides.
+ *
+ * CREATION
+ *   A new region is "creating" until its user has made its structures
+ *   in it and named their root (region_set_root: then "handed over",
+ *   with nothing served yet).  A region still "creating" was being made
+ *   when its maker died: nothing in it was ever served, so the next
+ *   taker is told so (REGION_ATTACH_UNMADE) and makes it anew in place
+ *   (region_remake: every allocation forgotten, every page given back,
+ *   the device's size its own), never refused for it.
  *
  * RECOVERY (after a crash)
  *   A crash may leave the heap half changed.  Its user rebuilds it from
@@ -120,6 +139,15 @@
  *   slots and gives back every page nothing claimed.  So whatever the
  *   dead process was allocating or freeing is free, and nothing reached
  *   is lost.  One thread, nothing else running.
+ *
+ *   A recovery is itself killed sometimes (the machine that crashed once
+ *   is short of memory, or is rebooting): every step of it leaves the
+ *   region so that the next recovery, started over from the beginning,
+ *   reaches the same result.  Its user marks the attempt first
+ *   (region_recovery_start: the state "recovering", and one more
+ *   recovery_restarts when the last attempt was cut short); no step
+ *   destroys a fact that a later step, or the next attempt, rebuilds
+ *   from (the allocator's and the store's recoveries say how, each).
  *
  * LOCKS
  *   region.heap_lock         the heap: its bitmap, its page records and
@@ -139,12 +167,34 @@
 #include <sys/types.h>
 
 #define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
-#define REGION_LAYOUT_VERSION 2
+#define REGION_LAYOUT_VERSION 3
 #define REGION_PAGE_SIZE 4096
 
 enum region_state {
   REGION_SERVING = 1,           /* an owner has it (or had it, and died) */
   REGION_HANDED_OVER = 2,       /* quiescent, its structures whole */
+  REGION_CREATING = 3,          /* made, its user's structures not yet
+                                   (region_set_root ends it) */
+  REGION_RECOVERING = 4,        /* a recovery after a crash is rebuilding
+                                   it (or was, and died) */
+};
+
+/* The state: what changes at each change of owner, written twice
+ * (STATE WRITES above).
+ */
+struct region_state_record {
+  uint64_t generation;          /* owners so far, the first one 1 */
+  uint32_t state;               /* enum region_state */
+  uint32_t owner_pid;           /* the last owner, for messages */
+  uint64_t root;                /* the user's root object's address */
+  uint64_t user_version;        /* the user's own layout version */
+  uint64_t stopped_ns;          /* CLOCK_MONOTONIC when the last owner
+                                   handed it over (0: it did not) */
+  uint64_t recoveries;          /* owners that took it after a crash */
+  uint64_t recovery_restarts;   /* recoveries started over a recovery
+                                   that was itself cut short */
+  uint32_t checksum;            /* CRC-32C of the fields above */
+  uint32_t pad;
 };
 
 /* Slab slot sizes: REGION_SLAB_MIN << k, k < REGION_SLAB_CLASSES.
@@ -196,17 +246,12 @@ struct region {
   uint32_t identity_checksum;
   uint32_t pad0;
 
-  /* State: covered by state_checksum, written at each change of owner. */
-  uint64_t generation;          /* owners so far, the first one 1 */
-  uint32_t state;               /* enum region_state */
-  uint32_t owner_pid;           /* the last owner, for messages */
-  uint64_t root;                /* the user's root object's address */
-  uint64_t user_version;        /* the user's own layout version */
-  uint64_t stopped_ns;          /* CLOCK_MONOTONIC when the last owner
-                                   handed it over (0: it did not) */
-  uint64_t recoveries;          /* owners that took it after a crash */
-  uint32_t state_checksum;
-  uint32_t pad1;
+  /* State: written at each change of owner, the journal copy first
+   * (STATE WRITES); read from current, or from the journal when
+   * current's checksum fails.
+   */
+  struct region_state_record current;
+  struct region_state_record journal;
 
   /* The heap: guarded by heap_lock (its own state is rebuilt with it). */
   pthread_mutex_t heap_lock;
@@ -257,7 +302,11 @@ extern struct region_owner *region_create (const char *path, uint64_t bytes,
 
 enum region_attach_result {
   REGION_ATTACH_CLEAN,          /* handed over: its structures are whole */
-  REGION_ATTACH_CRASHED,        /* its owner died serving it */
+  REGION_ATTACH_CRASHED,        /* its owner died serving it, or
+                                   recovering it */
+  REGION_ATTACH_UNMADE,         /* its maker died making it (CREATION):
+                                   region_remake, then make its
+                                   structures */
 };
 
 /* Take over the region that the file at path names.  device_bytes: the
@@ -285,10 +334,42 @@ extern struct region_owner *region_attach (const char *path,
  */
 extern int region_reserve_address (const char *path);
 
-/* The user's root object and its layout version, set by the creator. */
+/* The user's root object and its layout version, set by the creator
+ * once its structures are made: the region is made from then ("handed
+ * over", CREATION).
+ */
 extern void region_set_root (struct region *region, void *root,
                              uint64_t user_version);
 extern void *region_root (const struct region *region);
+
+/* The state as read (STATE WRITES): current, or the journal when
+ * current was torn.
+ */
+extern const struct region_state_record *
+region_state_read (const struct region *region);
+
+/* A region REGION_ATTACH_UNMADE made anew in place for a device of
+ * device_bytes: its heap emptied (every page given back), its state
+ * "creating" again, ready for its user's structures.
+ */
+extern void region_remake (struct region_owner *owner, uint64_t device_bytes);
+
+/* A recovery after a crash starts (RECOVERY): the state "recovering",
+ * and one more recovery_restarts when the last recovery was cut short.
+ */
+extern void region_recovery_start (struct region *region);
+
+/* Tests only: called with a step's name at each step of a recovery (the
+ * region's, the allocator's, the store's), so that a test can kill it
+ * there.  NULL in a server.
+ */
+extern void (*region_recovery_step) (const char *step);
+static inline void
+recovery_step (const char *step)
+{
+  if (region_recovery_step)
+    region_recovery_step (step);
+}
 
 /* Mark the region handed over, clean (every user stopped, every
  * structure quiescent; stopped_ns: when its users stopped), detach it and
@@ -303,7 +384,7 @@ extern void region_close (struct region_owner *owner);
 
 /* The owner starts changing the region (serving): the state "serving",
  * the generation one more (the first owner's is 1), and after a crash
- * one more recovery.
+ * (state "serving" or "recovering") one more recovery.
  */
 extern void region_start_serving (struct region_owner *owner);
 

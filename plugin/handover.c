@@ -51,16 +51,13 @@ region_bytes_for (const struct store_config *config)
   return 2 * data + config->size / STORE_BLOCK_SIZE * 24 + (64u << 20);
 }
 
+/* The store made in the region this server owns now: a new one, or one
+ * whose maker died making it (made anew in place).  On failure the
+ * region goes: nothing in it was ever served.
+ */
 static struct block_store *
-store_new (struct store_config *config, const char *path, bool locked)
+store_make (struct store_config *config, const char *path, bool locked)
 {
-  owner = region_create (path, region_bytes_for (config), config->size, locked);
-  if (!owner) {
-    nbdkit_error ("region: cannot make a region for %s: %s%s", path,
-                  error_text (errno), errno == EPERM || errno == ENOMEM
-                  ? " (locking it needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)" : "");
-    return NULL;
-  }
   config->pool.region = owner->region;
   struct block_store *store = store_create (config);
   if (!store) {
@@ -74,6 +71,19 @@ store_new (struct store_config *config, const char *path, bool locked)
                 owner->region->region_bytes >> 20, (void *) owner->region,
                 locked ? ", locked in memory" : "");
   return store;
+}
+
+static struct block_store *
+store_new (struct store_config *config, const char *path, bool locked)
+{
+  owner = region_create (path, region_bytes_for (config), config->size, locked);
+  if (!owner) {
+    nbdkit_error ("region: cannot make a region for %s: %s%s", path,
+                  error_text (errno), errno == EPERM || errno == ENOMEM
+                  ? " (locking it needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)" : "");
+    return NULL;
+  }
+  return store_make (config, path, locked);
 }
 
 void
@@ -109,20 +119,28 @@ handover_store_open (struct store_config *config, const char *path,
     owner = NULL;
     return NULL;
   }
+  if (how == REGION_ATTACH_UNMADE) {
+    nbdkit_error ("region: %s: its server died while it made the region: "
+                  "made anew", path);
+    region_remake (owner, config->size);
+    return store_make (config, path, locked);
+  }
   config->pool.region = region;
   struct block_store *store;
   if (how == REGION_ATTACH_CRASHED) {
     /* A refusal for another device leaves the region as it is; a
-     * recovery that fails part way leaves it "serving", as the crash
-     * did: the next attempt starts over.
+     * recovery that fails or is killed part way leaves it "recovering":
+     * the next attempt starts over and reaches the same result
+     * (RECOVERY in region.h).
      */
+    uint32_t dead_pid = region_state_read (region)->owner_pid;
     struct store_recover_result result;
     store = store_recover (region, config, &result, why, sizeof why);
     if (store) {
       nbdkit_debug ("region: %s: its last server (pid %" PRIu32 ") died "
                     "serving it: %" PRIu64 " blocks recovered, %" PRIu64
                     " torn entries put back, %" PRIu64 " pages no block "
-                    "reached given back", path, region->owner_pid,
+                    "reached given back", path, dead_pid,
                     result.blocks, result.torn_entries,
                     result.pages_given_back);
       if (result.lost_blocks || result.lost_units || result.objects_refused)
@@ -146,7 +164,8 @@ handover_store_open (struct store_config *config, const char *path,
   status.recovered_blocks = stats.orig_data_size / STORE_BLOCK_SIZE;
   status.recovery_ms = (monotonic_ns () - start) / 1000000;
   /* A crash: the downtime counts from the last sign of life. */
-  last_stopped_ns = how == REGION_ATTACH_CLEAN ? region->stopped_ns
+  last_stopped_ns = how == REGION_ATTACH_CLEAN
+    ? region_state_read (region)->stopped_ns
     : atomic_load (&region->alive_ns);
   nbdkit_debug ("region: took over %s (%s): %" PRIu64 " blocks in %" PRIu64
                 " ms, %" PRIu64 " MiB of it mapped", path,
@@ -162,10 +181,11 @@ handover_serving (void)
   if (!owner)
     return;
   region_start_serving (owner);
-  struct region *region = owner->region;
-  status.generation = region->generation;
-  status.restarts = region->generation - 1;
-  status.recoveries = region->recoveries;
+  const struct region_state_record *state = region_state_read (owner->region);
+  status.generation = state->generation;
+  status.restarts = state->generation - 1;
+  status.recoveries = state->recoveries;
+  status.recovery_restarts = state->recovery_restarts;
   if (last_stopped_ns)
     status.downtime_ms = (monotonic_ns () - last_stopped_ns) / 1000000;
   nbdkit_debug ("region: generation %" PRIu64 " serving, %" PRIu64 " ms "
@@ -304,6 +324,7 @@ handover_print (const struct handover_status *s, FILE *fp)
   fprintf (fp, "generation: %" PRIu64 "\n", s->generation);
   fprintf (fp, "restarts: %" PRIu64 "\n", s->restarts);
   fprintf (fp, "recoveries: %" PRIu64 "\n", s->recoveries);
+  fprintf (fp, "recovery_restarts: %" PRIu64 "\n", s->recovery_restarts);
   fprintf (fp, "recovered_blocks: %" PRIu64 "\n", s->recovered_blocks);
   fprintf (fp, "recovery_seconds: %.3f\n", s->recovery_ms / 1000.0);
   fprintf (fp, "downtime_seconds: %.3f\n", s->downtime_ms / 1000.0);

@@ -82,6 +82,8 @@ struct handover_status {
   uint64_t generation;          /* servers of this region so far, 1 first */
   uint64_t restarts;            /* of them, after the first */
   uint64_t recoveries;          /* of them, after a crash */
+  uint64_t recovery_restarts;   /* recoveries started over one that was
+                                   itself cut short */
   uint64_t downtime_ms;         /* this server's start: from the last
                                    server's stop to serving (0: first) */
   uint64_t recovered_blocks;    /* blocks found at this server's start */

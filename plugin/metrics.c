@@ -310,6 +310,9 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
     integer_metric (fp, "nbdkit_zram_recoveries_total", COUNTER,
                     "Of them, those that took it over after its server died (region=).",
                     sample->handover.recoveries);
+    integer_metric (fp, "nbdkit_zram_recovery_restarts_total", COUNTER,
+                    "Recoveries that started over a recovery that was itself cut short (region=).",
+                    sample->handover.recovery_restarts);
     integer_metric (fp, "nbdkit_zram_recovered_blocks", GAUGE,
                     "Blocks this server found in the region when it took it over (region=).",
                     sample->handover.recovered_blocks);

@@ -235,7 +235,7 @@ const char *
 store_config_mismatch (struct region *region, const struct store_config *config)
 {
   struct block_store *store = region_root (region);
-  if (!store || region->user_version != STORE_LAYOUT_VERSION)
+  if (!store || region_state_read (region)->user_version != STORE_LAYOUT_VERSION)
     return "the region holds no store of this build's layout";
   if (store->size != config->size)
     return "the stored device has another size";

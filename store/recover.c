@@ -23,7 +23,13 @@
  *      entries reach marked in step 2, the rest quarantined or freed
  *      (space_map_recover_end);
  *   6. then as a clean take-over: this process's parts made anew.
- * Every step reads what a crash cannot leave half written, or checks it.
+ * Every step reads what a crash cannot leave half written, or checks it;
+ * and no step destroys what it or a later one reads, so a recovery that
+ * is itself killed leaves a region the next recovery, started over,
+ * brings to the same result (RECOVERY in alloc/region.h): intents are
+ * cleared only after their entries are put back, an entry is emptied
+ * only when its content is refused (as the next attempt would refuse
+ * it), and everything else is made anew from the table.
  */
 
 #include <errno.h>
@@ -88,11 +94,12 @@ entry_recover (void *opaque, uint64_t block, struct block_entry *entry)
 {
   struct recovery_walk *walk = opaque;
   struct block_store *store = walk->store;
+  if (block % 256 == 0)
+    recovery_step ("store: table walk");
   uint64_t state = atomic_load_explicit (&entry->state, memory_order_relaxed);
   uint64_t value = atomic_load_explicit (&entry->value, memory_order_relaxed);
   unsigned kind = block_state_kind (state);
   bool keep;
-  (void) block;
   /* A dead mover's claim goes. */
   state &= ~(uint64_t) (BLOCK_MOVE_HELD | BLOCK_MOVE_INTACT);
   switch (kind) {
@@ -221,7 +228,10 @@ store_recover (struct region *region, const struct store_config *config,
     errno = EINVAL;
     return NULL;
   }
+  region_recovery_start (region);
+  recovery_step ("store: recovery marked");
   region_recover_begin (region);
+  recovery_step ("region: allocations forgotten");
   struct recovery_walk walk = { .store = store, .result = result };
   if (!region_recover_claim (region, store, sizeof *store,
                              _Alignof (struct block_store))
@@ -241,10 +251,13 @@ store_recover (struct region *region, const struct store_config *config,
     return NULL;
   }
   intents_undo (store, result);
+  recovery_step ("store: torn entries put back");
   block_table_recover (&store->table, entry_recover, &walk);
+  recovery_step ("store: table walked");
   uint64_t charged = units_recover (&walk)
     + (store->table.pool ? atomic_load (&store->table.bytes) : 0);
   free (walk.units);
+  recovery_step ("store: units recovered");
   struct zs_recover_result pool_result;
   if (zs_recover_end (walk.pool, charged, &pool_result) == -1) {
     space_map_recover_abandon (walk.backing_map);
@@ -254,9 +267,11 @@ store_recover (struct region *region, const struct store_config *config,
   }
   result->objects_refused = pool_result.refused;
   result->pages_given_back = region_recover_end (region);
+  recovery_step ("region: unreached pages given back");
   if (walk.backing_map)
     space_map_recover_end (walk.backing_map,
                            backing_is_uri (backing_target (config->backing)));
+  recovery_step ("store: cold tier's map recovered");
   store->map_charged = 0;       /* charged again once adopted */
 
   atomic_store (&store->stored_blocks, walk.stored);
@@ -269,6 +284,7 @@ store_recover (struct region *region, const struct store_config *config,
   result->blocks = walk.stored;
   if (store_adopt (store, config, why, why_bytes) == -1)
     return NULL;
+  recovery_step ("store: adopted");
   result->nanoseconds = monotonic_ns () - start;
   return store;
 }

@@ -589,16 +589,24 @@ space_map_recover_end (struct space_map_recovery *recovery,
      * keep_unreached, else free.
      */
     uint32_t n = leaf_sectors (map, leaf);
+    /* Worked out beside the map, which keeps every run taken until the
+     * one copy below: a recovery killed before it finds the map as this
+     * one did (RECOVERY in alloc/region.h); one killed inside it finds
+     * every reached run still taken.
+     */
+    uint64_t unreached[LEAF_WORDS];
     for (uint32_t w = 0; w < LEAF_WORDS; w++)
-      bits[w] &= ~reached[w];
-    for (uint32_t s = bit_find (bits, 0, n, true); keep_unreached && s < n;) {
-      uint32_t e = bit_find (bits, s, n, false);
+      unreached[w] = bits[w] & ~reached[w];
+    for (uint32_t s = bit_find (unreached, 0, n, true);
+         keep_unreached && s < n;) {
+      uint32_t e = bit_find (unreached, s, n, false);
       bits_assign (reached, s, e - s, true);
       space_map_quarantine (map, ((uint64_t) leaf * LEAF_SECTORS + s)
                             * SPACE_MAP_SECTOR,
                             (size_t) (e - s) * SPACE_MAP_SECTOR);
-      s = bit_find (bits, e, n, true);
+      s = bit_find (unreached, e, n, true);
     }
+    recovery_step ("store: cold tier's leaf worked out");
     memcpy (bits, reached, LEAF_WORDS * sizeof *bits);
     uint32_t taken = 0;
     for (uint32_t w = 0; w < LEAF_WORDS; w++)

@@ -208,12 +208,12 @@ test_handover_clean (void **state)
   struct region_owner *owner = region_attach_expecting (path, DEVICE_BYTES,
                                                         REGION_ATTACH_CLEAN);
   struct region *region = owner->region;
-  assert_int_equal (region->state, REGION_HANDED_OVER);
+  assert_int_equal (region->current.state, REGION_HANDED_OVER);
   region_start_serving (owner);
-  assert_int_equal (region->generation, 2);
-  assert_int_equal (region->state, REGION_SERVING);
-  assert_int_equal (region->recoveries, 0);
-  assert_int_equal (region->user_version, 1);
+  assert_int_equal (region->current.generation, 2);
+  assert_int_equal (region->current.state, REGION_SERVING);
+  assert_int_equal (region->current.recoveries, 0);
+  assert_int_equal (region->current.user_version, 1);
 
   /* A second taker, while this process owns it: refused. */
   enum region_attach_result how2;
@@ -343,8 +343,8 @@ test_crash_reported (void **state)
                                                         REGION_ATTACH_CRASHED);
   struct region *region = owner->region;
   region_start_serving (owner);
-  assert_int_equal (region->generation, 2);
-  assert_int_equal (region->recoveries, 1);
+  assert_int_equal (region->current.generation, 2);
+  assert_int_equal (region->current.recoveries, 1);
   region_destroy (owner);
 }
 
@@ -718,9 +718,12 @@ test_refusals (void **state)
   refused (path, shm_id, DEVICE_BYTES, EEXIST, "where its pointers need it");
   munmap (squatter, PAGE);
 
-  /* A damaged state. */
+  /* A damaged state: both its copies (one alone is a torn write,
+   * test_state_torn).
+   */
   struct region damaged = header;
-  damaged.root ^= 64;
+  damaged.current.root ^= 64;
+  damaged.journal.root ^= 64;
   header_write (shm_id, &damaged);
   refused (path, shm_id, 0, EINVAL, "state is damaged");
 
@@ -749,6 +752,127 @@ test_refusals (void **state)
   refused (path, -1, 0, ENOENT, "no region file");
 }
 
+/* The state's step to kill at (region_recovery_step in a child). */
+static const char *kill_at_step;
+
+static void
+kill_at (const char *step)
+{
+  if (kill_at_step && strcmp (step, kill_at_step) == 0)
+    raise (SIGKILL);
+}
+
+/* A change of state killed half way (STATE WRITES in region.h): after
+ * its journal copy, the old state holds; inside its current copy (its
+ * generation written, its checksum not yet: what a kill there leaves),
+ * the journal's new state holds.  Neither is "damaged".
+ */
+static void
+test_state_torn (void **state)
+{
+  (void) state;
+  const char *path = region_path ("torn");
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
+  assert_non_null (owner);
+  int shm_id = owner->shm_id;
+  region_set_root (owner->region, owner->region, 1);
+  region_hand_over (owner, 1);
+
+  /* A server killed inside region_start_serving, its journal written. */
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    enum region_attach_result how;
+    char why[256];
+    struct region_owner *child = region_attach (path, DEVICE_BYTES, &how,
+                                                why, sizeof why);
+    if (!child || how != REGION_ATTACH_CLEAN)
+      _exit (3);
+    kill_at_step = "state: journal written";
+    region_recovery_step = kill_at;
+    region_start_serving (child);
+    _exit (4);                  /* not killed: the step was not reached */
+  }
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFSIGNALED (status) && WTERMSIG (status) == SIGKILL);
+  struct region header;
+  header_read (shm_id, &header);
+  assert_int_equal (header.current.generation, 0);
+  assert_int_equal (header.journal.generation, 1);
+  assert_int_equal (header.journal.state, REGION_SERVING);
+
+  /* Killed there: the old state, as if the start never began. */
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CLEAN);
+  assert_int_equal (region_state_read (owner->region)->generation, 0);
+  region_close (owner);
+
+  /* Killed inside current's write: the new one, a crash to recover. */
+  struct region torn = header;
+  torn.current.generation = header.journal.generation;
+  torn.current.state = header.journal.state;
+  header_write (shm_id, &torn);
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CRASHED);
+  assert_int_equal (region_state_read (owner->region)->generation, 1);
+  assert_ptr_equal (region_root (owner->region), owner->region);
+  /* The next change writes both copies whole again. */
+  region_start_serving (owner);
+  header_read (shm_id, &header);
+  assert_memory_equal (&header.current, &header.journal,
+                       sizeof header.current);
+  assert_int_equal (header.current.generation, 2);
+  assert_int_equal (header.current.recoveries, 1);
+  region_destroy (owner);
+}
+
+/* A region whose maker died before its user's structures were made
+ * (CREATION): the next taker is told so, not refused - whatever device
+ * size it serves - and makes it anew in place; once its root is named
+ * it is a made region, handed over.
+ */
+static void
+test_unmade (void **state)
+{
+  (void) state;
+  const char *path = region_path ("unmade");
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    struct region_owner *child = region_create (path, 16u << 20,
+                                                DEVICE_BYTES, false);
+    if (!child)
+      _exit (3);
+    void *half = region_alloc (child->region, 3 * PAGE, PAGE);
+    if (!half)
+      _exit (4);
+    memset (half, 0x5a, 3 * PAGE);
+    raise (SIGKILL);            /* before region_set_root */
+    _exit (5);
+  }
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFSIGNALED (status));
+
+  struct region_owner *owner = region_attach_expecting (path,
+                                                        2 * DEVICE_BYTES,
+                                                        REGION_ATTACH_UNMADE);
+  struct region *region = owner->region;
+  assert_int_equal (region->pages_taken, 3);
+  region_remake (owner, 2 * DEVICE_BYTES);
+  assert_int_equal (region->pages_taken, 0);
+  assert_int_equal (region->device_bytes, 2 * DEVICE_BYTES);
+  assert_int_equal (region_state_read (region)->state, REGION_CREATING);
+  void *root = region_alloc (region, 64, 64);
+  assert_non_null (root);
+  region_set_root (region, root, 1);
+  region_hand_over (owner, 1);
+  owner = region_attach_expecting (path, 2 * DEVICE_BYTES,
+                                   REGION_ATTACH_CLEAN);
+  assert_ptr_equal (region_root (owner->region), root);
+  region_destroy (owner);
+}
+
 int
 main (void)
 {
@@ -759,6 +883,8 @@ main (void)
     cmocka_unit_test (test_crash_reported),
     cmocka_unit_test (test_crash_recovered),
     cmocka_unit_test (test_refusals),
+    cmocka_unit_test (test_state_torn),
+    cmocka_unit_test (test_unmade),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
   region_folder_remove ();

@@ -212,6 +212,7 @@ assert exposed - documented == set(), "not in the man page: %s" % (exposed - doc
 # Shown only with writeback_limit= or region=.
 conditional = {"nbdkit_zram_writeback_limit_bytes", "nbdkit_zram_generation",
                "nbdkit_zram_restarts_total", "nbdkit_zram_recoveries_total",
+               "nbdkit_zram_recovery_restarts_total",
                "nbdkit_zram_recovered_blocks", "nbdkit_zram_recovery_seconds",
                "nbdkit_zram_downtime_seconds"}
 assert documented - exposed <= conditional, \

@@ -8,7 +8,10 @@
  * the shadow, the counters with the child's and with a walk, serves on
  * (writes, packing) and destroys it with no page of the region left
  * taken.  A server configured for another device is refused, and the
- * store is untouched by the refusal.
+ * store is untouched by the refusal.  Kill points: a writing, packing,
+ * writing-back store killed at random instants and recovered; and the
+ * recovery itself killed at each of its steps in turn, at random steps
+ * and instants, one to three deep, before the recovery that is checked.
  */
 
 #include "store-fixture.h"
@@ -458,13 +461,13 @@ kill_child (const char *path, const char *cold_path,
                                               false);
   if (!owner)
     _exit (3);
-  region_start_serving (owner);
   struct store_config config = config_for (owner->region, CODEC_LZ4);
   config.pack_blocks = 4 + seed % 13;
   with_cold_tier (&config, cold_path);
   struct block_store *store = store_create (&config);
   if (!store)
     _exit (4);
+  region_start_serving (owner);     /* the plugin's order */
   entry_write_window = torn_window;
   struct kill_writer writers[KILL_WRITERS];
   for (unsigned t = 0; t < KILL_WRITERS; t++) {
@@ -498,7 +501,7 @@ kill_child (const char *path, const char *cold_path,
 static uint64_t
 kill_recover_and_check (const char *path, const char *cold_path,
                         struct kill_shadow *shadow, uint64_t *torn,
-                        uint64_t *backed)
+                        uint64_t *backed, uint64_t *recovery_restarts)
 {
   enum region_attach_result how;
   char why[256] = "";
@@ -511,7 +514,7 @@ kill_recover_and_check (const char *path, const char *cold_path,
   }
   if (!owner)
     fail_msg ("region_attach: %s", why);
-  if (how == REGION_ATTACH_CLEAN || !region_root (owner->region)) {
+  if (how != REGION_ATTACH_CRASHED) {
     assert_int_equal (shadow->writes, 0);   /* killed before it served */
     region_destroy (owner);
     return 0;
@@ -527,6 +530,8 @@ kill_recover_and_check (const char *path, const char *cold_path,
   assert_int_equal (result.lost_units, 0);
   assert_int_equal (result.objects_refused, 0);
   *torn += result.torn_entries;
+  if (recovery_restarts)
+    *recovery_restarts = region_state_read (owner->region)->recovery_restarts;
   region_start_serving (owner);
 
   static unsigned char got[BS], want[BS], other[BS];
@@ -609,7 +614,7 @@ test_kill_points (void **state)
     writes += shadow->writes;
     movers += shadow->movers;
     checked += kill_recover_and_check (path, cold_path, shadow, &torn,
-                                       &backed);
+                                       &backed, NULL);
   }
   print_message ("%u kill points: %" PRIu64 " acknowledged writes, %" PRIu64
                  " mover rounds; %" PRIu64 " acknowledged blocks checked, 0 "
@@ -619,6 +624,187 @@ test_kill_points (void **state)
   assert_true (backed > 0);
   unlink (cold_path);
   munmap (shadow, sizeof *shadow);
+}
+
+/* ---- kill points inside the recovery ------------------------------------- */
+
+/* Every step a recovery names (recovery_step): the first kill of round r
+ * is at the first call of step r % RECOVERY_STEPS, so that each step is
+ * killed in turn; later kills, at a random call.
+ */
+static const char *const recovery_steps[] = {
+  "state: journal written", "store: recovery marked",
+  "region: allocations forgotten", "store: torn entries put back",
+  "store: table walk", "store: table walked", "store: units recovered",
+  "allocator: live objects marked", "allocator: slots emptied",
+  "allocator: zspages counted", "allocator: zspages rebuilt",
+  "allocator: zspages listed", "allocator: cell blocks rebuilt",
+  "allocator: chunks rebuilt", "allocator: reserve kept",
+  "region: unreached pages given back", "store: cold tier's leaf worked out",
+  "store: cold tier's map recovered",
+  "store: adopted",
+};
+#define RECOVERY_STEPS (sizeof recovery_steps / sizeof *recovery_steps)
+
+/* Shared with the recovering child. */
+struct recovery_kill {
+  const char *step;             /* kill at its first call, or */
+  uint64_t call;                /* at this call (1 the first; 0: none) */
+  _Atomic uint64_t calls;       /* calls so far */
+  _Atomic bool marked;          /* the attempt was marked (it counts in
+                                   recovery_restarts when cut short) */
+  _Atomic bool steps_seen[RECOVERY_STEPS];
+};
+static struct recovery_kill *recovery_kill;
+
+static void
+recovery_kill_step (const char *step)
+{
+  struct recovery_kill *k = recovery_kill;
+  uint64_t call = atomic_fetch_add (&k->calls, 1) + 1;
+  for (unsigned i = 0; i < RECOVERY_STEPS; i++)
+    if (strcmp (step, recovery_steps[i]) == 0)
+      atomic_store (&k->steps_seen[i], true);
+  if (strcmp (step, "store: recovery marked") == 0)
+    atomic_store (&k->marked, true);    /* published before the step */
+  if ((k->step && strcmp (step, k->step) == 0) || call == k->call)
+    raise (SIGKILL);
+}
+
+/* A child recovers the region at path, killed where recovery_kill
+ * says (or by the parent after delay_us, when not 0); it exits without
+ * serving if nothing killed it.  Returns whether it was killed.
+ */
+static bool
+recovery_killed (const char *path, const char *cold_path, unsigned delay_us)
+{
+  atomic_store (&recovery_kill->calls, 0);
+  atomic_store (&recovery_kill->marked, false);
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    enum region_attach_result how;
+    char why[256];
+    struct region_owner *owner = region_attach (path, DEVICE, &how, why,
+                                                sizeof why);
+    if (!owner || how != REGION_ATTACH_CRASHED)
+      _exit (0);                /* nothing to recover: not served */
+    struct store_config config = config_for (owner->region, CODEC_LZ4);
+    with_cold_tier (&config, cold_path);
+    if (!delay_us)
+      region_recovery_step = recovery_kill_step;
+    struct store_recover_result result;
+    if (!store_recover (owner->region, &config, &result, why, sizeof why))
+      _exit (3);
+    _exit (0);                  /* recovered, never served */
+  }
+  if (delay_us) {
+    usleep (delay_us);
+    kill (pid, SIGKILL);
+  }
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  if (WIFEXITED (status) && WEXITSTATUS (status) != 0)
+    fail_msg ("the recovering child failed (exit %d)", WEXITSTATUS (status));
+  return WIFSIGNALED (status);
+}
+
+/* Seeded as test_kill_points does (writers, movers, a cold tier, torn
+ * entries; killed at a random instant), then each round's recovery is
+ * killed one, two or three deep - first at a named step, in turn, then
+ * at a random step call or a random instant - and the last recovery
+ * must find every acknowledged block and count the cut-short attempts.
+ */
+static void
+test_recovery_kill_points (void **state)
+{
+  (void) state;
+  struct kill_shadow *shadow = mmap (NULL, sizeof *shadow,
+                                     PROT_READ | PROT_WRITE,
+                                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  recovery_kill = mmap (NULL, sizeof *recovery_kill, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true (shadow != MAP_FAILED && recovery_kill != MAP_FAILED);
+  char cold_path[256];
+  snprintf (cold_path, sizeof cold_path, "%s",
+            region_path ("recovery-kill-cold"));
+  const char *path = region_path ("recovery-kill");
+  unsigned rounds = atoi (getenv ("RECOVERY_KILL_ROUNDS")
+                          ? getenv ("RECOVERY_KILL_ROUNDS") : "57");
+  uint64_t seed = 4242, checked = 0, writes = 0, torn = 0, backed = 0;
+  uint64_t kills = 0, most_calls = 32;
+  for (unsigned round = 0; round < rounds; round++) {
+    memset (shadow, 0, sizeof *shadow);
+    pid_t pid = fork ();
+    assert_true (pid >= 0);
+    if (pid == 0)
+      kill_child (path, cold_path, shadow, seed + round);
+    usleep (20000 + xorshift64 (&seed) % 50000);
+    kill (pid, SIGKILL);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    assert_true (WIFSIGNALED (status));
+    writes += shadow->writes;
+
+    uint64_t restarts = 0;
+    bool exact = true;
+    unsigned depth = 1 + round % 3;
+    for (unsigned d = 0; d < depth; d++) {
+      recovery_kill->step = NULL;
+      recovery_kill->call = 0;
+      unsigned delay_us = 0;
+      if (d == 0)
+        recovery_kill->step = recovery_steps[round % RECOVERY_STEPS];
+      else if (xorshift64 (&seed) % 2)
+        recovery_kill->call = 1 + xorshift64 (&seed) % most_calls;
+      else
+        delay_us = 1 + xorshift64 (&seed) % 3000;
+      bool killed = recovery_killed (path, cold_path, delay_us);
+      kills += killed;
+      uint64_t calls = atomic_load (&recovery_kill->calls);
+      if (!delay_us && !killed && calls > most_calls)
+        most_calls = calls;
+      /* Whether a timed kill came after the mark is not known here. */
+      exact &= !delay_us;
+      restarts += atomic_load (&recovery_kill->marked);
+    }
+    if (shadow->writes == 0) {
+      /* Killed before it served: nothing was recovered. */
+      enum region_attach_result how;
+      char why[256];
+      struct region_owner *owner = region_attach (path, DEVICE, &how, why,
+                                                  sizeof why);
+      if (owner)
+        region_destroy (owner);
+      else
+        unlink (path);
+      continue;
+    }
+    /* The last recovery, in this process: every block checked, and each
+     * attempt cut short after it was marked counted once.
+     */
+    uint64_t counted = 0;
+    checked += kill_recover_and_check (path, cold_path, shadow, &torn,
+                                       &backed, &counted);
+    if (exact)
+      assert_int_equal (counted, restarts);
+    else
+      assert_true (counted >= restarts && counted <= depth);
+  }
+  print_message ("%u rounds: %" PRIu64 " acknowledged writes; %" PRIu64
+                 " recoveries killed (one to three deep, at each of %zu "
+                 "steps in turn and at random calls and instants); %" PRIu64
+                 " acknowledged blocks checked after the last, 0 "
+                 "mismatches, %" PRIu64 " torn entries put back, %" PRIu64
+                 " blocks found in the cold tier\n", rounds, writes, kills,
+                 RECOVERY_STEPS, checked, torn, backed);
+  for (unsigned i = 0; i < RECOVERY_STEPS; i++)
+    if (!recovery_kill->steps_seen[i])
+      fail_msg ("the recovery never reached step \"%s\"", recovery_steps[i]);
+  assert_true (kills >= rounds);
+  unlink (cold_path);
+  munmap (shadow, sizeof *shadow);
+  munmap (recovery_kill, sizeof *recovery_kill);
 }
 
 /* ---- the cold tier's map after a crash ------------------------------------ */
@@ -693,6 +879,7 @@ main (void)
     cmocka_unit_test (test_take_over_refused),
     cmocka_unit_test (test_cold_map_recovery),
     cmocka_unit_test (test_kill_points),
+    cmocka_unit_test (test_recovery_kill_points),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
   region_folder_remove ();
