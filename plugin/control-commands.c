@@ -433,6 +433,20 @@ command_writeback (struct client *client, int argc, char **argv)
                         "(backing=)");
   struct store_writeback_result result;
   int r = store_writeback (store, &request, client_still_there, client, &result);
+  /* Stopped by the server's stop (its keep_going question, or its
+   * backing request cut short), not by the store: say so, not as a
+   * failure of the store's (its cut request is no timeout).
+   */
+  const char *cause = control_stop_cause ();
+  if (cause) {
+    nbdkit_error ("ctl: writeback cut short by %s: %" PRIu64 " blocks (%"
+                  PRIu64 " bytes) written back before it, the rest stay "
+                  "in RAM", cause, result.blocks, result.bytes);
+    return reply_error (client, "writeback: cut short by %s: %" PRIu64
+                        " blocks (%" PRIu64 " bytes) written back before "
+                        "it, the rest stay in RAM", cause, result.blocks,
+                        result.bytes);
+  }
   if (r == -1 && !result.limited && !result.backing_full)
     return reply_error (client, "writeback: %s (%" PRIu64 " blocks written "
                         "back before)", error_text (errno), result.blocks);

@@ -63,5 +63,10 @@ extern int reply_error (struct client *client, const char *format, ...)
  * stopping (a keep_going question for long commands).
  */
 extern bool client_still_there (void *opaque);
+/* control.c: once the server is stopping, why ("the handover", "the
+ * server's exit"): a long command that stops early says so in its
+ * reply; NULL before.
+ */
+extern const char *control_stop_cause (void);
 
 #endif /* ZRAM_CONTROL_INTERNAL_H */

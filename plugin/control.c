@@ -53,6 +53,10 @@ static struct stat socket_name;     /* what unix_listen bound */
 static int wake_pipe[2] = { -1, -1 };  /* written by control_stop */
 static pthread_t thread;
 static bool running;
+/* Set on the control thread alone (control_main): its own commands'
+ * control_stop (handover) stops the worker only.
+ */
+static _Thread_local bool on_control_thread;
 static struct block_store *store;
 static struct control_info info;
 
@@ -79,9 +83,9 @@ static pthread_t worker_thread;
  * thread polls the other end.
  */
 static int worker_done_pipe[2] = { -1, -1 };
-/* worker_lock guards worker_running, and the setting of stopping: so
- * that control_stop either sees a worker that started and cuts its
- * backing I/O short, or no worker starts after it.
+/* worker_lock guards worker_running, and the setting of stopping and
+ * stop_cause: so that control_stop either sees a worker that started
+ * and cuts its backing I/O short, or no worker starts after it.
  */
 static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool worker_running;
@@ -89,6 +93,10 @@ static bool worker_running;
  * keep_going question; also read without worker_lock.
  */
 static atomic_bool stopping;
+/* Why (control_stop_cause): set with stopping, before it, and read once
+ * stopping is seen set.
+ */
+static const char *_Atomic stop_cause;
 
 /* ---- the socket ------------------------------------------------------ */
 
@@ -171,17 +179,23 @@ reply_error (struct client *client, const char *format, ...)
 
 /* True while the client is connected and the server is not stopping:
  * asked between pieces of a long command, on the control thread or on
- * the worker (which then owns client->gone).
+ * the worker (which then owns client->gone).  A stop leaves the client
+ * connected: a handover's still sends the worker's reply.
  */
 bool
 client_still_there (void *opaque)
 {
   struct client *client = opaque;
   struct pollfd fds[] = { { .fd = client->fd, .events = 0 } };
-  if (atomic_load (&stopping)
-      || (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR))))
+  if (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR)))
     client->gone = true;
-  return !client->gone;
+  return !client->gone && !atomic_load (&stopping);
+}
+
+const char *
+control_stop_cause (void)
+{
+  return atomic_load (&stopping) ? atomic_load (&stop_cause) : NULL;
 }
 
 static void *
@@ -508,6 +522,7 @@ clients_expire (void)
 static void *
 control_main (void *arg)
 {
+  on_control_thread = true;
   for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
     clients[i].fd = -1;
   for (;;) {
@@ -580,20 +595,43 @@ control_start (struct block_store *the_store, const struct control_info *the_inf
   return 0;
 }
 
+/* The stop's first step, for cause: a command on the worker stops at
+ * its next keep_going question; one inside a backing request (a wedged
+ * store: up to backing_timeout, and a writeback makes many) is cut
+ * short; no worker starts after it.
+ */
+static void
+worker_cut_short (const char *cause)
+{
+  pthread_mutex_lock (&worker_lock);
+  atomic_store (&stop_cause, cause);
+  atomic_store (&stopping, true);
+  bool cancel = worker_running;
+  pthread_mutex_unlock (&worker_lock);
+  if (cancel)
+    store_cancel_backing_io (store);
+}
+
 void
 control_stop (void)
 {
-  if (running) {
-    /* A command on the worker stops at its next keep_going question;
-     * one inside a backing request (a wedged store: up to
-     * backing_timeout, and a writeback makes many) is cut short.
+  if (on_control_thread) {
+    /* A command of this thread's own stops the server (handover): the
+     * worker is stopped and joined here, and its client gets its reply
+     * (the command says it was cut short); the thread, its clients and
+     * the socket go with the process, which exits next.
      */
-    pthread_mutex_lock (&worker_lock);
-    atomic_store (&stopping, true);
-    bool cancel = worker_running;
-    pthread_mutex_unlock (&worker_lock);
-    if (cancel)
-      store_cancel_backing_io (store);
+    worker_cut_short ("the handover");
+    if (job.client) {
+      struct client *client = worker_join ();
+      if (job.result == 0)      /* the worker's, read after the join */
+        fprintf (client->out, "ok\n");
+      reply_flush (client);
+    }
+    return;
+  }
+  if (running) {
+    worker_cut_short ("the server's exit");
     char byte = 0;
     ssize_t written = write (wake_pipe[1], &byte, 1);
     (void) written;

@@ -42,8 +42,10 @@
  * command that walks the device stops early when its client hangs up.
  * control_stop returns within about a second even while the worker is
  * inside a backing request: it tells the worker to stop and cuts the
- * backing I/O short (store_cancel_backing_io), then joins it.  Client
- * bytes never reach the server's log.
+ * backing I/O short (store_cancel_backing_io), then joins it.  A
+ * handover does the same from the control thread itself, before the
+ * store is handed over (control_stop, below).  Client bytes never reach
+ * the server's log.
  */
 #ifndef ZRAM_CONTROL_H
 #define ZRAM_CONTROL_H
@@ -64,7 +66,13 @@ extern int control_listen (const char *path);
 /* In .after_fork: start the thread.  0, or -1 with errno. */
 extern int control_start (struct block_store *store,
                           const struct control_info *info);
-/* In .cleanup: stop the thread, close and remove the socket. */
+/* In .cleanup: stop the thread, close and remove the socket.  On the
+ * control thread itself - its handover command (handover_now), the
+ * server exiting next - stop the worker only: its backing I/O cut
+ * short, the thread joined, its client answered that its command was
+ * cut short by the handover; no command runs on after it, and the
+ * thread, its clients and the socket go with the process.
+ */
 extern void control_stop (void);
 
 #endif /* ZRAM_CONTROL_H */

@@ -242,13 +242,18 @@ requests_hold (void)
   return true;
 }
 
-/* The plugin's own threads stopped (set by the plugin once they run). */
-static void (*quiesce) (void);
+/* The plugin's own threads stopped, in two steps (handover.h; set by
+ * the plugin once they run, on one thread, before the control thread
+ * that reads them starts).
+ */
+static void (*quiesce_before_hold) (void);
+static void (*quiesce_after_hold) (void);
 
 void
-handover_set_quiesce (void (*stop) (void))
+handover_set_quiesce (void (*before_hold) (void), void (*after_hold) (void))
 {
-  quiesce = stop;
+  quiesce_before_hold = before_hold;
+  quiesce_after_hold = after_hold;
 }
 
 int
@@ -258,19 +263,27 @@ handover_now (struct block_store *store)
     errno = EINVAL;
     return -1;
   }
-  /* The plugin's threads first: the full-device watch would take the
-   * held requests for a stalled server and ask the OOM killer to act
-   * (seen in the guest: a kill 5 s into a handover).
+  /* The watchers first: the full-device watch would take the held
+   * requests for a stalled server and ask the OOM killer to act (seen
+   * in the guest: a kill 5 s into a handover).
    */
-  if (quiesce)
-    quiesce ();
+  if (quiesce_before_hold)
+    quiesce_before_hold ();
   if (!requests_hold ()) {
-    /* Its threads are stopped: it cannot serve on safely.  Left as a
+    /* Its watchers are stopped: it cannot serve on safely.  Left as a
      * crash leaves it; the next server recovers it.
      */
     errno = EBUSY;
     return -1;
   }
+  /* Then every thread that still touches the store, joined: the control
+   * channel's worker in a writeback, the housekeeper (before: the
+   * worker's writeback went on while the store below was handed over -
+   * its backing store closed, its codecs freed - and corrupted the
+   * heap).
+   */
+  if (quiesce_after_hold)
+    quiesce_after_hold ();
   uint64_t stopped = monotonic_ns ();
   if (store_hand_over (store) == -1)
     return -1;

@@ -50,20 +50,28 @@ extern struct block_store *handover_store_open (struct store_config *config,
  * one stopped is known.
  */
 extern void handover_serving (void);
-/* A planned restart (the control channel's handover): new requests held
- * for good, those running finished, quiesce (the plugin's own threads
- * stopped), the store handed over.  0: the caller exits at once
- * (_exit: nothing more may touch the store, and no request is answered
- * with an error - the client sends the held ones again to the next
- * server); -1 with errno (EINVAL: no region; EBUSY: requests did not
- * finish in 30 s: the caller exits all the same, and the next server
- * recovers the region as after a crash).
+/* A planned restart (the control channel's handover, on its thread):
+ * the watchers stopped (before_hold), new requests held for good, those
+ * running finished, then every other thread that touches the store
+ * stopped and joined, its backing I/O cut short (after_hold), and the
+ * store handed over.  The backing I/O is cut short only once no request
+ * runs: a request's read of a written-back block must not fail for it.
+ * 0: the caller exits at once (_exit: nothing more may touch the store,
+ * and no request is answered with an error - the client sends the held
+ * ones again to the next server); -1 with errno (EINVAL: no region;
+ * EBUSY: requests did not finish in 30 s: the caller exits all the
+ * same, and the next server recovers the region as after a crash).
  */
 extern int handover_now (struct block_store *store);
-/* What stops the plugin's own threads that touch the store (the
- * housekeeper, the full-device watch), for handover_now.
+/* What handover_now calls to stop the plugin's own threads (set by the
+ * plugin once they run): before_hold, those that must not see requests
+ * held (the full-device watch would take them for a stalled server; a
+ * standby's thread); after_hold, every thread that touches the store -
+ * the housekeeper, the control channel's worker - the exit's way
+ * (.cleanup): backing I/O cut short, then each joined.
  */
-extern void handover_set_quiesce (void (*stop) (void));
+extern void handover_set_quiesce (void (*before_hold) (void),
+                                  void (*after_hold) (void));
 /* Exit: hand the store over (or destroy it and its region after a drop). */
 extern void handover_store_close (struct block_store *store);
 /* The server is alive (a housekeeping round, once a second): after a

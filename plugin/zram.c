@@ -207,16 +207,34 @@ open_reserve (void)
   store_open_reserve (store);
 }
 
-/* A planned restart's (handover_now): the threads that touch the store,
- * stopped, and a standby's thread joined (it ended at its takeover: the
- * handover's exit would leave it unjoined).
+/* The threads that touch the store, stopped: at exit (.cleanup) and at
+ * a planned restart (handover_now, after the requests are held, on the
+ * control thread: control_stop then stops its worker only).  The
+ * backing I/O first: a writeback in progress (the control channel's,
+ * the housekeeper's) must not hold the stop up on a slow or wedged
+ * backing store; then each thread joined, so that nothing touches the
+ * store once it is handed over.
  */
 static void
-threads_stop (void)
+store_users_stop (void)
+{
+  if (store)
+    store_cancel_backing_io (store);
+  control_stop ();
+  swap_full_stop ();
+  housekeeper_stop ();
+}
+
+/* A planned restart's first step (handover_now, before the requests are
+ * held): the full-device watch stopped, and a standby's thread joined
+ * (it ended at its takeover: the handover's exit would leave it
+ * unjoined).
+ */
+static void
+watchers_stop (void)
 {
   standby_stop ();
   swap_full_stop ();
-  housekeeper_stop ();
 }
 
 /* The heap made ready for requests (swap_mode_prepare_heap): once, by
@@ -374,7 +392,7 @@ zram_take_over (void)
 static int
 zram_after_fork (void)
 {
-  handover_set_quiesce (threads_stop);
+  handover_set_quiesce (watchers_stop, store_users_stop);
   if (swap_mode_lock () == -1)
     goto failed;
   swap_mode_heap_settings ();
@@ -407,14 +425,7 @@ zram_cleanup (void)
 {
   /* First: a takeover in progress finishes (or never starts). */
   standby_stop ();
-  /* A writeback in progress (the control channel's, the housekeeper's)
-   * must not hold up the exit on a slow backing store.
-   */
-  if (store)
-    store_cancel_backing_io (store);
-  control_stop ();
-  swap_full_stop ();
-  housekeeper_stop ();
+  store_users_stop ();
   if (store) {
     char *text = NULL;
     size_t length = 0;

@@ -155,9 +155,9 @@ static int request (struct backing *backing, char op, void *buf, size_t bytes,
 
 int
 backing_read_block (struct backing *backing, void *buf, size_t length,
-                    uint64_t offset)
+                    uint64_t offset, uint64_t deadline_ms)
 {
-  if (request (backing, 'r', buf, length, offset, 0) == -1)
+  if (request (backing, 'r', buf, length, offset, deadline_ms) == -1)
     return -1;
   if (!space_map_checksum_matches (backing->map, offset, buf, length)) {
     atomic_fetch_add (&backing->corrupt, 1);

@@ -162,12 +162,14 @@ extern void backing_settle_releases (struct backing *backing);
  * backing_read_block reads the block and checks the bytes against it: a
  * store that lost or changed them (an export that came back empty, a file
  * truncated or overwritten) gives EIO and counts in corrupt, never wrong
- * bytes.
+ * bytes.  deadline_ms (monotonic, 0: none) cuts the read short of its
+ * own timeout, as for backing_sync.
  */
 extern void backing_checksum_set (struct backing *backing, uint64_t offset,
                                   const void *bytes, size_t length);
 extern int backing_read_block (struct backing *backing, void *buf,
-                               size_t length, uint64_t offset);
+                               size_t length, uint64_t offset,
+                               uint64_t deadline_ms);
 
 /* Make what backing_write wrote durable (an NBD flush, fdatasync for a
  * file): 0, or -1 with errno EIO.  Writeback calls it before a block's

@@ -141,9 +141,9 @@ block_encode_in_place (struct block_store *store, const unsigned char *block,
  * for written-back content (see there).
  */
 int
-block_decode_ahead (struct block_store *store,
+block_decode_until (struct block_store *store,
                     const struct block_content *content, unsigned char *block,
-                    unsigned ahead)
+                    unsigned ahead, uint64_t deadline_ms)
 {
   int r = 0;
 
@@ -166,7 +166,7 @@ block_decode_ahead (struct block_store *store,
     size_t length = backed_length (content->value);
     bool raw = length == STORE_BLOCK_SIZE;
     r = backing_read_block (store->backing, raw ? block : compressed, length,
-                            backed_offset (content->value));
+                            backed_offset (content->value), deadline_ms);
     if (r == 0 && !raw)
       r = codec_decompress (content_codec (store, content), compressed, length,
                             false, block);

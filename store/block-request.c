@@ -52,23 +52,25 @@ block_read (struct block_store *store, uint64_t block, unsigned char *out,
 }
 
 /* The data of a written-back block, read with its stripe lock dropped for
- * the backing I/O (see block_read).  Entered with the stripe locked and
- * *old the entry's content; returns with it locked again (or, if the
- * block became a hole, unlocked and NULL) and *old reloaded.  The run
- * stays pinned from before the unlock to after the relock, so it cannot
- * be freed and given to other data meanwhile: if the entry still names it
- * with the same zeroed range, nothing was stored since and *r says how
- * the read went.  *changed otherwise: the caller starts again.
+ * the backing I/O (see block_read), by deadline_ms at most (the write's:
+ * backing_wait_deadline).  Entered with the stripe locked and *old the
+ * entry's content; returns with it locked again (or, if the block became
+ * a hole, unlocked and NULL) and *old reloaded.  The run stays pinned
+ * from before the unlock to after the relock, so it cannot be freed and
+ * given to other data meanwhile: if the entry still names it with the
+ * same zeroed range, nothing was stored since and *r says how the read
+ * went.  *changed otherwise: the caller starts again.
  */
 static struct block_entry *
 backed_decode_unlocked (struct block_store *store, uint64_t block, bool create,
                         struct block_leaf **leaf, struct block_content *old,
-                        unsigned char *buffer, int *r, bool *changed)
+                        unsigned char *buffer, uint64_t deadline_ms, int *r,
+                        bool *changed)
 {
   struct block_content snapshot = *old;
   unsigned epoch = backing_read_begin (store->backing);
   pthread_mutex_unlock (stripe_for (store, block));
-  *r = block_decode (store, &snapshot, buffer);
+  *r = block_decode_until (store, &snapshot, buffer, 0, deadline_ms);
   struct block_entry *entry = entry_lock (store, block, create, leaf, old);
   *changed = !entry || old->kind != BLOCK_BACKED
     || old->value != snapshot.value || old->zeroed != snapshot.zeroed;
@@ -88,10 +90,14 @@ backed_decode_unlocked (struct block_store *store, uint64_t block, bool create,
  * block_entry), which needs none.  So zeroing part of a block that holds
  * data never fails for lack of memory, but in one case: the block already
  * has a zeroed range that does not touch the new one.
+ *
+ * Reading a written-back block waits for the backing store: that wait
+ * is the write's (*backing_deadline_ms, backing_wait_deadline), shared
+ * with its waits for room.
  */
 static int
 block_patch (struct block_store *store, uint64_t block, const void *data,
-             size_t from, size_t length)
+             size_t from, size_t length, uint64_t *backing_deadline_ms)
 {
   unsigned char buffer[STORE_BLOCK_SIZE];
   struct block_content content = { .kind = BLOCK_EMPTY };
@@ -113,7 +119,9 @@ block_patch (struct block_store *store, uint64_t block, const void *data,
   if (old.kind == BLOCK_BACKED) {
     bool changed;
     entry = backed_decode_unlocked (store, block, data != NULL, &leaf, &old,
-                                    buffer, &r, &changed);
+                                    buffer, backing_wait_deadline
+                                    (store, backing_deadline_ms), &r,
+                                    &changed);
     if (changed) {
       if (entry) {
         if (old.kind == BLOCK_EMPTY && data)
@@ -214,29 +222,30 @@ store_read (struct block_store *store, void *buf, uint64_t count,
 /* A write refused for memory (errno ENOSPC): give up the decode cache's
  * slots no read is using (reads make them again: data comes first),
  * else write back for room (writeback_for_room, within the request's
- * *room_deadline_ms).  0: try the write again; -1 with errno as it was
- * when there is nothing to gain.
+ * *backing_deadline_ms).  0: try the write again; -1 with errno as it
+ * was when there is nothing to gain.
  */
 static int
-make_room (struct block_store *store, uint64_t *room_deadline_ms)
+make_room (struct block_store *store, uint64_t *backing_deadline_ms)
 {
   int err = errno;
   if (err == ENOSPC && decode_cache_trim (store) > 0) {
     errno = err;
     return 0;
   }
-  return writeback_for_room (store, room_deadline_ms);
+  return writeback_for_room (store, backing_deadline_ms);
 }
 
 /* Write one piece of a block (a whole block, or part of one), making
  * room by writeback and trying again when memory is short: 0, or -1
- * with errno.  *room_deadline_ms: 0 before a request's first wait for
- * room, then when its waits end (writeback_for_room): one per request.
+ * with errno.  *backing_deadline_ms: the request's one deadline for its
+ * waits on the backing store (backing_wait_deadline): 0 before its
+ * first such wait, then when they all end.
  */
 static int
 block_write_piece (struct block_store *store, uint64_t block,
                    const unsigned char *in, uint64_t from, uint64_t length,
-                   uint64_t *room_deadline_ms)
+                   uint64_t *backing_deadline_ms)
 {
   int r;
   for (unsigned attempt = 0; ; attempt++) {
@@ -247,9 +256,9 @@ block_write_piece (struct block_store *store, uint64_t block,
         r = block_install (store, block, &content);
     }
     else
-      r = block_patch (store, block, in, from, length);
+      r = block_patch (store, block, in, from, length, backing_deadline_ms);
     if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-        || make_room (store, room_deadline_ms) == -1)
+        || make_room (store, backing_deadline_ms) == -1)
       return r;
   }
 }
@@ -259,7 +268,7 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
              uint64_t offset)
 {
   const unsigned char *in = buf;
-  uint64_t room_deadline_ms = 0;
+  uint64_t backing_deadline_ms = 0;     /* one for the whole request */
 
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     /* Whole blocks, two or more: a batch (block-batch.c), and length
@@ -280,13 +289,13 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
         if (!stored[i])
           r = block_write_piece (store, block + i,
                                  in + (size_t) i * STORE_BLOCK_SIZE, 0,
-                                 STORE_BLOCK_SIZE, &room_deadline_ms);
+                                 STORE_BLOCK_SIZE, &backing_deadline_ms);
       length = (uint64_t) n * STORE_BLOCK_SIZE;
     }
     else {
       n = 1;
       r = block_write_piece (store, block, in, from, length,
-                             &room_deadline_ms);
+                             &backing_deadline_ms);
     }
     if (r == -1) {
       counter_add (&store->failed_writes, 1);
@@ -327,7 +336,7 @@ int
 store_zero (struct block_store *store, uint64_t count, uint64_t offset,
             bool may_trim)
 {
-  uint64_t room_deadline_ms = 0;
+  uint64_t backing_deadline_ms = 0;     /* one for the whole request */
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
     if (piece_is_whole_block (store, block, from, length)) {
@@ -337,9 +346,10 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
     }
     else {
       for (unsigned attempt = 0; ; attempt++) {
-        r = block_patch (store, block, NULL, from, length);
+        r = block_patch (store, block, NULL, from, length,
+                         &backing_deadline_ms);
         if (r == 0 || attempt == WRITEBACK_ATTEMPTS
-            || make_room (store, &room_deadline_ms) == -1)
+            || make_room (store, &backing_deadline_ms) == -1)
           break;
       }
     }

@@ -444,15 +444,27 @@ extern bool zeroed_merge (uint32_t zeroed, size_t first, size_t end,
 /* Decode stored content into a whole block, with its zeroed overlay.
  * Under the stripe lock.  block_decode_ahead: a read that goes on for
  * ahead more blocks (a packed unit's decode stops past them).
+ * block_decode_until: a written-back block's read from the backing
+ * store waits until deadline_ms (monotonic) at most, 0: its own
+ * backing_timeout (a write's read of the block it patches: the write's
+ * one deadline, block-request.c).
  */
-extern int block_decode_ahead (struct block_store *store,
+extern int block_decode_until (struct block_store *store,
                                const struct block_content *content,
-                               unsigned char *block, unsigned ahead);
+                               unsigned char *block, unsigned ahead,
+                               uint64_t deadline_ms);
+static inline int
+block_decode_ahead (struct block_store *store,
+                    const struct block_content *content,
+                    unsigned char *block, unsigned ahead)
+{
+  return block_decode_until (store, content, block, ahead, 0);
+}
 static inline int
 block_decode (struct block_store *store, const struct block_content *content,
               unsigned char *block)
 {
-  return block_decode_ahead (store, content, block, 0);
+  return block_decode_until (store, content, block, 0, 0);
 }
 
 /* ---- block-walks.c ------------------------------------------------------ */
@@ -540,20 +552,32 @@ extern void units_free_all (struct block_store *store);
 
 /* ---- writeback.c --------------------------------------------------------- */
 
+/* A write's one deadline for all its waits on the backing store
+ * (block-store.h, BACKING WAITS): *deadline_ms is 0 until the write
+ * first waits, and is then set to one backing_timeout from then; every
+ * later wait of that write (a read of the block it patches, writeback
+ * for room, the lock of a writeback another thread runs) ends by it.
+ * Returns *deadline_ms.
+ */
+extern uint64_t backing_wait_deadline (struct block_store *store,
+                                       uint64_t *deadline_ms);
 /* A write refused for memory (errno ENOSPC) with a backing store: write
  * back the coldest blocks and let the write try again (0), or -1 with
- * errno as it was when there is nothing to gain or *deadline_ms passed
- * (0 on a write's first call: set to one backing_timeout from then; it
- * bounds the write's whole wait).  No lock held.
+ * errno as it was when there is nothing to gain or the write's deadline
+ * (*deadline_ms, backing_wait_deadline) passed.  No lock held.
  */
 extern int writeback_for_room (struct block_store *store,
                                uint64_t *deadline_ms);
 /* Charge the pool for the backing store's space map as it is now (it
  * grows and shrinks with what is written back): with writeback_lock
  * held (locked), or taking it if free (a run in progress settles at its
- * end).  A growth the limit refuses is charged at a later settle.
+ * end).  A growth the limit refuses is charged at a later settle.  With
+ * free_released, the runs released meanwhile are freed first
+ * (backing_settle_releases: an NBD store's are trimmed, requests with
+ * no deadline); a write making room never does it (BACKING WAITS).
  */
-extern void backing_map_settle (struct block_store *store, bool locked);
+extern void backing_map_settle (struct block_store *store, bool locked,
+                                bool free_released);
 /* Readback of a written-back block that a read finds (under its stripe
  * lock): whether it should come back into RAM (the pool is under
  * readback_below), and if so a claim on it (entry_claim_locked), so that

@@ -194,7 +194,7 @@ store_create (const struct store_config *config)
   store->backing_sync = !config->backing_nosync;
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool, region);
-  backing_map_settle (store, false);    /* the empty map's */
+  backing_map_settle (store, false, true);    /* the empty map's */
   if (region)
     region_set_root (region, store, STORE_LAYOUT_VERSION);
   return store;
@@ -222,7 +222,7 @@ store_hand_over (struct block_store *store)
   write_scratch_trim (store);
   if (store->backing) {
     /* Runs released while reads were on: no read is on now. */
-    backing_map_settle (store, false);
+    backing_map_settle (store, false, true);
     backing_close (store->backing);
     store->backing = NULL;
   }
@@ -291,7 +291,7 @@ store_adopt (struct block_store *store, const struct store_config *config,
     /* The sizes were checked (store_config_mismatch). */
     backing_map_adopt (config->backing, store->backing_map);
     store->backing = config->backing;
-    backing_map_settle (store, false);
+    backing_map_settle (store, false, true);
   }
   store->raw_threshold = zs_huge_class_size (store->pool);
   return 0;
@@ -505,7 +505,7 @@ void
 store_flush (struct block_store *store)
 {
   block_table_reclaim (&store->table, stripes_sweep, store);
-  backing_map_settle (store, false);
+  backing_map_settle (store, false, true);
   zs_pool_flush (store->pool);
 }
 

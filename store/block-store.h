@@ -421,6 +421,18 @@ extern const char *store_recompress_algorithm (const struct block_store *store,
  * access.  A packed block is written compressed alone; blocks rewritten
  * in place at the limit stay in RAM.  One writeback runs at a time
  * (writeback_lock, taken before any stripe lock).
+ *
+ * BACKING WAITS of a write (store_write, store_zero).  A write waits for
+ * the backing store when it patches a written-back block (the block is
+ * read first) and when mem_limit refuses it and it writes back for room:
+ * for writeback_lock (another writer's or the policy's run), for the
+ * backing writes and flushes, and for a connection another thread's
+ * request holds.  All of them end by one deadline, set once per
+ * request, one backing_timeout after its first such wait
+ * (backing_wait_deadline, block-store-internal.h), and the runs its
+ * writeback releases are freed (trimmed) by the housekeeper, not by the
+ * write: a wedged or slow store costs a write one backing_timeout in
+ * all, never one per attempt or per kind of wait.
  */
 enum store_writeback_type {
   WRITEBACK_IDLE,                 /* idle blocks */

@@ -301,12 +301,14 @@ writeback_some (void *opaque, const uint64_t *blocks, unsigned n)
 }
 
 void
-backing_map_settle (struct block_store *store, bool locked)
+backing_map_settle (struct block_store *store, bool locked,
+                    bool free_released)
 {
   if (!store->backing)
     return;
   /* Runs released while reads were on, freed once those reads are done. */
-  backing_settle_releases (store->backing);
+  if (free_released)
+    backing_settle_releases (store->backing);
   if (!locked && pthread_mutex_trylock (&store->writeback_lock) != 0)
     return;
   struct backing_stats backing;
@@ -343,7 +345,14 @@ writeback_pass (struct block_store *store,
     .more = writeback_more, .work = writeback_some, .opaque = &run,
   };
   int r = candidates_walk (store, &walk);
-  backing_map_settle (store, true);
+  /* A write making room (deadline_ms) frees no released run: freeing an
+   * NBD store's runs trims them, requests that would spend the write's
+   * one backing_timeout on work it does not need, and that went out
+   * with no deadline (seen: writes at the limit of a wedged store
+   * failing with ENOSPC after twice the timeout).  The housekeeper's
+   * next round frees them.
+   */
+  backing_map_settle (store, true, deadline_ms == 0);
   return r;
 }
 
@@ -470,13 +479,23 @@ store_room_failure (void)
   return room_failure;
 }
 
+uint64_t
+backing_wait_deadline (struct block_store *store, uint64_t *deadline_ms)
+{
+  if (*deadline_ms == 0 && store->backing)
+    *deadline_ms = monotonic_ms () + backing_timeout_ms (store->backing);
+  return *deadline_ms;
+}
+
 /* A write refused for memory (errno ENOSPC) with a backing store: write
  * back the coldest blocks, compact, and let the write try again (0) if
  * the pool holds less than before.  -1 with errno as it was when there
- * is nothing to gain, or past *deadline_ms: set to one backing_timeout
- * from the first call of a write (0 before it), it bounds the write's
- * whole wait, for writeback_lock and backing requests alike, so that a
- * wedged backing store costs a write one timeout, not one per attempt.
+ * is nothing to gain, or past the write's deadline (*deadline_ms,
+ * backing_wait_deadline: started by the write's first wait on the
+ * backing store, this one or a read before it): it bounds the write's
+ * whole wait, for writeback_lock and backing requests alike, and the
+ * passes trim nothing (writeback_pass), so that a wedged backing store
+ * costs a write one timeout, not one per attempt or per kind of wait.
  * No lock held.
  */
 int
@@ -485,12 +504,7 @@ writeback_for_room (struct block_store *store, uint64_t *deadline_ms)
   int err = errno;
   if (!store->backing || err != ENOSPC)
     return -1;
-  uint64_t now = monotonic_ms ();
-  if (*deadline_ms == 0) {
-    *deadline_ms = now + backing_timeout_ms (store->backing);
-    room_failure = NULL;
-  }
-  else if (now >= *deadline_ms) {
+  if (monotonic_ms () >= backing_wait_deadline (store, deadline_ms)) {
     room_failure = "no room made within backing_timeout";
     return -1;
   }
