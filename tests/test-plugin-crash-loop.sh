@@ -307,6 +307,14 @@ for comp in $comps; do
         run_client "$tmp/client.log" verify || rc=$?
         cat "$tmp/client.log"
         kill "$server_pid"
+        for ((i = 0; i < 600; i++)); do
+            _alive "$server_pid" || break
+            sleep 0.1
+        done
+        if _alive "$server_pid"; then
+            kill -9 "$server_pid"
+            fail "$comp: the server did not exit within 60 s of SIGTERM"
+        fi
         server_rc=0
         reap_server || server_rc=$?
         check_log "$log" "$comp, the last check"
