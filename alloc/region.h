@@ -40,7 +40,10 @@
  *   kernel.randomize_va_space=0; the serving server made the region at
  *   the same point of the same start-up).  So it keeps the range first
  *   (region_reserve_address: a PROT_NONE mapping, no memory), and
- *   region_attach maps the segment over it.
+ *   region_attach maps the segment over it.  Every server keeps it as
+ *   soon as it knows the region's path, before its threads, heaps and
+ *   codec contexts are mapped: what is left to collide with is only
+ *   what the process had mapped before (its libraries).
  *
  * LAYOUT (version REGION_LAYOUT_VERSION; all sizes in 4 KiB pages)
  *   page 0          the header (struct region): identity, then

@@ -90,8 +90,8 @@ void
 handover_reserve_address (const char *path)
 {
   if (region_reserve_address (path) == -1)
-    nbdkit_debug ("region: %s: its address is not kept for the takeover "
-                  "(%s): the takeover maps it there if it is free then",
+    nbdkit_debug ("region: %s: its address is not kept ahead (%s): it is "
+                  "mapped there if that is free when it is taken",
                   path, error_text (errno));
 }
 

@@ -32,10 +32,11 @@
 
 #include "block-store.h"
 
-/* A standby, before it makes anything ready: the address of the region
- * path names kept for its takeover (alloc/region.h, ADDRESS
- * RESERVATION).  If it cannot be kept it is only logged: the takeover
- * maps the region if the address is free then.
+/* Every server with region=, before it maps anything of its own (at
+ * config_complete): the address of the region path names kept for its
+ * attach (alloc/region.h, ADDRESS RESERVATION).  If it cannot be kept
+ * (no region yet, or the range taken already) it is only logged: the
+ * attach maps the region if the address is free then.
  */
 extern void handover_reserve_address (const char *path);
 

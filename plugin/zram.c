@@ -79,7 +79,15 @@ zram_config (const char *key, const char *value)
 static int
 zram_config_complete (void)
 {
-  return params_complete (&params);
+  if (params_complete (&params) == -1)
+    return -1;
+  /* The region's address kept before this process maps anything more
+   * (threads, heaps, codec contexts): its pointers need it there
+   * (ADDRESS RESERVATION in alloc/region.h).
+   */
+  if (params.region_path)
+    handover_reserve_address (params.region_path);
+  return 0;
 }
 
 /* The cold tier (backing=) opened: 0, or -1 after nbdkit_error. */
@@ -126,10 +134,8 @@ zram_get_ready (void)
    * So it opens the cold tier then too: the serving server holds a
    * backing file's lock.
    */
-  if (params.standby_path) {
-    handover_reserve_address (params.region_path);
+  if (params.standby_path)
     return standby_listen (params.standby_path);
-  }
   if (backing_start () == -1)
     return -1;
   if (params.region_path) {
