@@ -1120,8 +1120,10 @@ region_attach (const char *path, uint64_t device_bytes,
   heap_own (region);
   return owner;
 
- refused:
+ refused:;
+  int err = errno;
   close (lock_fd);
+  errno = err;
   return NULL;
 }
 
