@@ -1427,8 +1427,8 @@ test_creation_killed (void **state)
   for (int i = 0; i < 5; i++)
     region_destroy (region_create (path, 16u << 20, DEVICE_BYTES, false));
   uint64_t create_us = (clock_ns () - start) / 5000 + 1;
-  enum { NOTHING, NEW_LEFT, CREATING, CREATING_SEGMENT, WHOLE, KINDS };
-  unsigned left[KINDS] = { 0 }, next_killed = 0;
+  enum { NOTHING, CREATING, CREATING_SEGMENT, WHOLE, KINDS };
+  unsigned left[KINDS] = { 0 }, new_left = 0, next_killed = 0;
   uint64_t seed = 12345;
   const unsigned rounds = 300;
   for (unsigned round = 0; round < rounds; round++) {
@@ -1458,9 +1458,8 @@ test_creation_killed (void **state)
                                 &key), 1);
       kind = shmget ((key_t) key, 0, 0) == -1 ? CREATING : CREATING_SEGMENT;
     }
-    if (file_look (new_path).exists)
-      kind = NEW_LEFT;
     left[kind]++;
+    new_left += file_look (new_path).exists;
 
     /* Every other round the next server is killed too, while it takes
      * or cleans up what the first left (or makes its own).
@@ -1495,12 +1494,12 @@ test_creation_killed (void **state)
     assert_false (file_look (path).exists);
   }
   print_message ("%u creators killed (a creation takes %" PRIu64 " us here): "
-                 "nothing left %u, PATH.new left %u, a 'creating' line and "
+                 "they left no region file %u times, a 'creating' line and "
                  "no segment %u, a 'creating' line and its segment %u, a "
-                 "whole region %u; the next server killed too %u times; "
-                 "each taken or made anew, no segment left\n", rounds,
-                 create_us, left[NOTHING], left[NEW_LEFT], left[CREATING],
-                 left[CREATING_SEGMENT], left[WHOLE], next_killed);
+                 "whole region %u, and a PATH.new %u times; the next server "
+                 "killed too %u times; each taken or made anew, no segment "
+                 "left\n", rounds, create_us, left[NOTHING], left[CREATING],
+                 left[CREATING_SEGMENT], left[WHOLE], new_left, next_killed);
   free (new_path);
   free (path);
 }
