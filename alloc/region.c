@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +15,8 @@
 #include <sys/random.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -76,25 +79,6 @@ map_pages_for (uint64_t pages)
   return 1 + (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE;
 }
 
-/* Own the region file at path (made if missing): its descriptor, locked
- * (OWNERSHIP in region.h); -1 with errno EBUSY when another process owns
- * it.
- */
-static int
-ownership_take (const char *path, int flags)
-{
-  int fd = open (path, O_RDWR | O_CLOEXEC | flags, 0600);
-  if (fd == -1)
-    return -1;
-  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
-    int err = errno == EWOULDBLOCK ? EBUSY : errno;
-    close (fd);
-    errno = err;
-    return -1;
-  }
-  return fd;
-}
-
 /* A copy of the header of segment shm_id, read through a mapping of its
  * own (read-only, anywhere): what an attach checks before it maps the
  * segment where the header says.  false with errno if it cannot be
@@ -111,8 +95,12 @@ header_peek (int shm_id, struct region *seen)
   return true;
 }
 
-/* The region file's line. */
-#define REGION_FILE_FORMAT "nbdkit-zram region key=%x shm=%d device=%32s\n"
+/* The region file's line; earlier versions wrote it padded (the same
+ * for a device id, 32 characters).
+ */
+#define REGION_FILE_FORMAT "nbdkit-zram region key=%x shm=%d device=%s\n"
+#define REGION_FILE_FORMAT_PADDED \
+  "nbdkit-zram region key=%x shm=%d device=%32s\n"
 
 static void
 device_id_text (const uint8_t id[16], char text[33])
@@ -123,41 +111,649 @@ device_id_text (const uint8_t id[16], char text[33])
 
 /* What the region file says of a region not made yet: a creator that
  * dies before it is done leaves it, and the next attach removes the
- * segment of its key, if there is one.
+ * segment of its key if it can prove the segment is that creator's
+ * (TRUST in region.h).
  */
 #define REGION_FILE_CREATING "creating"
+
+/* A refusal's errno err and its message in why[] (none when why_bytes
+ * is 0).
+ */
+static void
+vexplain (int err, char *why, size_t why_bytes, const char *format,
+          va_list args)
+{
+  if (why_bytes)
+    vsnprintf (why, why_bytes, format, args);
+  errno = err;
+}
+
+static void __attribute__ ((format (printf, 4, 5)))
+explain (int err, char *why, size_t why_bytes, const char *format, ...)
+{
+  va_list args;
+  va_start (args, format);
+  vexplain (err, why, why_bytes, format, args);
+  va_end (args);
+}
+
+/* A refusal of an attach: errno err, the message in why[], NULL. */
+static struct region_owner * __attribute__ ((format (printf, 4, 5)))
+refuse (int err, char *why, size_t why_bytes, const char *format, ...)
+{
+  va_list args;
+  va_start (args, format);
+  vexplain (err, why, why_bytes, format, args);
+  va_end (args);
+  return NULL;
+}
+
+/* ---- trust: only what is this user's (TRUST in region.h) ---------------- */
+
+/* How long an attach or a removal waits for a segment's other
+ * attachments to go (a standby's header peek, a process still unmapping
+ * it as it exits), and a writer of the region file for another's
+ * PATH.new to go (a creator that lost a race removes its own at once).
+ */
+#define ATTACHED_WAIT_NS 2000000000ull
+#define NEW_FILE_WAIT_NS 1000000000ull
+#define WAIT_STEP_NS 2000000
+
+static uint64_t
+clock_now_ns (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static void
+wait_step (void)
+{
+  struct timespec step = { 0, WAIT_STEP_NS };
+  nanosleep (&step, NULL);
+}
+
+/* Where a region file is: its directory, opened once and checked, and
+ * its name there.  Every use of the file goes through the directory's
+ * descriptor (openat, renameat, unlinkat), so what was checked is what
+ * is used.
+ */
+struct region_place {
+  int dir_fd;
+  const char *path;                     /* as given, for messages */
+  char dir[PATH_MAX];                   /* for messages */
+  char name[NAME_MAX + 1];
+  char new_name[NAME_MAX + 1];          /* name.new: a line being written */
+};
+
+static void
+place_close (struct region_place *place)
+{
+  if (place->dir_fd != -1)
+    close (place->dir_fd);
+  place->dir_fd = -1;
+}
+
+/* The directory of path, opened, if a region file may live there: owned
+ * by this user or root, and writable by no one else unless sticky (where
+ * no one removes or renames another's file).  false with errno and why.
+ */
+static bool
+place_open (struct region_place *place, const char *path, char *why,
+            size_t why_bytes)
+{
+  place->dir_fd = -1;
+  place->path = path;
+  const char *slash = strrchr (path, '/');
+  const char *name = slash ? slash + 1 : path;
+  size_t dir_length = slash ? (size_t) (slash - path) : 0;
+  if (!*name || strcmp (name, ".") == 0 || strcmp (name, "..") == 0) {
+    explain (EISDIR, why, why_bytes, "names a directory, not a region file: "
+             "give region= a file's path");
+    return false;
+  }
+  if (strlen (name) + 4 > NAME_MAX || dir_length >= sizeof place->dir) {
+    explain (ENAMETOOLONG, why, why_bytes, "the name is too long (the name "
+             "with .new must fit in %d bytes)", NAME_MAX);
+    return false;
+  }
+  if (!slash)
+    strcpy (place->dir, ".");
+  else if (dir_length == 0)
+    strcpy (place->dir, "/");
+  else {
+    memcpy (place->dir, path, dir_length);
+    place->dir[dir_length] = '\0';
+  }
+  strcpy (place->name, name);
+  snprintf (place->new_name, sizeof place->new_name, "%s.new", name);
+
+  place->dir_fd = open (place->dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  struct stat st;
+  if (place->dir_fd == -1 || fstat (place->dir_fd, &st) == -1) {
+    explain (errno, why, why_bytes, "its directory %s: %m", place->dir);
+    place_close (place);
+    return false;
+  }
+  uid_t me = geteuid ();
+  if (st.st_uid != me && st.st_uid != 0) {
+    explain (EPERM, why, why_bytes, "its directory %s is owned by uid %u, "
+             "neither this user's (uid %u) nor root's: refused (a region "
+             "file lives where no one else can replace it)", place->dir,
+             (unsigned) st.st_uid, (unsigned) me);
+    place_close (place);
+    return false;
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+    explain (EPERM, why, why_bytes, "its directory %s is writable by group "
+             "or others and not sticky (mode %04o): refused (chmod go-w %s, "
+             "or give region= a path in a directory only this user can "
+             "write)", place->dir, (unsigned) (st.st_mode & 07777),
+             place->dir);
+    place_close (place);
+    return false;
+  }
+  return true;
+}
+
+/* Whether name in the place's directory is the file fd has open (not a
+ * file put there since).
+ */
+static bool
+same_file_at (const struct region_place *place, const char *name, int fd)
+{
+  struct stat there, held;
+  return fstatat (place->dir_fd, name, &there, AT_SYMLINK_NOFOLLOW) == 0
+    && fstat (fd, &held) == 0
+    && there.st_dev == held.st_dev && there.st_ino == held.st_ino;
+}
+
+static const char *
+file_kind (mode_t mode)
+{
+  return S_ISLNK (mode) ? "symbolic link" : S_ISDIR (mode) ? "directory"
+    : S_ISFIFO (mode) ? "FIFO" : S_ISSOCK (mode) ? "socket"
+    : S_ISCHR (mode) || S_ISBLK (mode) ? "device" : "regular file";
+}
+
+/* The region file, opened (flags: O_RDONLY or O_RDWR) if this user may
+ * trust it: a regular file reached by no link, this user's, writable by
+ * no one else, one name.  -1 with errno and why: ENOENT (there is none),
+ * EPERM (refused: not opened, or closed unread).
+ */
+static int
+file_open_trusted (const struct region_place *place, int flags, char *why,
+                   size_t why_bytes)
+{
+  struct stat st;
+  if (fstatat (place->dir_fd, place->name, &st, AT_SYMLINK_NOFOLLOW) == -1) {
+    explain (errno, why, why_bytes, "no region file %s: %m", place->path);
+    return -1;
+  }
+  if (S_ISLNK (st.st_mode) || !S_ISREG (st.st_mode)) {
+    explain (EPERM, why, why_bytes, "the region file is a %s: refused, not "
+             "opened (%s)", file_kind (st.st_mode), S_ISLNK (st.st_mode)
+             ? "a region file is never reached through a link: give "
+             "region= the file's own path, or remove the link"
+             : "give region= the path of a region file");
+    return -1;
+  }
+  /* O_NONBLOCK: a FIFO put there since the look does not hang the open. */
+  int fd = openat (place->dir_fd, place->name,
+                   flags | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (fd == -1) {
+    int err = errno;
+    if (err == ELOOP)
+      explain (EPERM, why, why_bytes, "the region file is a symbolic link: "
+               "refused (a region file is never reached through a link)");
+    else
+      explain (err, why, why_bytes, "%s %s: %m", err == ENOENT
+               ? "no region file" : "cannot open the region file",
+               place->path);
+    return -1;
+  }
+  uid_t me = geteuid ();
+  if (fstat (fd, &st) == -1)
+    explain (errno, why, why_bytes, "cannot look at the region file: %m");
+  else if (!S_ISREG (st.st_mode))
+    explain (EPERM, why, why_bytes, "the region file is a %s: refused",
+             file_kind (st.st_mode));
+  else if (st.st_uid != me)
+    explain (EPERM, why, why_bytes, "the region file is owned by uid %u, not "
+             "this user's (uid %u): refused (a region file is its server's "
+             "user's own; remove it if it is no region's)",
+             (unsigned) st.st_uid, (unsigned) me);
+  else if (st.st_mode & (S_IWGRP | S_IWOTH))
+    explain (EPERM, why, why_bytes, "the region file is writable by group or "
+             "others (mode %04o): refused (chmod 600 %s if it is yours)",
+             (unsigned) (st.st_mode & 07777), place->path);
+  else if (st.st_nlink != 1)
+    explain (EPERM, why, why_bytes, "the region file has %ju names (hard "
+             "links): refused (a region file has one; remove the others if "
+             "it is yours)", (uintmax_t) st.st_nlink);
+  else
+    return fd;
+  int err = errno;
+  close (fd);
+  errno = err;
+  return -1;
+}
+
+/* What a region file says: the segment's key, its id and the device id
+ * its header carries - or, while the region is being made, the key only
+ * (creating: shm=-1 device=creating).
+ */
+struct region_line {
+  key_t key;
+  int shm_id;
+  bool creating;
+  char device_text[33];
+};
+
+/* The region file's one line, exactly as this code writes it; anything
+ * else (empty, garbled, more than the line) is refused with EINVAL: it
+ * is no region file, and nothing is written over it.
+ */
+static bool
+region_file_parse (int fd, struct region_line *line, char *why,
+                   size_t why_bytes)
+{
+  char text[256], again[256];
+  ssize_t n = pread (fd, text, sizeof text - 1, 0);
+  if (n < 0) {
+    explain (errno, why, why_bytes, "cannot read the region file: %m");
+    return false;
+  }
+  text[n] = '\0';
+  unsigned key;
+  bool named = n > 0 && (size_t) n < sizeof text - 1
+    && sscanf (text, "nbdkit-zram region key=%8x shm=%d device= %32[0-9a-z]",
+               &key, &line->shm_id, line->device_text) == 3;
+  if (named) {
+    /* The text is what the line would be written as: nothing more, nothing
+     * written another way (or as earlier versions wrote "creating":
+     * right-aligned in 32 columns).
+     */
+    line->key = key;
+    line->creating = strcmp (line->device_text, REGION_FILE_CREATING) == 0;
+    snprintf (again, sizeof again, REGION_FILE_FORMAT, key, line->shm_id,
+              line->device_text);
+    named = strcmp (again, text) == 0;
+    if (!named && line->creating) {
+      snprintf (again, sizeof again, REGION_FILE_FORMAT_PADDED, key,
+                line->shm_id, line->device_text);
+      named = strcmp (again, text) == 0;
+    }
+    named = named
+      && (line->creating
+          ? line->shm_id == -1 && line->key != IPC_PRIVATE
+          : line->shm_id >= 0 && strlen (line->device_text) == 32
+            && strspn (line->device_text, "0123456789abcdef") == 32);
+  }
+  if (!named)
+    explain (EINVAL, why, why_bytes, "not a region file (empty, or not one "
+             "line 'nbdkit-zram region key=... shm=... device=...'): "
+             "refused, nothing written; remove it if it is no region's, or "
+             "give region= another path");
+  return named;
+}
+
+enum segment_found {
+  SEGMENT_GONE,                 /* no segment of the line's key and id */
+  SEGMENT_MINE,                 /* this user's, made by it, mode 0600 */
+  SEGMENT_REFUSED,              /* someone else's: not touched */
+};
+
+/* The segment a region file's line names, looked at: by its id, or by
+ * its key for a region being made.  An id whose segment has another key
+ * is another segment's now (the named one is gone: ids are reused).  A
+ * segment is used only if this user made it and owns it and no one else
+ * may attach it (mode 0600); *shm_id and *info then say which.
+ */
+static enum segment_found
+segment_find (const struct region_line *line, int *shm_id,
+              struct shmid_ds *info, char *why, size_t why_bytes)
+{
+  int id = line->shm_id;
+  if (line->creating && (id = shmget (line->key, 0, 0)) == -1) {
+    if (errno == ENOENT)
+      return SEGMENT_GONE;
+    explain (errno == EACCES ? EPERM : errno, why, why_bytes, "the segment "
+             "of key %x it names (a region being made) cannot be looked "
+             "at (%m): not this user's: refused, not touched",
+             (unsigned) line->key);
+    return SEGMENT_REFUSED;
+  }
+  if (shmctl (id, IPC_STAT, info) == -1) {
+    if (errno == EINVAL || errno == EIDRM)
+      return SEGMENT_GONE;
+    explain (errno == EACCES ? EPERM : errno, why, why_bytes, "the segment "
+             "it names (shm id %d) cannot be looked at (%m): not this "
+             "user's: refused, not touched", id);
+    return SEGMENT_REFUSED;
+  }
+  if (info->shm_perm.__key != line->key)
+    return SEGMENT_GONE;
+  uid_t me = geteuid ();
+  if (info->shm_perm.uid != me || info->shm_perm.cuid != me) {
+    explain (EPERM, why, why_bytes, "the segment it names (shm id %d) is "
+             "owned by uid %u and was made by uid %u, not this user's (uid "
+             "%u): refused, not touched (remove the region file if it is no "
+             "region of yours)", id, (unsigned) info->shm_perm.uid,
+             (unsigned) info->shm_perm.cuid, (unsigned) me);
+    return SEGMENT_REFUSED;
+  }
+  if ((info->shm_perm.mode & 0777) != 0600) {
+    explain (EPERM, why, why_bytes, "the segment it names (shm id %d) has "
+             "mode %04o, not 0600 (another user may write it): refused, not "
+             "touched", id, (unsigned) (info->shm_perm.mode & 0777));
+    return SEGMENT_REFUSED;
+  }
+  *shm_id = id;
+  return SEGMENT_MINE;
+}
+
+/* Wait until no process but allowed ones (this one, once it attached)
+ * has the segment attached: a standby's header peek or an exiting
+ * owner's unmapping goes in a moment; an attachment that stays
+ * ATTACHED_WAIT_NS is a live server's (one reached through a copy of
+ * its region file, whose lock is on another inode), and its segment is
+ * never taken.  false with errno and why: EBUSY, or ENOENT if the
+ * segment went meanwhile.
+ */
+static bool
+segment_wait_unattached (int shm_id, shmatt_t allowed, struct shmid_ds *info,
+                         char *why, size_t why_bytes)
+{
+  uint64_t deadline = clock_now_ns () + ATTACHED_WAIT_NS;
+  for (;;) {
+    if (shmctl (shm_id, IPC_STAT, info) == -1) {
+      explain (errno == EINVAL || errno == EIDRM ? ENOENT : errno, why,
+               why_bytes, "the segment it names (shm id %d) went: %m",
+               shm_id);
+      return false;
+    }
+    if (info->shm_nattch <= allowed)
+      return true;
+    if (clock_now_ns () >= deadline)
+      break;
+    wait_step ();
+  }
+  explain (EBUSY, why, why_bytes, "the segment it names (shm id %d) is "
+           "attached by %lu process%s%s (last pid %d): another server "
+           "serves it: refused (its server owns it through another region "
+           "file, a copy: use that one)", shm_id,
+           (unsigned long) (info->shm_nattch - allowed),
+           info->shm_nattch - allowed == 1 ? "" : "es",
+           allowed ? " besides this one" : "", (int) info->shm_lpid);
+  return false;
+}
+
+/* Whether the segment (this user's: segment_find; unattached) is,
+ * provably, the one the line names - what may be removed on the line's
+ * word: for a region being made, a segment of that key whose header is
+ * all zero (its creator died before writing it) or begins with a
+ * region's magic (died while writing it); else a whole region header
+ * (magic, identity checksum) of the segment's size and the line's device
+ * id.  false with EINVAL and why: not touched.
+ */
+static bool
+segment_is_named (int shm_id, const struct shmid_ds *info,
+                  const struct region_line *line, char *why,
+                  size_t why_bytes)
+{
+  struct region seen;
+  static const struct region nothing_written;
+  if (info->shm_segsz < sizeof seen) {
+    explain (EINVAL, why, why_bytes, "the segment it names (shm id %d) is "
+             "%zu bytes, smaller than a region's header: not a region: "
+             "refused, not touched", shm_id, (size_t) info->shm_segsz);
+    return false;
+  }
+  if (!header_peek (shm_id, &seen)) {
+    explain (errno, why, why_bytes, "cannot read the segment it names (shm "
+             "id %d): %m", shm_id);
+    return false;
+  }
+  char seen_text[33];
+  device_id_text (seen.device_id, seen_text);
+  bool magic = memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) == 0;
+  if (line->creating
+      ? magic || memcmp (&seen, &nothing_written, sizeof seen) == 0
+      : magic && seen.identity_checksum == identity_checksum (&seen)
+        && seen.region_bytes == info->shm_segsz
+        && strcmp (seen_text, line->device_text) == 0)
+    return true;
+  explain (EINVAL, why, why_bytes, "the segment it names (shm id %d) is not "
+           "the region the file names (%s): refused, not touched (ipcrm -m "
+           "%d removes it if you know it is yours)", shm_id,
+           line->creating ? "it holds something else than a region being "
+           "made" : !magic ? "no region's magic"
+           : seen.identity_checksum != identity_checksum (&seen)
+           ? "its header is damaged"
+           : seen.region_bytes != info->shm_segsz
+           ? "its size is not its header's" : "another device's", shm_id);
+  return false;
+}
+
+/* PATH.new, where it is in the way of a new line: left by a writer that
+ * died (a regular file of this user's, mode 0600, one name, no one's lock
+ * on it), it is removed: 1.  Being written (locked): 0, wait.  Anything
+ * else is refused, not touched: -1 with errno and why.
+ */
+static int
+new_file_leftover_remove (const struct region_place *place, char *why,
+                          size_t why_bytes)
+{
+  struct stat st;
+  if (fstatat (place->dir_fd, place->new_name, &st, AT_SYMLINK_NOFOLLOW)
+      == -1) {
+    if (errno == ENOENT)
+      return 1;                 /* gone meanwhile */
+    explain (errno, why, why_bytes, "cannot look at %s.new: %m", place->path);
+    return -1;
+  }
+  if (S_ISLNK (st.st_mode)) {
+    explain (EPERM, why, why_bytes, "%s.new is a symbolic link: refused, not "
+             "touched (a region file is never written through a link; "
+             "remove it)", place->path);
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode) || st.st_uid != geteuid ()
+      || (st.st_mode & 07777) != 0600 || st.st_nlink != 1) {
+    explain (EPERM, why, why_bytes, "%s.new is in the way and is not what a "
+             "region file's writer leaves (a %s of uid %u, mode %04o, %ju "
+             "names): refused, not touched (remove it if no server is "
+             "making the region)", place->path, file_kind (st.st_mode),
+             (unsigned) st.st_uid, (unsigned) (st.st_mode & 07777),
+             (uintmax_t) st.st_nlink);
+    return -1;
+  }
+  int fd = openat (place->dir_fd, place->new_name,
+                   O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd == -1)
+    return errno == ENOENT ? 1 : 0;
+  int removed = 0;
+  if (flock (fd, LOCK_EX | LOCK_NB) == 0) {
+    if (same_file_at (place, place->new_name, fd))
+      unlinkat (place->dir_fd, place->new_name, 0);
+    removed = 1;
+  }
+  close (fd);
+  return removed;
+}
+
+/* PATH.new made for a new line of the region file: created (O_EXCL, never
+ * through a link), mode 0600, and locked, so no one else writes, renames
+ * or removes it.  One being written by another is waited for,
+ * NEW_FILE_WAIT_NS at most.  -1 with errno and why.
+ */
+static int
+new_file_take (const struct region_place *place, char *why, size_t why_bytes)
+{
+  uint64_t deadline = clock_now_ns () + NEW_FILE_WAIT_NS;
+  for (;;) {
+    int fd = openat (place->dir_fd, place->new_name,
+                     O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd == -1 && errno != EEXIST) {
+      explain (errno, why, why_bytes, "cannot make %s.new: %m", place->path);
+      return -1;
+    }
+    if (fd != -1) {
+      /* Another writer may have taken it for a leftover between the
+       * create and the lock, and removed it: it is ours only if it is
+       * still there, locked by us.
+       */
+      if (flock (fd, LOCK_EX | LOCK_NB) == 0
+          && same_file_at (place, place->new_name, fd)) {
+        if (fchmod (fd, 0600) == -1) {   /* whatever the umask */
+          explain (errno, why, why_bytes, "cannot set %s.new's mode: %m",
+                   place->path);
+          unlinkat (place->dir_fd, place->new_name, 0);
+          close (fd);
+          return -1;
+        }
+        return fd;
+      }
+      close (fd);
+    }
+    else {
+      int removed = new_file_leftover_remove (place, why, why_bytes);
+      if (removed == -1)
+        return -1;
+      if (removed)
+        continue;
+    }
+    if (clock_now_ns () >= deadline) {
+      explain (EBUSY, why, why_bytes, "%s.new is being written by another "
+               "process (a server making or updating this region): refused; "
+               "try again once it is done", place->path);
+      return -1;
+    }
+    wait_step ();
+  }
+}
+
+/* Whether a new region's first line may replace what is at the region
+ * file's name (region_create, while it holds PATH.new): nothing, or a
+ * region file of this user's that no one owns and that names no segment
+ * that exists.  *old_fd: that file, locked until the rename (-1 for
+ * none).  Else false with errno and why: EBUSY (owned), EEXIST (its
+ * region exists), EPERM, EINVAL (not a region file: nothing written).
+ */
+static bool
+region_file_replaceable (const struct region_place *place, int *old_fd,
+                         char *why, size_t why_bytes)
+{
+  *old_fd = -1;
+  int fd = file_open_trusted (place, O_RDONLY, why, why_bytes);
+  if (fd == -1) {
+    if (errno != ENOENT)
+      return false;
+    if (why_bytes)
+      why[0] = '\0';
+    return true;
+  }
+  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    explain (errno == EWOULDBLOCK ? EBUSY : errno, why, why_bytes, "the "
+             "region is owned by another process (made or taken by it "
+             "first): refused");
+    close (fd);
+    return false;
+  }
+  struct region_line line;
+  struct shmid_ds info;
+  int shm_id;
+  if (!region_file_parse (fd, &line, why, why_bytes)) {
+    close (fd);
+    return false;
+  }
+  switch (segment_find (&line, &shm_id, &info, why, why_bytes)) {
+  case SEGMENT_GONE:
+    *old_fd = fd;
+    return true;
+  case SEGMENT_MINE:
+    explain (EEXIST, why, why_bytes, "the region file names a region that "
+             "exists (shm id %d): refused, not replaced (nbdkit-zramctl "
+             "region remove %s gives it up)", shm_id, place->path);
+    break;
+  case SEGMENT_REFUSED:
+    break;
+  }
+  int err = errno;
+  close (fd);
+  errno = err;
+  return false;
+}
+
+/* Remove the region file's name if it is still the file fd has open:
+ * 0, or -1 with errno.
+ */
+static int
+region_file_unlink (const struct region_place *place, int fd)
+{
+  if (!same_file_at (place, place->name, fd))
+    return 0;                   /* not this file's name any more */
+  return unlinkat (place->dir_fd, place->name, 0);
+}
 
 /* Write the region file's line, replacing the file atomically (the lock
  * is on the old inode: the new one is locked before the rename); the
  * device id, or REGION_FILE_CREATING while the header is being written.
+ * The first line (no lock_fd yet) replaces only what
+ * region_file_replaceable allows; a later one only this owner's file.
  */
 static int
-region_file_write (struct region_owner *owner, bool created)
+region_file_write (struct region_owner *owner,
+                   const struct region_place *place, bool created,
+                   char *why, size_t why_bytes)
 {
-  char id[33], tmp[4096];
+  char id[33];
   if (created)
     device_id_text (owner->region->device_id, id);
   else
     strcpy (id, REGION_FILE_CREATING);
-  if (snprintf (tmp, sizeof tmp, "%s.new", owner->path) >= (int) sizeof tmp) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  int fd = ownership_take (tmp, O_CREAT | O_TRUNC);
+  int fd = new_file_take (place, why, why_bytes);
   if (fd == -1)
     return -1;
+  int old_fd = -1;
   if (dprintf (fd, REGION_FILE_FORMAT, (unsigned) owner->key, owner->shm_id,
-               id) < 0
-      || fsync (fd) == -1 || rename (tmp, owner->path) == -1) {
-    int err = errno;
-    close (fd);
-    unlink (tmp);
-    errno = err;
-    return -1;
+               id) < 0 || fsync (fd) == -1) {
+    explain (errno, why, why_bytes, "cannot write %s.new: %m", place->path);
+    goto fail;
   }
-  close (owner->lock_fd);
+  if (owner->lock_fd == -1) {
+    if (!region_file_replaceable (place, &old_fd, why, why_bytes))
+      goto fail;
+  }
+  else if (!same_file_at (place, place->name, owner->lock_fd)) {
+    explain (EBUSY, why, why_bytes, "the region file was replaced by "
+             "another process while this one made the region: refused");
+    goto fail;
+  }
+  if (renameat (place->dir_fd, place->new_name, place->dir_fd, place->name)
+      == -1) {
+    explain (errno, why, why_bytes, "cannot rename %s.new over the region "
+             "file: %m", place->path);
+    goto fail;
+  }
+  if (old_fd != -1)
+    close (old_fd);
+  if (owner->lock_fd != -1)
+    close (owner->lock_fd);
   owner->lock_fd = fd;
   return 0;
+
+ fail:;
+  int err = errno;
+  if (same_file_at (place, place->new_name, fd))
+    unlinkat (place->dir_fd, place->new_name, 0);
+  close (fd);
+  if (old_fd != -1)
+    close (old_fd);
+  errno = err;
+  return -1;
 }
 
 /* This process owns the region from now: the heap's lock made anew (a
@@ -173,19 +769,32 @@ struct region_owner *
 region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
                bool locked)
 {
+  return region_create_explained (path, bytes, device_bytes, locked, NULL, 0);
+}
+
+struct region_owner *
+region_create_explained (const char *path, uint64_t bytes,
+                         uint64_t device_bytes, bool locked, char *why,
+                         size_t why_bytes)
+{
+  if (why_bytes)
+    why[0] = '\0';
   bytes = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE * REGION_PAGE_SIZE;
   uint64_t pages = bytes / REGION_PAGE_SIZE;
   uint64_t map_pages = map_pages_for (pages);
   if (pages < map_pages + 1 || pages > UINT32_MAX) {
-    errno = EINVAL;
+    explain (EINVAL, why, why_bytes, "a region of %" PRIu64 " pages cannot "
+             "be made (%" PRIu64 " to %" PRIu32 ")", pages, map_pages + 1,
+             UINT32_MAX);
     return NULL;
   }
+  struct region_place place = { .dir_fd = -1 };
   struct region_owner *owner = calloc (1, sizeof *owner);
   if (!owner || !(owner->path = strdup (path)))
     goto fail;
   owner->shm_id = -1;
-  owner->lock_fd = ownership_take (path, O_CREAT);
-  if (owner->lock_fd == -1)
+  owner->lock_fd = -1;
+  if (!place_open (&place, path, why, why_bytes))
     goto fail;
   /* The segment's key is in the region file before the segment exists,
    * so that a creator killed at any point leaves nothing the next attach
@@ -196,15 +805,22 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
       goto fail;
     if (owner->key == IPC_PRIVATE)
       continue;
-    if (region_file_write (owner, false) == -1)
+    if (region_file_write (owner, &place, false, why, why_bytes) == -1)
       goto fail;
     owner->shm_id = shmget (owner->key, bytes,
                             IPC_CREAT | IPC_EXCL | 0600 | SHM_NORESERVE);
-    if (owner->shm_id == -1 && (errno != EEXIST || tries == 16))
+    if (owner->shm_id == -1 && (errno != EEXIST || tries == 16)) {
+      explain (errno, why, why_bytes, "cannot make its segment of %" PRIu64
+               " bytes: %m", bytes);
       goto fail;
+    }
   }
-  if (locked && shmctl (owner->shm_id, SHM_LOCK, NULL) == -1)
+  if (locked && shmctl (owner->shm_id, SHM_LOCK, NULL) == -1) {
+    explain (errno, why, why_bytes, "cannot lock it in memory, as swap "
+             "needs: %m%s", errno == EPERM || errno == ENOMEM
+             ? " (locking it needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)" : "");
     goto fail;
+  }
   struct region *region = shmat (owner->shm_id, NULL, 0);
   if (region == (void *) -1)
     goto fail;
@@ -232,79 +848,64 @@ region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
     region_page_bits (region)[p / 64] |= (uint64_t) 1 << (p % 64);
     region_pages (region)[p].kind = REGION_PAGE_MAPS;
   }
-  if (region_file_write (owner, true) == -1)
+  if (region_file_write (owner, &place, true, why, why_bytes) == -1)
     goto fail;
+  place_close (&place);
   return owner;
 
  fail:;
   int err = errno;
+  if (why_bytes && !why[0])
+    snprintf (why, why_bytes, "%s", strerror (err));
   if (owner) {
     if (owner->region)
       shmdt (owner->region);
     if (owner->shm_id != -1)
       shmctl (owner->shm_id, IPC_RMID, NULL);
-    if (owner->lock_fd > 0)
+    if (owner->lock_fd != -1)
       close (owner->lock_fd);
     free (owner->path);
     free (owner);
   }
+  place_close (&place);
   errno = err;
   return NULL;
-}
-
-/* A refusal: errno err and the message in why[]. */
-static struct region_owner *
-refuse (int err, char *why, size_t why_bytes, const char *format, ...)
-{
-  va_list args;
-  va_start (args, format);
-  if (why_bytes)
-    vsnprintf (why, why_bytes, format, args);
-  va_end (args);
-  errno = err;
-  return NULL;
-}
-
-/* The region file's segment id (-1 while being made), its key and device
- * id; false (errno ENOENT) when it names none.
- */
-static bool
-region_file_read (int fd, int *shm_id, key_t *key, char device_text[33])
-{
-  char line[256];
-  ssize_t n = pread (fd, line, sizeof line - 1, 0);
-  unsigned key_read;
-  if (n <= 0) {
-    errno = ENOENT;
-    return false;
-  }
-  line[n] = '\0';
-  if (sscanf (line, "nbdkit-zram region key=%x shm=%d device=%32s", &key_read,
-              shm_id, device_text) != 3) {
-    errno = ENOENT;
-    return false;
-  }
-  *key = key_read;
-  return true;
 }
 
 /* A copy of the header of the segment the region file at path names,
- * read without owning it; false with errno if there is none to read.
+ * read without owning it, if the file and the segment are this user's
+ * (TRUST); false with errno if there is none to read (ENOENT: no region,
+ * or one being made; EINVAL: not a region file; EPERM: not trusted).
  */
 static bool
 path_peek (const char *path, struct region *seen)
 {
-  char device_text[33];
-  int shm_id;
-  key_t key;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  struct region_place place;
+  if (!place_open (&place, path, NULL, 0))
+    return false;
+  int fd = file_open_trusted (&place, O_RDONLY, NULL, 0);
+  place_close (&place);
   if (fd == -1)
     return false;
-  bool named = region_file_read (fd, &shm_id, &key, device_text);
+  struct region_line line;
+  bool named = region_file_parse (fd, &line, NULL, 0);
   close (fd);
-  if (!named) {
+  if (!named)
+    return false;
+  struct shmid_ds info;
+  int shm_id;
+  if (line.creating) {
     errno = ENOENT;
     return false;
+  }
+  switch (segment_find (&line, &shm_id, &info, NULL, 0)) {
+  case SEGMENT_GONE:
+    errno = ENOENT;
+    return false;
+  case SEGMENT_REFUSED:
+    return false;
+  case SEGMENT_MINE:
+    break;
   }
   return header_peek (shm_id, seen);
 }
@@ -363,8 +964,20 @@ struct region_owner *
 region_attach (const char *path, uint64_t device_bytes,
                enum region_attach_result *how, char *why, size_t why_bytes)
 {
-  int lock_fd = ownership_take (path, 0);
-  if (lock_fd == -1 && errno == EBUSY) {
+  if (why_bytes)
+    why[0] = '\0';
+  struct region_place place;
+  if (!place_open (&place, path, why, why_bytes))
+    return NULL;
+  int lock_fd = file_open_trusted (&place, O_RDONLY, why, why_bytes);
+  place_close (&place);
+  if (lock_fd == -1)
+    return NULL;
+  if (flock (lock_fd, LOCK_EX | LOCK_NB) == -1) {
+    int err = errno;
+    close (lock_fd);
+    if (err != EWOULDBLOCK)
+      return refuse (err, why, why_bytes, "cannot lock the region file: %m");
     struct region seen = { 0 };
     path_peek (path, &seen);
     const struct region_state_record *state = region_state_read (&seen);
@@ -373,26 +986,51 @@ region_attach (const char *path, uint64_t device_bytes,
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
                    state->owner_pid, state->generation);
   }
-  if (lock_fd == -1)
-    return refuse (errno, why, why_bytes, "no region file %s: %m", path);
-  char device_text[33];
+  struct region_line line;
+  if (!region_file_parse (lock_fd, &line, why, why_bytes)) {
+    close (lock_fd);
+    return NULL;
+  }
+  const char *device_text = line.device_text;
   int shm_id = -1;
-  key_t key;
-  bool named = region_file_read (lock_fd, &shm_id, &key, device_text);
   struct shmid_ds info;
-  if (named && strcmp (device_text, REGION_FILE_CREATING) == 0) {
-    int orphan = shmget (key, 0, 0);
-    if (orphan != -1)
-      shmctl (orphan, IPC_RMID, NULL);
+  enum segment_found found = segment_find (&line, &shm_id, &info, why,
+                                           why_bytes);
+  if (found == SEGMENT_REFUSED)
+    goto refused;
+  if (line.creating) {
+    /* A creator (the lock is free: it is gone) died before its region was
+     * whole: nothing was stored in it.  Its segment, if it made one, is
+     * removed if it is provably that creator's; a new region is made.
+     */
+    if (found == SEGMENT_MINE
+        && (!segment_wait_unattached (shm_id, 0, &info, why, why_bytes)
+            || !segment_is_named (shm_id, &info, &line, why, why_bytes)))
+      goto refused;
+    if (found == SEGMENT_MINE)
+      shmctl (shm_id, IPC_RMID, NULL);
     close (lock_fd);
     return refuse (ENOENT, why, why_bytes, "the region named by %s was "
-                   "being made when its server died: removed", path);
+                   "being made when its server died: %s", path,
+                   found == SEGMENT_MINE ? "its segment removed"
+                   : "it had no segment yet");
   }
-  if (!named || shmctl (shm_id, IPC_STAT, &info) == -1) {
+  if (found == SEGMENT_GONE) {
     close (lock_fd);
     return refuse (ENOENT, why, why_bytes, "the region file %s names no "
                    "segment that exists (removed, or the machine "
                    "restarted)", path);
+  }
+  /* One process serves a region: one that has it attached (a server that
+   * owns it through another inode's lock, a copy of this file) keeps it.
+   */
+  if (!segment_wait_unattached (shm_id, 0, &info, why, why_bytes)) {
+    if (errno == ENOENT) {
+      close (lock_fd);
+      return refuse (ENOENT, why, why_bytes, "the region file %s names no "
+                     "segment that exists (removed meanwhile)", path);
+    }
+    goto refused;
   }
 
   struct region seen;
@@ -484,6 +1122,14 @@ region_attach (const char *path, uint64_t device_bytes,
                    err == EINVAL ? "this process has something there already"
                    : strerror (err));
   }
+  /* Another taker that passed the check above at the same moment: then
+   * neither keeps it.
+   */
+  if (!segment_wait_unattached (shm_id, 1, &info, why, why_bytes)) {
+    shmdt (region);
+    close (lock_fd);
+    return NULL;
+  }
   struct region_owner *owner = calloc (1, sizeof *owner);
   if (!owner || !(owner->path = strdup (path))) {
     free (owner);
@@ -493,6 +1139,7 @@ region_attach (const char *path, uint64_t device_bytes,
   }
   owner->region = region;
   owner->shm_id = shm_id;
+  owner->key = line.key;
   owner->lock_fd = lock_fd;
   switch (state->state) {
   case REGION_HANDED_OVER: *how = REGION_ATTACH_CLEAN; break;
@@ -502,8 +1149,10 @@ region_attach (const char *path, uint64_t device_bytes,
   heap_own (region);
   return owner;
 
- refused:
+ refused:;
+  int err = errno;
   close (lock_fd);
+  errno = err;
   return NULL;
 }
 
@@ -626,6 +1275,75 @@ region_destroy (struct region_owner *owner)
   if (!owner)
     return;
   shmctl (owner->shm_id, IPC_RMID, NULL);
-  unlink (owner->path);
+  /* The name goes only if it is still this owner's file. */
+  struct region_place place;
+  if (place_open (&place, owner->path, NULL, 0)) {
+    region_file_unlink (&place, owner->lock_fd);
+    place_close (&place);
+  }
   owner_end (owner);
+}
+
+int
+region_remove (const char *path, char *why, size_t why_bytes)
+{
+  if (why_bytes)
+    why[0] = '\0';
+  struct region_place place;
+  if (!place_open (&place, path, why, why_bytes))
+    return -1;
+  int fd = file_open_trusted (&place, O_RDONLY, why, why_bytes);
+  if (fd == -1) {
+    int err = errno;
+    place_close (&place);
+    if (err == ENOENT)
+      return 0;                 /* nothing to remove */
+    errno = err;
+    return -1;
+  }
+  struct region_line line;
+  struct shmid_ds info;
+  int shm_id;
+  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    explain (errno == EWOULDBLOCK ? EBUSY : errno, why, why_bytes, "the "
+             "region is owned by another process (its server): refused "
+             "(stop the server, or give it up with nbdkit-zramctl drop)");
+    goto refused;
+  }
+  if (!region_file_parse (fd, &line, why, why_bytes))
+    goto refused;
+  switch (segment_find (&line, &shm_id, &info, why, why_bytes)) {
+  case SEGMENT_REFUSED:
+    goto refused;
+  case SEGMENT_GONE:
+    break;                      /* the file alone */
+  case SEGMENT_MINE:
+    if (!segment_wait_unattached (shm_id, 0, &info, why, why_bytes)) {
+      if (errno == ENOENT)
+        break;                  /* went meanwhile */
+      goto refused;
+    }
+    if (!segment_is_named (shm_id, &info, &line, why, why_bytes))
+      goto refused;
+    if (shmctl (shm_id, IPC_RMID, NULL) == -1) {
+      explain (errno, why, why_bytes, "cannot remove its segment (shm id "
+               "%d): %m", shm_id);
+      goto refused;
+    }
+    break;
+  }
+  if (region_file_unlink (&place, fd) == -1) {
+    explain (errno, why, why_bytes, "cannot remove the region file: %m");
+    goto refused;
+  }
+  close (fd);
+  place_close (&place);
+  return 0;
+
+ refused:;
+  int err = errno;
+  close (fd);
+  place_close (&place);
+  errno = err;
+  return -1;
 }

@@ -70,12 +70,45 @@
  *   One line, "nbdkit-zram region key=HEX shm=ID device=HEX": the
  *   segment's key and id, and the device id its header must carry (a
  *   segment id can be reused by another segment once the first is
- *   removed: the device id tells them apart).  Written at creation,
- *   replaced atomically (rename): first "shm=-1 device=creating" with a
- *   random key before a segment of that key is made (IPC_EXCL), then the
- *   whole line once its header is written; so a creator killed at any
- *   point leaves a file that names whatever it made, and the next attach
- *   removes it.
+ *   removed: the key and the device id tell them apart).  Written at
+ *   creation, replaced atomically: each line is written to PATH.new
+ *   (made with O_EXCL, never through a link, mode 0600, locked) and
+ *   renamed over PATH - first "shm=-1 device=creating" with a random key
+ *   before a segment of that key is made (IPC_EXCL), then the whole line
+ *   once its header is written; so a creator killed at any point leaves
+ *   a file that names whatever it made, and the next attach removes it
+ *   (TRUST says when), or a PATH.new the next creator removes.  Two
+ *   creators started at once: the second waits for the first's PATH.new
+ *   (NEW_FILE_WAIT_NS at most), then finds PATH owned (locked) and is
+ *   refused; a creator replaces PATH only while it holds PATH.new and
+ *   PATH's own lock, and only if PATH names no segment that exists.
+ *   Anything at PATH that is not one such line (empty, garbled, another
+ *   file) is refused, never written over or removed.
+ *
+ * TRUST
+ *   A server often runs as root; a region file and a segment are what
+ *   others could have planted or touched.  Only what is provably this
+ *   user's is used, changed or removed (as ssh's StrictModes):
+ *   - the directory: owned by this user or root, not writable by group
+ *     or others unless sticky;
+ *   - the region file: reached by no link (O_NOFOLLOW; one name), a
+ *     regular file of this user's, writable by no one else;
+ *   - PATH.new: made with O_EXCL | O_NOFOLLOW; one left in the way is
+ *     removed only if it is a regular file of this user's, mode 0600,
+ *     whose lock no one holds;
+ *   - the segment: of the key the file names, owned and made by this
+ *     user, mode 0600; attached by no other process (shm_nattch, waited
+ *     on ATTACHED_WAIT_NS for a moment's peek or an exit's unmapping,
+ *     checked again once this process attached it): the flock is on the
+ *     file's inode, and a copy of the file is another inode, so the
+ *     attachment is what shows a live server;
+ *   - removed on a file's word only when provably the segment the file
+ *     named: a whole region header of the file's device and the
+ *     segment's size, or for a region being made a header all zero or
+ *     begun with the magic (its creator died before or while writing
+ *     it).
+ *   Everything else is refused with a message naming what and what to
+ *   do, nothing written, removed or served.
  *
  * HEADER and VERSION
  *   The identity (magic, layout version, sizes, the mapping address, the
@@ -107,7 +140,9 @@
  *   flock(LOCK_EX) on the region file while it owns the region, and a
  *   second taker is refused (EBUSY, with the owner's pid).  The lock goes
  *   with the owner's process however it ends, so a crashed owner never
- *   blocks the next one.
+ *   blocks the next one.  The owner also has the segment attached, which
+ *   a taker that holds another inode's lock (a copy of the file) finds
+ *   (TRUST); the owner detaches before it unlocks.
  *
  * HANDOVER
  *   A clean handover: the owner stops every user of the region, makes its
@@ -295,13 +330,22 @@ struct region_owner {
 
 /* Create a region of bytes (rounded up to whole pages; at least enough
  * for its header and maps) for a device of device_bytes, named by the
- * region file at path (made, or replaced if it names no segment that
- * lives), attach it and own it.  locked: its pages are never swapped out
+ * region file at path (made, or replaced if it is a region file of this
+ * user's that names no segment that exists: THE REGION FILE, TRUST),
+ * attach it and own it.  locked: its pages are never swapped out
  * (SHM_LOCK; swap).  NULL with errno on failure (EBUSY: another process
- * owns the file).
+ * owns the file, or writes PATH.new; EEXIST: the file names a region
+ * that exists; EPERM: a path or file not trusted; EINVAL: not a region
+ * file) and, from region_create_explained, a message for the user in
+ * why[].
  */
 extern struct region_owner *region_create (const char *path, uint64_t bytes,
                                            uint64_t device_bytes, bool locked);
+extern struct region_owner *region_create_explained (const char *path,
+                                                     uint64_t bytes,
+                                                     uint64_t device_bytes,
+                                                     bool locked, char *why,
+                                                     size_t why_bytes);
 
 enum region_attach_result {
   REGION_ATTACH_CLEAN,          /* handed over: its structures are whole */
@@ -315,10 +359,13 @@ enum region_attach_result {
 /* Take over the region that the file at path names.  device_bytes: the
  * device size the caller serves, checked against the header's (0: any).
  * NULL on refusal, with errno (ENOENT: no region file, or its segment is
- * gone - create one; EINVAL: a segment that is not a region, is damaged
- * or is another device's; EPROTO: a layout of another version; EBUSY:
- * another process owns it; EEXIST: its address is taken in this process;
- * ENOMEM) and a message for the user in why[].  On success *how says how
+ * gone, or it was being made by a server that died - create one;
+ * EINVAL: not a region file, or a segment that is not a region, is
+ * damaged or is another device's; EPROTO: a layout of another version;
+ * EBUSY: another process owns it, or has its segment attached; EPERM: a
+ * directory, file or segment that is not this user's (TRUST); EEXIST:
+ * its address is taken in this process; ENOMEM) and a message for the
+ * user in why[].  On success *how says how
  * the last owner left it, and the region is this process's, its state
  * unchanged until region_start_serving: a process that attaches and
  * stops before it serves (its server failed to start) leaves the region
@@ -331,8 +378,9 @@ extern struct region_owner *region_attach (const char *path,
 
 /* Keep the address range of the region the file at path names for a
  * later region_attach in this process (ADDRESS RESERVATION).  0, or -1
- * with errno: ENOENT (no region yet), EINVAL (not a region), EEXIST (the
- * range is taken in this process already), EALREADY (one is kept).  A
+ * with errno: ENOENT (no region yet), EINVAL (not a region), EPERM (a
+ * file or segment not trusted: TRUST), EEXIST (the range is taken in
+ * this process already), EALREADY (one is kept).  A
  * region_attach of another region gives it back.
  */
 extern int region_reserve_address (const char *path);
@@ -407,6 +455,16 @@ extern uint64_t region_map_resident (struct region *region);
 
 /* Remove the segment and the region file: the device is given up. */
 extern void region_destroy (struct region_owner *owner);
+
+/* Remove the region the file at path names, owning it for the moment
+ * (nbdkit-zramctl region remove): its segment only if provably the one
+ * the file names (TRUST), the file only if it is a region file of this
+ * user's.  0 when removed, or when there is no file; a file naming no
+ * segment that exists is removed alone.  -1 with errno and why[], nothing
+ * touched: EINVAL (not a region file, or the segment is not the named
+ * region), EBUSY (owned, or attached by a server), EPERM (not trusted).
+ */
+extern int region_remove (const char *path, char *why, size_t why_bytes);
 
 /* The heap.  region_alloc: bytes (> 0) aligned to align (a power of two,
  * at most a page); sizes of REGION_SLAB_MIN << (REGION_SLAB_CLASSES - 1)

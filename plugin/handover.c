@@ -76,10 +76,12 @@ store_make (struct store_config *config, const char *path, bool locked)
 static struct block_store *
 store_new (struct store_config *config, const char *path, bool locked)
 {
-  owner = region_create (path, region_bytes_for (config), config->size, locked);
+  char why[512] = "";
+  owner = region_create_explained (path, region_bytes_for (config),
+                                   config->size, locked, why, sizeof why);
   if (!owner) {
-    nbdkit_error ("region: cannot make a region for %s: %s%s", path,
-                  error_text (errno), errno == EPERM || errno == ENOMEM
+    nbdkit_error ("region: %s: cannot make a region: %s%s", path, why,
+                  locked && (errno == EPERM || errno == ENOMEM)
                   ? " (locking it needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)" : "");
     return NULL;
   }
@@ -104,8 +106,10 @@ handover_store_open (struct store_config *config, const char *path,
   enum region_attach_result how;
   status.enabled = true;
   owner = region_attach (path, config->size, &how, why, sizeof why);
-  if (!owner && errno == ENOENT)
+  if (!owner && errno == ENOENT) {
+    nbdkit_debug ("region: %s: %s: a new region", path, why);
     return store_new (config, path, locked);
+  }
   if (!owner) {
     nbdkit_error ("region: %s: %s", path, why);
     return NULL;

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/shm.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 
 #include "crc32c.h"
 #include "region-fixture.h"
@@ -607,20 +609,45 @@ header_write (int shm_id, const struct region *header)
   shmdt (p);
 }
 
-/* A region file naming segment shm_id as device id (hex). */
+/* A region file naming segment shm_id (and its key: 0 for one made with
+ * IPC_PRIVATE) as device id (hex); this user's, mode 0600, as a region
+ * file must be.
+ */
 static void
 region_file_point (const char *path, int shm_id, const char *id)
 {
+  struct shmid_ds info;
+  assert_int_equal (shmctl (shm_id, IPC_STAT, &info), 0);
   FILE *fp = fopen (path, "w");
   assert_non_null (fp);
-  fprintf (fp, "nbdkit-zram region key=0 shm=%d device=%s\n", shm_id, id);
+  fprintf (fp, "nbdkit-zram region key=%x shm=%d device=%s\n",
+           (unsigned) info.shm_perm.__key, shm_id, id);
   fclose (fp);
+  assert_int_equal (chmod (path, 0600), 0);
 }
 
 static void
 segment_remove (int shm_id)
 {
   shmctl (shm_id, IPC_RMID, NULL);
+}
+
+/* The first page of segment shm_id (its size if smaller) into page:
+ * its bytes, 0 if there is no such segment.  Detached after: an attach
+ * refuses a segment another process has attached.
+ */
+static size_t
+first_page_read (int shm_id, unsigned char page[PAGE])
+{
+  struct shmid_ds info;
+  if (shm_id < 0 || shmctl (shm_id, IPC_STAT, &info) == -1)
+    return 0;
+  size_t bytes = info.shm_segsz < PAGE ? info.shm_segsz : PAGE;
+  void *p = shmat (shm_id, NULL, SHM_RDONLY);
+  assert_true (p != (void *) -1);
+  memcpy (page, p, bytes);
+  shmdt (p);
+  return bytes;
 }
 
 /* Attach must refuse the region at path with err and a message
@@ -631,25 +658,20 @@ static void
 refused (const char *path, int shm_id, uint64_t device_bytes, int err,
          const char *text)
 {
-  unsigned char before[PAGE], after[PAGE];
-  struct shmid_ds info;
-  size_t bytes = shm_id >= 0 && shmctl (shm_id, IPC_STAT, &info) == 0
-    ? (info.shm_segsz < PAGE ? info.shm_segsz : PAGE) : 0;
-  void *p = bytes ? shmat (shm_id, NULL, SHM_RDONLY) : NULL;
-  if (bytes)
-    memcpy (before, p, bytes);
+  static unsigned char before[PAGE], after[PAGE];
+  size_t bytes = first_page_read (shm_id, before);
   enum region_attach_result how;
-  char why[256] = "";
+  char why[512] = "";
   struct region_owner *owner = region_attach (path, device_bytes, &how, why,
                                               sizeof why);
   if (owner)
     fail_msg ("attach accepted what it should refuse (%s)", text);
-  assert_int_equal (errno, err);
+  if (errno != err)
+    fail_msg ("refusal \"%s\": errno %d, not %d (%s)", why, errno, err, text);
   if (!strstr (why, text))
     fail_msg ("refusal \"%s\" does not say \"%s\"", why, text);
   if (bytes) {
-    memcpy (after, p, bytes);
-    shmdt (p);
+    assert_int_equal (first_page_read (shm_id, after), bytes);
     assert_memory_equal (before, after, bytes);
   }
 }
@@ -718,9 +740,8 @@ test_refusals (void **state)
   refused (path, shm_id, DEVICE_BYTES, EEXIST, "where its pointers need it");
   munmap (squatter, PAGE);
 
-  /* A damaged state: both its copies (one alone is a torn write,
-   * test_state_torn).
-   */
+  /* A damaged state. */
+  /* Both its copies (one alone is a torn write, test_state_torn). */
   struct region damaged = header;
   damaged.current.root ^= 64;
   damaged.journal.root ^= 64;
@@ -750,6 +771,739 @@ test_refusals (void **state)
   refused (path, shm_id, 0, EBUSY, "owned by another process");
   region_destroy (owner);
   refused (path, -1, 0, ENOENT, "no region file");
+}
+
+/* ---- trust (TRUST in region.h) ------------------------------------------ */
+
+static uint64_t
+clock_ns (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* A path of the run's folder, kept (region_path's buffer is reused). */
+static char *
+path_keep (const char *name)
+{
+  char *path = strdup (region_path (name));
+  assert_non_null (path);
+  return path;
+}
+
+static char *
+path_join (const char *dir, const char *name)
+{
+  char *path;
+  assert_true (asprintf (&path, "%s/%s", dir, name) > 0);
+  return path;
+}
+
+static void
+file_write (const char *path, const char *text, mode_t mode)
+{
+  int fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  assert_true (fd >= 0);
+  assert_int_equal (write (fd, text, strlen (text)), (ssize_t) strlen (text));
+  close (fd);
+  assert_int_equal (chmod (path, mode), 0);
+}
+
+/* What is at a path (not followed): to show a refusal changed nothing. */
+struct file_seen {
+  bool exists;
+  struct stat st;
+  char text[256];
+};
+
+static struct file_seen
+file_look (const char *path)
+{
+  struct file_seen seen = { 0 };
+  seen.exists = lstat (path, &seen.st) == 0;
+  if (seen.exists && S_ISLNK (seen.st.st_mode))
+    assert_true (readlink (path, seen.text, sizeof seen.text - 1) >= 0);
+  else if (seen.exists && S_ISREG (seen.st.st_mode)) {
+    int fd = open (path, O_RDONLY | O_NOFOLLOW);
+    assert_true (fd >= 0);
+    assert_true (read (fd, seen.text, sizeof seen.text - 1) >= 0);
+    close (fd);
+  }
+  return seen;
+}
+
+static void
+file_unchanged (const char *path, const struct file_seen *before)
+{
+  struct file_seen now = file_look (path);
+  if (now.exists != before->exists)
+    fail_msg ("%s %s", path, now.exists ? "was made" : "was removed");
+  if (!now.exists)
+    return;
+  if (now.st.st_ino != before->st.st_ino
+      || now.st.st_mode != before->st.st_mode
+      || now.st.st_size != before->st.st_size
+      || now.st.st_mtim.tv_sec != before->st.st_mtim.tv_sec
+      || now.st.st_mtim.tv_nsec != before->st.st_mtim.tv_nsec
+      || strcmp (now.text, before->text) != 0)
+    fail_msg ("%s was changed", path);
+}
+
+static void
+says (const char *why, const char *text)
+{
+  if (!strstr (why, text))
+    fail_msg ("refusal \"%s\" does not say \"%s\"", why, text);
+}
+
+/* region_create must refuse path with err and a message saying text, and
+ * leave what is at path and path.new as it was.
+ */
+static void
+create_refused (const char *path, int err, const char *text)
+{
+  char *new_path;
+  assert_true (asprintf (&new_path, "%s.new", path) > 0);
+  struct file_seen before = file_look (path);
+  struct file_seen new_before = file_look (new_path);
+  char why[512] = "";
+  struct region_owner *owner = region_create_explained (path, 16u << 20,
+                                                        DEVICE_BYTES, false,
+                                                        why, sizeof why);
+  if (owner)
+    fail_msg ("region_create accepted what it should refuse (%s)", text);
+  if (errno != err)
+    fail_msg ("refusal \"%s\": errno %d, not %d", why, errno, err);
+  says (why, text);
+  file_unchanged (path, &before);
+  file_unchanged (new_path, &new_before);
+  free (new_path);
+}
+
+/* region_remove must refuse path likewise, the file unchanged. */
+static void
+remove_refused (const char *path, int err, const char *text)
+{
+  struct file_seen before = file_look (path);
+  char why[512] = "";
+  errno = 0;
+  if (region_remove (path, why, sizeof why) != -1)
+    fail_msg ("region_remove accepted what it should refuse (%s)", text);
+  if (errno != err)
+    fail_msg ("refusal \"%s\": errno %d, not %d", why, errno, err);
+  says (why, text);
+  file_unchanged (path, &before);
+}
+
+static bool
+segment_exists (int shm_id)
+{
+  struct shmid_ds info;
+  return shmctl (shm_id, IPC_STAT, &info) == 0;
+}
+
+/* Files an attacker plants: links, files not the user's own, files that
+ * are no region file, and directories others may write.  Each is refused
+ * by the attach, the creation and the removal it would reach, with its
+ * message, and nothing at the path is written, made or removed.
+ */
+static void
+test_trust_files (void **state)
+{
+  (void) state;
+  char *path = path_keep ("files");
+  char *new_path, *victim = path_keep ("victim");
+  assert_true (asprintf (&new_path, "%s.new", path) > 0);
+  file_write (victim, "precious\n", 0644);
+  struct file_seen victim_before = file_look (victim);
+
+  /* A link at PATH.new: the creation would have truncated its target. */
+  assert_int_equal (symlink (victim, new_path), 0);
+  create_refused (path, EPERM, ".new is a symbolic link: refused, not "
+                  "touched");
+  file_unchanged (victim, &victim_before);
+  assert_false (file_look (path).exists);
+  unlink (new_path);
+
+  /* Something else at PATH.new: not a leftover of ours. */
+  file_write (new_path, "", 0644);
+  create_refused (path, EPERM, "is not what a region file's writer leaves "
+                  "(a regular file of uid");
+  unlink (new_path);
+
+  /* A leftover (a writer that died): removed, the region made. */
+  file_write (new_path, "nbdkit-zram region key=1 shm=-1 d", 0600);
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
+  assert_non_null (owner);
+  assert_false (file_look (new_path).exists);
+  /* One being written (locked): waited for, then refused. */
+  region_destroy (owner);
+  file_write (new_path, "", 0600);
+  int held = open (new_path, O_RDONLY);
+  assert_int_equal (flock (held, LOCK_EX), 0);
+  create_refused (path, EBUSY, ".new is being written by another process");
+  close (held);
+  unlink (new_path);
+
+  /* A link at PATH, to a file or to nothing. */
+  assert_int_equal (symlink (victim, path), 0);
+  refused (path, -1, 0, EPERM, "the region file is a symbolic link");
+  create_refused (path, EPERM, "the region file is a symbolic link");
+  remove_refused (path, EPERM, "the region file is a symbolic link");
+  file_unchanged (victim, &victim_before);
+  unlink (path);
+  char *nowhere = path_keep ("nowhere");
+  assert_int_equal (symlink (nowhere, path), 0);
+  refused (path, -1, 0, EPERM, "the region file is a symbolic link");
+  create_refused (path, EPERM, "never reached through a link");
+  assert_false (file_look (nowhere).exists);
+  unlink (path);
+
+  /* Not a region file: empty, garbled, a line and more, an ordinary
+   * file (a configuration, say).
+   */
+  static const char *const not_region[] = {
+    "",
+    "nbdkit-zram region key=zz shm=1 device=creating\n",
+    "nbdkit-zram region key=1f shm=-1 device=creating\nmore\n",
+    "nbdkit-zram region key=1f shm=3 device=creating\n",
+    "nbdkit-zram region key=1f shm=3 device=0123\n",
+    "nbdkit-zram region key=1f shm=3 device=0123456789abcdef0123456789abcdef",
+    "setting = 1\n",
+  };
+  for (size_t i = 0; i < sizeof not_region / sizeof not_region[0]; i++) {
+    file_write (path, not_region[i], 0644);
+    refused (path, -1, 0, EINVAL, "not a region file (empty, or not one "
+             "line 'nbdkit-zram region key=... shm=... device=...'): "
+             "refused, nothing written");
+    create_refused (path, EINVAL, "not a region file");
+    remove_refused (path, EINVAL, "not a region file");
+  }
+
+  /* Writable by others; more than one name. */
+  file_write (path, "nbdkit-zram region key=1f shm=-1 device=creating\n",
+              0660);
+  refused (path, -1, 0, EPERM, "writable by group or others (mode 0660): "
+           "refused (chmod 600");
+  create_refused (path, EPERM, "writable by group or others (mode 0660)");
+  remove_refused (path, EPERM, "writable by group or others (mode 0660)");
+  assert_int_equal (chmod (path, 0600), 0);
+  char *second = path_keep ("second-name");
+  assert_int_equal (link (path, second), 0);
+  refused (path, -1, 0, EPERM, "has 2 names (hard links)");
+  remove_refused (path, EPERM, "has 2 names (hard links)");
+  unlink (second);
+  /* Alone, it is a region file naming no segment: region_remove takes
+   * the file alone.
+   */
+  char why[512] = "";
+  assert_int_equal (region_remove (path, why, sizeof why), 0);
+  assert_false (file_look (path).exists);
+  assert_int_equal (region_remove (path, why, sizeof why), 0);
+
+  /* A directory others may write: refused unless sticky. */
+  char *open_dir = path_keep ("open"), *in_open = path_join (open_dir, "r");
+  assert_int_equal (mkdir (open_dir, 0700), 0);
+  assert_int_equal (chmod (open_dir, 0777), 0);
+  create_refused (in_open, EPERM, "is writable by group or others and not "
+                  "sticky (mode 0777): refused");
+  refused (in_open, -1, 0, EPERM, "not sticky (mode 0777)");
+  assert_false (file_look (in_open).exists);
+  assert_int_equal (chmod (open_dir, 01777), 0);
+  owner = region_create (in_open, 16u << 20, DEVICE_BYTES, false);
+  assert_non_null (owner);
+  int shm_id = owner->shm_id;
+  region_close (owner);
+  assert_int_equal (chmod (open_dir, 0770), 0);
+  remove_refused (in_open, EPERM, "is writable by group or others and not "
+                  "sticky (mode 0770)");
+  assert_true (segment_exists (shm_id));
+  assert_int_equal (chmod (open_dir, 0700), 0);
+  assert_int_equal (region_remove (in_open, why, sizeof why), 0);
+  assert_false (segment_exists (shm_id));
+  assert_false (file_look (in_open).exists);
+  rmdir (open_dir);
+
+  unlink (victim);
+  free (open_dir);
+  free (in_open);
+  free (second);
+  free (nowhere);
+  free (new_path);
+  free (victim);
+  free (path);
+}
+
+/* A segment of bytes with key (IPC_PRIVATE: none) and mode, its first
+ * bytes set to fill (NULL: all zero).
+ */
+static int
+segment_make (key_t key, size_t bytes, int mode, const void *fill,
+              size_t fill_bytes)
+{
+  int shm_id = shmget (key, bytes, IPC_CREAT | IPC_EXCL | mode);
+  assert_true (shm_id >= 0);
+  if (fill) {
+    void *p = shmat (shm_id, NULL, 0);
+    assert_true (p != (void *) -1);
+    memcpy (p, fill, fill_bytes);
+    shmdt (p);
+  }
+  return shm_id;
+}
+
+static key_t
+key_random (void)
+{
+  static uint64_t seed;
+  if (!seed)
+    seed = getpid () * 0x9e3779b97f4a7c15ull;
+  key_t key;
+  do
+    key = (key_t) xorshift64 (&seed);
+  while (key == IPC_PRIVATE || shmget (key, 0, 0) != -1);
+  return key;
+}
+
+static void
+creating_point (const char *path, key_t key)
+{
+  char line[128];
+  snprintf (line, sizeof line,
+            "nbdkit-zram region key=%x shm=-1 device=creating\n",
+            (unsigned) key);
+  file_write (path, line, 0600);
+}
+
+/* Segments a region file names that are not provably its own: another
+ * mode, memory of something else under a "creating" line (the planted
+ * line that once removed any segment of its key), one attached by a live
+ * process - refused by the attach and by region_remove, each surviving
+ * whole; what is provably a dead creator's (all zero, or begun with the
+ * magic) removed; and a copy of a live region's file gives it no second
+ * owner.
+ */
+static void
+test_trust_segments (void **state)
+{
+  (void) state;
+  char *path = path_keep ("segments"), *copy = path_keep ("segments-copy");
+  char why[512];
+  static const char data[] = "a database's memory";
+
+  /* Mode 0644: another user could read it; 0660 write it. */
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
+  assert_non_null (owner);
+  int shm_id = owner->shm_id;
+  region_close (owner);
+  struct shmid_ds info;
+  assert_int_equal (shmctl (shm_id, IPC_STAT, &info), 0);
+  info.shm_perm.mode = 0660;
+  assert_int_equal (shmctl (shm_id, IPC_SET, &info), 0);
+  refused (path, shm_id, 0, EPERM, "has mode 0660, not 0600");
+  remove_refused (path, EPERM, "has mode 0660, not 0600");
+  create_refused (path, EPERM, "has mode 0660, not 0600");
+  assert_true (segment_exists (shm_id));
+  info.shm_perm.mode = 0600;
+  assert_int_equal (shmctl (shm_id, IPC_SET, &info), 0);
+
+  /* A copy of a live region's file: the owner (a child) holds the lock
+   * on the original's inode; through the copy the attach is refused for
+   * the attachment, and so is a removal.
+   */
+  int ready[2], stop[2];
+  assert_int_equal (pipe (ready), 0);
+  assert_int_equal (pipe (stop), 0);
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    enum region_attach_result how;
+    struct region_owner *live = region_attach (path, 0, &how, why,
+                                               sizeof why);
+    char byte = live ? 'y' : 'n';
+    if (write (ready[1], &byte, 1) != 1 || read (stop[0], &byte, 1) < 0)
+      _exit (2);
+    if (live)
+      region_hand_over (live, 1);
+    _exit (0);
+  }
+  char byte;
+  assert_int_equal (read (ready[0], &byte, 1), 1);
+  assert_int_equal (byte, 'y');
+  struct file_seen original = file_look (path);
+  file_write (copy, original.text, 0600);
+  uint64_t start = clock_ns ();
+  refused (copy, shm_id, 0, EBUSY, "is attached by 1 process (last pid");
+  uint64_t waited_ms = (clock_ns () - start) / 1000000;
+  remove_refused (copy, EBUSY, "another server serves it");
+  refused (path, shm_id, 0, EBUSY, "owned by another process");
+  assert_true (segment_exists (shm_id));
+  assert_int_equal (write (stop[1], "x", 1), 1);
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
+  print_message ("a copy of a live region's file: refused after %" PRIu64
+                 " ms of waiting for the attachment to go\n", waited_ms);
+  /* Its owner gone, the copy is a region file like the original. */
+  owner = region_attach_expecting (copy, 0, REGION_ATTACH_CLEAN);
+  region_close (owner);
+  unlink (copy);
+  for (int i = 0; i < 4; i++)
+    close (i < 2 ? ready[i] : stop[i - 2]);
+
+  /* Attached by another process (here: this one, elsewhere): refused,
+   * even though the region file is free.
+   */
+  void *elsewhere = shmat (shm_id, NULL, SHM_RDONLY);
+  assert_true (elsewhere != (void *) -1);
+  enum region_attach_result how;
+  assert_null (region_attach (path, 0, &how, why, sizeof why));
+  assert_int_equal (errno, EBUSY);
+  says (why, "another server serves it");
+  shmdt (elsewhere);
+  assert_int_equal (region_remove (path, why, sizeof why), 0);
+  assert_false (segment_exists (shm_id));
+  assert_false (file_look (path).exists);
+
+  /* "creating" lines.  Planted, naming memory of something else: the
+   * segment is not touched, by the attach, the creation or a removal.
+   */
+  key_t key = key_random ();
+  int other = segment_make (key, 1 << 20, 0600, data, sizeof data);
+  creating_point (path, key);
+  refused (path, other, 0, EINVAL, "it holds something else than a region "
+           "being made): refused, not touched");
+  remove_refused (path, EINVAL, "holds something else than a region");
+  assert_true (segment_exists (other));
+  shmctl (other, IPC_RMID, NULL);
+
+  /* Naming a segment too small to be a region. */
+  key = key_random ();
+  other = segment_make (key, 100, 0600, NULL, 0);
+  creating_point (path, key);
+  refused (path, other, 0, EINVAL, "smaller than a region's header");
+  assert_true (segment_exists (other));
+  shmctl (other, IPC_RMID, NULL);
+
+  /* Naming one that is attached. */
+  key = key_random ();
+  other = segment_make (key, 1 << 20, 0600, NULL, 0);
+  elsewhere = shmat (other, NULL, SHM_RDONLY);
+  creating_point (path, key);
+  refused (path, other, 0, EBUSY, "attached by 1 process");
+  assert_true (segment_exists (other));
+  shmdt (elsewhere);
+
+  /* All zero (a creator died before its header), unattached, this
+   * user's: removed, and a new region made in its place.
+   */
+  refused (path, -1, 0, ENOENT, "being made when its server died: its "
+           "segment removed");
+  assert_false (segment_exists (other));
+  owner = region_create (path, 16u << 20, DEVICE_BYTES, false);
+  assert_non_null (owner);
+  region_destroy (owner);
+
+  /* Begun with the magic (died writing it): removed too, by a removal. */
+  key = key_random ();
+  other = segment_make (key, 1 << 20, 0600, REGION_MAGIC,
+                        sizeof REGION_MAGIC);
+  creating_point (path, key);
+  assert_int_equal (region_remove (path, why, sizeof why), 0);
+  assert_false (segment_exists (other));
+  assert_false (file_look (path).exists);
+
+  /* A region file naming another region's segment, whole: the device id
+   * differs, so a removal refuses it.
+   */
+  owner = region_create (path, 16u << 20, DEVICE_BYTES, false);
+  assert_non_null (owner);
+  shm_id = owner->shm_id;
+  region_close (owner);
+  struct file_seen whole = file_look (path);
+  char *device = strstr (whole.text, "device=") + 7, first = device[0];
+  device[0] = first == '0' ? '1' : '0';
+  file_write (path, whole.text, 0600);
+  remove_refused (path, EINVAL, "another device's");
+  assert_true (segment_exists (shm_id));
+  device[0] = first;
+  file_write (path, whole.text, 0600);
+  if (region_remove (path, why, sizeof why) == -1)
+    fail_msg ("region_remove: %s", why);
+  assert_false (segment_exists (shm_id));
+
+  free (copy);
+  free (path);
+}
+
+/* As this process, then as uid nobody: a segment nobody made (its owner
+ * set back to this user: only its creator differs) and one it owns, and
+ * a region file of nobody's naming a segment of ours.  Refused, each
+ * left as it was.  Needs root.
+ */
+static void
+test_trust_other_users (void **state)
+{
+  (void) state;
+  if (geteuid () != 0)
+    skip ();
+  const uid_t nobody = 65534;
+  char *path = path_keep ("users");
+  char why[512];
+  key_t key = key_random ();
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    if (setgid (nobody) == -1 || setuid (nobody) == -1)
+      _exit (2);
+    _exit (shmget (key, 1 << 20, IPC_CREAT | IPC_EXCL | 0600) == -1 ? 3 : 0);
+  }
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
+  int theirs = shmget (key, 0, 0);
+  assert_true (theirs >= 0);
+
+  /* Theirs, all zero, under a "creating" line: once removed at once. */
+  creating_point (path, key);
+  refused (path, theirs, 0, EPERM, "is owned by uid 65534 and was made by "
+           "uid 65534, not this user's (uid 0): refused, not touched");
+  remove_refused (path, EPERM, "owned by uid 65534");
+  assert_true (segment_exists (theirs));
+  /* Owned by us now, made by them. */
+  struct shmid_ds info;
+  assert_int_equal (shmctl (theirs, IPC_STAT, &info), 0);
+  info.shm_perm.uid = 0;
+  assert_int_equal (shmctl (theirs, IPC_SET, &info), 0);
+  refused (path, theirs, 0, EPERM, "is owned by uid 0 and was made by uid "
+           "65534");
+  assert_true (segment_exists (theirs));
+  shmctl (theirs, IPC_RMID, NULL);
+
+  /* A region of ours, its file given to nobody. */
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
+  assert_non_null (owner);
+  int shm_id = owner->shm_id;
+  region_close (owner);
+  assert_int_equal (chown (path, nobody, nobody), 0);
+  refused (path, shm_id, 0, EPERM, "the region file is owned by uid 65534, "
+           "not this user's (uid 0): refused");
+  create_refused (path, EPERM, "owned by uid 65534");
+  remove_refused (path, EPERM, "owned by uid 65534");
+  assert_true (segment_exists (shm_id));
+  assert_int_equal (chown (path, 0, 0), 0);
+  assert_int_equal (region_remove (path, why, sizeof why), 0);
+  assert_false (segment_exists (shm_id));
+
+  /* A directory of nobody's. */
+  char *dir = path_keep ("nobodys"), *in_dir = path_join (dir, "r");
+  assert_int_equal (mkdir (dir, 0700), 0);
+  assert_int_equal (chown (dir, nobody, nobody), 0);
+  create_refused (in_dir, EPERM, "is owned by uid 65534, neither this user's "
+                  "(uid 0) nor root's");
+  rmdir (dir);
+  free (dir);
+  free (in_dir);
+  free (path);
+}
+
+/* Two processes started at once for one region file, as two servers
+ * would (attach; if there is none, create), 40 times: exactly one owns
+ * the region each time, the other is refused with why; and a creator
+ * killed at any point of its creation leaves nothing the next one cannot
+ * take or make, and no segment behind.
+ */
+static void
+test_creation_races (void **state)
+{
+  (void) state;
+  char *path = path_keep ("race");
+  unsigned refused_attach = 0, refused_create = 0;
+  for (unsigned round = 0; round < 40; round++) {
+    int go[2], result[2], stop[2];
+    assert_int_equal (pipe (go), 0);
+    assert_int_equal (pipe (result), 0);
+    assert_int_equal (pipe (stop), 0);
+    pid_t pids[2];
+    for (int c = 0; c < 2; c++) {
+      pids[c] = fork ();
+      assert_true (pids[c] >= 0);
+      if (pids[c] == 0) {
+        char byte, why[512] = "";
+        /* Only the parent's ends make the EOFs that say go and stop. */
+        close (go[1]);
+        close (stop[1]);
+        if (read (go[0], &byte, 1) < 0)
+          _exit (2);
+        enum region_attach_result how;
+        struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how,
+                                                    why, sizeof why);
+        char outcome = owner ? 'a' : 'A';
+        if (!owner && errno == ENOENT) {
+          owner = region_create_explained (path, 16u << 20, DEVICE_BYTES,
+                                           false, why, sizeof why);
+          outcome = owner ? 'c' : 'C';
+        }
+        if (write (result[1], &outcome, 1) != 1
+            || read (stop[0], &byte, 1) < 0)
+          _exit (2);
+        if (owner)
+          region_destroy (owner);
+        _exit (0);
+      }
+    }
+    close (go[0]);
+    close (go[1]);              /* both go */
+    unsigned owners = 0;
+    for (int c = 0; c < 2; c++) {
+      char outcome;
+      assert_int_equal (read (result[0], &outcome, 1), 1);
+      owners += outcome == 'a' || outcome == 'c';
+      refused_attach += outcome == 'A';
+      refused_create += outcome == 'C';
+    }
+    if (owners != 1)
+      fail_msg ("round %u: %u processes own the region", round, owners);
+    close (stop[1]);
+    for (int c = 0; c < 2; c++) {
+      int status;
+      assert_int_equal (waitpid (pids[c], &status, 0), pids[c]);
+      assert_true (WIFEXITED (status) && WEXITSTATUS (status) == 0);
+    }
+    close (result[0]);
+    close (result[1]);
+    close (stop[0]);
+    assert_false (file_look (path).exists);
+  }
+  print_message ("40 creation races: one owner each; the other refused at "
+                 "its attach %u times, at its creation %u times\n",
+                 refused_attach, refused_create);
+  free (path);
+}
+
+/* Whether a segment made by process pid exists (/proc/sysvipc/shm). */
+static bool
+segment_of_process_exists (pid_t pid)
+{
+  FILE *fp = fopen ("/proc/sysvipc/shm", "r");
+  assert_non_null (fp);
+  char line[512];
+  bool found = false;
+  assert_non_null (fgets (line, sizeof line, fp));      /* the titles */
+  while (fgets (line, sizeof line, fp)) {
+    long cpid;
+    if (sscanf (line, "%*d %*d %*o %*u %ld", &cpid) == 1 && cpid == pid)
+      found = true;
+  }
+  fclose (fp);
+  return found;
+}
+
+/* What a server does with a region file: take the region it names, or
+ * make a new one if there is none.
+ */
+static struct region_owner *
+region_take_or_make (const char *path, char *why, size_t why_bytes)
+{
+  enum region_attach_result how;
+  struct region_owner *owner = region_attach (path, DEVICE_BYTES, &how, why,
+                                              why_bytes);
+  if (!owner && errno == ENOENT)
+    owner = region_create_explained (path, 16u << 20, DEVICE_BYTES, false,
+                                     why, why_bytes);
+  return owner;
+}
+
+static void
+test_creation_killed (void **state)
+{
+  (void) state;
+  char *path = path_keep ("killed"), *new_path;
+  assert_true (asprintf (&new_path, "%s.new", path) > 0);
+  /* How long a creation takes here: the kills fall all over it. */
+  uint64_t start = clock_ns ();
+  for (int i = 0; i < 5; i++)
+    region_destroy (region_create (path, 16u << 20, DEVICE_BYTES, false));
+  uint64_t create_us = (clock_ns () - start) / 5000 + 1;
+  enum { NOTHING, CREATING, CREATING_SEGMENT, WHOLE, KINDS };
+  unsigned left[KINDS] = { 0 }, new_left = 0, next_killed = 0;
+  uint64_t seed = 12345;
+  const unsigned rounds = 300;
+  for (unsigned round = 0; round < rounds; round++) {
+    pid_t pid = fork ();
+    assert_true (pid >= 0);
+    if (pid == 0) {
+      if (!region_create (path, 16u << 20, DEVICE_BYTES, false))
+        _exit (3);
+      pause ();
+      _exit (0);
+    }
+    struct timespec wait = { 0, xorshift64 (&seed) % (create_us * 3 / 2)
+                             * 1000 };
+    nanosleep (&wait, NULL);
+    kill (pid, SIGKILL);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    if (!WIFSIGNALED (status))
+      fail_msg ("round %u: the creator exited (status %#x)", round, status);
+
+    struct file_seen seen = file_look (path);
+    int kind = !seen.exists ? NOTHING : !strstr (seen.text, "creating")
+      ? WHOLE : NOTHING;
+    if (seen.exists && kind != WHOLE) {
+      unsigned key;
+      assert_int_equal (sscanf (seen.text, "nbdkit-zram region key=%x",
+                                &key), 1);
+      kind = shmget ((key_t) key, 0, 0) == -1 ? CREATING : CREATING_SEGMENT;
+    }
+    left[kind]++;
+    new_left += file_look (new_path).exists;
+
+    /* Every other round the next server is killed too, while it takes
+     * or cleans up what the first left (or makes its own).
+     */
+    pid_t next = -1;
+    if (round % 2) {
+      next = fork ();
+      assert_true (next >= 0);
+      if (next == 0) {
+        if (!region_take_or_make (path, NULL, 0))
+          _exit (3);
+        pause ();
+        _exit (0);
+      }
+      wait.tv_nsec = xorshift64 (&seed) % (create_us * 3 / 2) * 1000;
+      nanosleep (&wait, NULL);
+      kill (next, SIGKILL);
+      assert_int_equal (waitpid (next, &status, 0), next);
+      if (!WIFSIGNALED (status))
+        fail_msg ("round %u: the next server exited (status %#x)", round,
+                  status);
+      next_killed++;
+    }
+    char why[512] = "";
+    struct region_owner *owner = region_take_or_make (path, why, sizeof why);
+    if (!owner)
+      fail_msg ("round %u: after a creator killed %ld us in: %s", round,
+                wait.tv_nsec / 1000, why);
+    region_destroy (owner);
+    if (segment_of_process_exists (pid) || segment_of_process_exists (next))
+      fail_msg ("round %u: a killed process's segment is left", round);
+    assert_false (file_look (path).exists);
+  }
+  print_message ("%u creators killed (a creation takes %" PRIu64 " us here): "
+                 "they left no region file %u times, a 'creating' line and "
+                 "no segment %u, a 'creating' line and its segment %u, a "
+                 "whole region %u, and a PATH.new %u times; the next server "
+                 "killed too %u times; each taken or made anew, no segment "
+                 "left\n", rounds, create_us, left[NOTHING], left[CREATING],
+                 left[CREATING_SEGMENT], left[WHOLE], new_left, next_killed);
+  free (new_path);
+  free (path);
 }
 
 /* The state's step to kill at (region_recovery_step in a child). */
@@ -883,6 +1637,11 @@ main (void)
     cmocka_unit_test (test_crash_reported),
     cmocka_unit_test (test_crash_recovered),
     cmocka_unit_test (test_refusals),
+    cmocka_unit_test (test_trust_files),
+    cmocka_unit_test (test_trust_segments),
+    cmocka_unit_test (test_trust_other_users),
+    cmocka_unit_test (test_creation_races),
+    cmocka_unit_test (test_creation_killed),
     cmocka_unit_test (test_state_torn),
     cmocka_unit_test (test_unmade),
   };

@@ -522,8 +522,9 @@ run_swap_helper (int argc, char **argv)
 }
 
 /* `region remove PATH`: the region a region file names, removed (the
- * swap tool's undo, for a server that never served).  0 also when there
- * is none.
+ * swap tool's undo, for a server that never served): its segment only
+ * if provably the named region, the file only if it is a region file
+ * (region_remove).  0 also when there is none.
  */
 static int
 run_region (int argc, char **argv)
@@ -532,19 +533,11 @@ run_region (int argc, char **argv)
     fprintf (stderr, "usage: %s region remove PATH\n", program);
     return EXIT_FAILURE;
   }
-  enum region_attach_result how;
   char why[512] = "";
-  struct region_owner *owner = region_attach (argv[1], 0, &how, why,
-                                              sizeof why);
-  if (!owner && errno == ENOENT) {
-    unlink (argv[1]);
-    return EXIT_SUCCESS;
-  }
-  if (!owner) {
-    fprintf (stderr, "%s: region remove: %s\n", program, why);
+  if (region_remove (argv[1], why, sizeof why) == -1) {
+    fprintf (stderr, "%s: region remove: %s: %s\n", program, argv[1], why);
     return EXIT_FAILURE;
   }
-  region_destroy (owner);
   return EXIT_SUCCESS;
 }
 

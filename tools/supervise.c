@@ -596,7 +596,7 @@ run_supervise (int argc, char **argv)
    */
   char region_path[4096];
   snprintf (region_path, sizeof region_path, "%s/region", dir);
-  int region_fd = open (region_path, O_RDONLY | O_CLOEXEC);
+  int region_fd = open (region_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (region_fd >= 0) {
     void *page = mmap (NULL, 4096, PROT_READ, MAP_SHARED, region_fd, 0);
     if (page == MAP_FAILED || mlock (page, 4096) == -1)
