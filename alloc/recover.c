@@ -370,6 +370,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   /* Pass 2: the slots no live object holds emptied (what a dead
    * allocation, free or move left there), each zspage's count.
    */
+  size_t emptied = 0, rebuilt = 0;
   for (size_t i = 0; i < zspages.capacity; i++) {
     struct met *met = &zspages.slots[i];
     if (!met->key)
@@ -382,7 +383,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
       else
         zspage->slot_cells[slot] = NULL;
     zspage->inuse = inuse;
-    if (i % 64 == 0)
+    if (++emptied % 64 == 1)
       recovery_step ("allocator: slots emptied");
   }
   recovery_step ("allocator: zspages counted");
@@ -409,7 +410,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
     zspage_rebuild (class, zspage);
     descriptors += zspage_descriptor_bytes (class);
     pages += class->pages_per_zspage;
-    if (i % 64 == 0)
+    if (++rebuilt % 64 == 1)
       recovery_step ("allocator: zspages rebuilt");
   }
   recovery_step ("allocator: zspages listed");

@@ -60,6 +60,14 @@ state_publish (struct region *header, struct region_state_record record)
   record.owner_pid = getpid ();
   record.pad = 0;
   record.checksum = state_checksum (&record);
+  if (!state_whole (&header->current) && state_whole (&header->journal)) {
+    /* Current torn by the last writer's kill: made whole from the
+     * journal before the journal is written over, so that a kill now
+     * still leaves one whole copy.
+     */
+    header->current = header->journal;
+    atomic_signal_fence (memory_order_seq_cst);
+  }
   header->journal = record;
   atomic_signal_fence (memory_order_seq_cst);
   recovery_step ("state: journal written");
@@ -195,6 +203,53 @@ place_close (struct region_place *place)
   place->dir_fd = -1;
 }
 
+/* Every directory above the place's (held: its stat), up to /, under
+ * the same rule as the place's own (as ssh's StrictModes): else whoever
+ * may rename one of them could put a directory of their choosing where
+ * the region file is looked for.  Links are resolved first (realpath)
+ * and the resolved directory must be the one held.
+ */
+static bool
+ancestors_trusted (const struct region_place *place, const struct stat *held,
+                   char *why, size_t why_bytes)
+{
+  char resolved[PATH_MAX];
+  struct stat st;
+  if (!realpath (place->dir, resolved) || stat (resolved, &st) == -1) {
+    explain (errno, why, why_bytes, "its directory %s: %m", place->dir);
+    return false;
+  }
+  if (st.st_dev != held->st_dev || st.st_ino != held->st_ino) {
+    explain (EAGAIN, why, why_bytes, "its directory %s changed while it "
+             "was looked at: refused", place->dir);
+    return false;
+  }
+  uid_t me = geteuid ();
+  while (strcmp (resolved, "/") != 0) {
+    char *slash = strrchr (resolved, '/');
+    if (slash == resolved)
+      slash[1] = '\0';
+    else
+      *slash = '\0';
+    if (lstat (resolved, &st) == -1) {
+      explain (errno, why, why_bytes, "the directory %s above it: %m",
+               resolved);
+      return false;
+    }
+    if ((st.st_uid != me && st.st_uid != 0)
+        || ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
+      explain (EPERM, why, why_bytes, "the directory %s above it is owned "
+               "by uid %u with mode %04o: refused (every directory above a "
+               "region file is root's or this user's (uid %u), and "
+               "writable by no one else unless sticky)", resolved,
+               (unsigned) st.st_uid, (unsigned) (st.st_mode & 07777),
+               (unsigned) me);
+      return false;
+    }
+  }
+  return true;
+}
+
 /* The directory of path, opened, if a region file may live there: owned
  * by this user or root, and writable by no one else unless sticky (where
  * no one removes or renames another's file).  false with errno and why.
@@ -251,6 +306,10 @@ place_open (struct region_place *place, const char *path, char *why,
              "or give region= a path in a directory only this user can "
              "write)", place->dir, (unsigned) (st.st_mode & 07777),
              place->dir);
+    place_close (place);
+    return false;
+  }
+  if (!ancestors_trusted (place, &st, why, why_bytes)) {
     place_close (place);
     return false;
   }
@@ -337,6 +396,37 @@ file_open_trusted (const struct region_place *place, int flags, char *why,
   int err = errno;
   close (fd);
   errno = err;
+  return -1;
+}
+
+/* The region file opened as file_open_trusted does, and locked
+ * (OWNERSHIP): its descriptor, still the file at the path once locked (a
+ * writer may have renamed a new line over it meanwhile: the lock would
+ * be on a file no longer the region's - tried again).  -1 with errno and
+ * why: as file_open_trusted, or EBUSY (another process holds it).
+ */
+static int
+file_lock_trusted (const struct region_place *place, char *why,
+                   size_t why_bytes)
+{
+  for (unsigned tries = 0; tries < 64; tries++) {
+    int fd = file_open_trusted (place, O_RDONLY, why, why_bytes);
+    if (fd == -1)
+      return -1;
+    if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+      int err = errno == EWOULDBLOCK ? EBUSY : errno;
+      if (err != EBUSY)
+        explain (err, why, why_bytes, "cannot lock the region file: %m");
+      close (fd);
+      errno = err;
+      return -1;
+    }
+    if (same_file_at (place, place->name, fd))
+      return fd;
+    close (fd);                 /* replaced meanwhile: the new one */
+  }
+  explain (EAGAIN, why, why_bytes, "the region file is replaced again and "
+           "again while it is being locked: refused");
   return -1;
 }
 
@@ -493,10 +583,11 @@ segment_wait_unattached (int shm_id, shmatt_t allowed, struct shmid_ds *info,
 /* Whether the segment (this user's: segment_find; unattached) is,
  * provably, the one the line names - what may be removed on the line's
  * word: for a region being made, a segment of that key whose header is
- * all zero (its creator died before writing it) or begins with a
- * region's magic (died while writing it); else a whole region header
- * (magic, identity checksum) of the segment's size and the line's device
- * id.  false with EINVAL and why: not touched.
+ * all zero (its creator died before writing it), or a region's header
+ * not whole yet or still "creating" (it died while writing or making
+ * it: CREATION in region.h); else a whole region header (magic,
+ * identity checksum) of the segment's size and the line's device id.
+ * false with EINVAL and why: not touched.
  */
 static bool
 segment_is_named (int shm_id, const struct shmid_ds *info,
@@ -519,8 +610,17 @@ segment_is_named (int shm_id, const struct shmid_ds *info,
   char seen_text[33];
   device_id_text (seen.device_id, seen_text);
   bool magic = memcmp (seen.magic, REGION_MAGIC, sizeof seen.magic) == 0;
+  /* Under a "creating" line: a header never written, or one its creator
+   * was writing (identity or state not whole yet) or had written but
+   * not made (state "creating"): a made region is never removed for it.
+   */
+  const struct region_state_record *state = region_state_read (&seen);
+  bool being_made = memcmp (&seen, &nothing_written, sizeof seen) == 0
+    || (magic && (seen.identity_checksum != identity_checksum (&seen)
+                  || !state_whole (state)
+                  || state->state == REGION_CREATING));
   if (line->creating
-      ? magic || memcmp (&seen, &nothing_written, sizeof seen) == 0
+      ? being_made
       : magic && seen.identity_checksum == identity_checksum (&seen)
         && seen.region_bytes == info->shm_segsz
         && strcmp (seen_text, line->device_text) == 0)
@@ -647,19 +747,16 @@ region_file_replaceable (const struct region_place *place, int *old_fd,
                          char *why, size_t why_bytes)
 {
   *old_fd = -1;
-  int fd = file_open_trusted (place, O_RDONLY, why, why_bytes);
-  if (fd == -1) {
-    if (errno != ENOENT)
-      return false;
+  int fd = file_lock_trusted (place, why, why_bytes);
+  if (fd == -1 && errno == ENOENT) {
     if (why_bytes)
       why[0] = '\0';
     return true;
   }
-  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
-    explain (errno == EWOULDBLOCK ? EBUSY : errno, why, why_bytes, "the "
-             "region is owned by another process (made or taken by it "
-             "first): refused");
-    close (fd);
+  if (fd == -1) {
+    if (errno == EBUSY)
+      explain (EBUSY, why, why_bytes, "the region is owned by another "
+               "process (made or taken by it first): refused");
     return false;
   }
   struct region_line line;
@@ -969,15 +1066,9 @@ region_attach (const char *path, uint64_t device_bytes,
   struct region_place place;
   if (!place_open (&place, path, why, why_bytes))
     return NULL;
-  int lock_fd = file_open_trusted (&place, O_RDONLY, why, why_bytes);
+  int lock_fd = file_lock_trusted (&place, why, why_bytes);
   place_close (&place);
-  if (lock_fd == -1)
-    return NULL;
-  if (flock (lock_fd, LOCK_EX | LOCK_NB) == -1) {
-    int err = errno;
-    close (lock_fd);
-    if (err != EWOULDBLOCK)
-      return refuse (err, why, why_bytes, "cannot lock the region file: %m");
+  if (lock_fd == -1 && errno == EBUSY) {
     struct region seen = { 0 };
     path_peek (path, &seen);
     const struct region_state_record *state = region_state_read (&seen);
@@ -986,6 +1077,8 @@ region_attach (const char *path, uint64_t device_bytes,
                    "pid %" PRIu32 ", generation %" PRIu64 ")",
                    state->owner_pid, state->generation);
   }
+  if (lock_fd == -1)
+    return NULL;
   struct region_line line;
   if (!region_file_parse (lock_fd, &line, why, why_bytes)) {
     close (lock_fd);
@@ -1174,15 +1267,11 @@ region_root (const struct region *region)
 }
 
 void
-region_remake (struct region_owner *owner, uint64_t device_bytes)
+region_remake (struct region_owner *owner)
 {
   struct region *region = owner->region;
   region_recover_begin (region);
   region_recover_end (region);  /* nothing claimed: every page back */
-  if (device_bytes && device_bytes != region->device_bytes) {
-    region->device_bytes = device_bytes;
-    region->identity_checksum = identity_checksum (region);
-  }
   state_publish (region, (struct region_state_record) {
                            .state = REGION_CREATING });
 }
@@ -1292,24 +1381,22 @@ region_remove (const char *path, char *why, size_t why_bytes)
   struct region_place place;
   if (!place_open (&place, path, why, why_bytes))
     return -1;
-  int fd = file_open_trusted (&place, O_RDONLY, why, why_bytes);
+  int fd = file_lock_trusted (&place, why, why_bytes);
   if (fd == -1) {
     int err = errno;
     place_close (&place);
     if (err == ENOENT)
       return 0;                 /* nothing to remove */
+    if (err == EBUSY)
+      explain (EBUSY, why, why_bytes, "the region is owned by another "
+               "process (its server): refused (stop the server, or give it "
+               "up with nbdkit-zramctl drop)");
     errno = err;
     return -1;
   }
   struct region_line line;
   struct shmid_ds info;
   int shm_id;
-  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
-    explain (errno == EWOULDBLOCK ? EBUSY : errno, why, why_bytes, "the "
-             "region is owned by another process (its server): refused "
-             "(stop the server, or give it up with nbdkit-zramctl drop)");
-    goto refused;
-  }
   if (!region_file_parse (fd, &line, why, why_bytes))
     goto refused;
   switch (segment_find (&line, &shm_id, &info, why, why_bytes)) {

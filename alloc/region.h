@@ -164,8 +164,9 @@
  *   with nothing served yet).  A region still "creating" was being made
  *   when its maker died: nothing in it was ever served, so the next
  *   taker is told so (REGION_ATTACH_UNMADE) and makes it anew in place
- *   (region_remake: every allocation forgotten, every page given back,
- *   the device's size its own), never refused for it.
+ *   (region_remake: every allocation forgotten, every page given back),
+ *   or - for a device of another size, or a region of another size -
+ *   removes it and creates one; never refused for it.
  *
  * RECOVERY (after a crash)
  *   A crash may leave the heap half changed.  Its user rebuilds it from
@@ -399,11 +400,13 @@ extern void *region_root (const struct region *region);
 extern const struct region_state_record *
 region_state_read (const struct region *region);
 
-/* A region REGION_ATTACH_UNMADE made anew in place for a device of
- * device_bytes: its heap emptied (every page given back), its state
- * "creating" again, ready for its user's structures.
+/* A region REGION_ATTACH_UNMADE made anew in place: its heap emptied
+ * (every page given back), its state "creating" again, ready for its
+ * user's structures.  Its identity (device size, segment size) is never
+ * rewritten: a caller that needs another gives it up (region_destroy)
+ * and creates one.
  */
-extern void region_remake (struct region_owner *owner, uint64_t device_bytes);
+extern void region_remake (struct region_owner *owner);
 
 /* A recovery after a crash starts (RECOVERY): the state "recovering",
  * and one more recovery_restarts when the last recovery was cut short.

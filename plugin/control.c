@@ -596,20 +596,34 @@ control_start (struct block_store *the_store, const struct control_info *the_inf
 }
 
 /* The stop's first step, for cause: a command on the worker stops at
- * its next keep_going question; one inside a backing request (a wedged
- * store: up to backing_timeout, and a writeback makes many) is cut
- * short; no worker starts after it.
+ * its next keep_going question; no worker starts after it.  Whether one
+ * was running.
  */
-static void
-worker_cut_short (const char *cause)
+static bool
+worker_wind_down (const char *cause)
 {
   pthread_mutex_lock (&worker_lock);
   atomic_store (&stop_cause, cause);
   atomic_store (&stopping, true);
-  bool cancel = worker_running;
+  bool running_now = worker_running;
   pthread_mutex_unlock (&worker_lock);
-  if (cancel)
+  return running_now;
+}
+
+/* As worker_wind_down, and one inside a backing request (a wedged
+ * store: up to backing_timeout, and a writeback makes many) cut short.
+ */
+static void
+worker_cut_short (const char *cause)
+{
+  if (worker_wind_down (cause))
     store_cancel_backing_io (store);
+}
+
+void
+control_wind_down (void)
+{
+  worker_wind_down ("the handover");
 }
 
 void

@@ -74,5 +74,12 @@ extern int control_start (struct block_store *store,
  * thread, its clients and the socket go with the process.
  */
 extern void control_stop (void);
+/* A handover's first step, before it holds the requests: a command on
+ * the worker stops at its next keep_going question (a writeback ends
+ * after the batch it is on, its backing I/O not cut short: a client
+ * request waiting behind it finishes), and no command starts after it.
+ * control_stop follows.
+ */
+extern void control_wind_down (void);
 
 #endif /* ZRAM_CONTROL_H */

@@ -124,10 +124,20 @@ handover_store_open (struct store_config *config, const char *path,
     return NULL;
   }
   if (how == REGION_ATTACH_UNMADE) {
+    /* Nothing in it was ever served: made anew, in place when its sizes
+     * are this server's.
+     */
+    bool fits = region->device_bytes == config->size
+      && region->region_bytes == region_bytes_for (config);
     nbdkit_error ("region: %s: its server died while it made the region: "
-                  "made anew", path);
-    region_remake (owner, config->size);
-    return store_make (config, path, locked);
+                  "%s", path, fits ? "made anew" : "removed, a new one made");
+    if (fits) {
+      region_remake (owner);
+      return store_make (config, path, locked);
+    }
+    region_destroy (owner);
+    owner = NULL;
+    return store_new (config, path, locked);
   }
   config->pool.region = region;
   struct block_store *store;

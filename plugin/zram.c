@@ -232,15 +232,18 @@ store_users_stop (void)
 }
 
 /* A planned restart's first step (handover_now, before the requests are
- * held): the full-device watch stopped, and a standby's thread joined
- * (it ended at its takeover: the handover's exit would leave it
- * unjoined).
+ * held): the full-device watch stopped, a standby's thread joined (it
+ * ended at its takeover: the handover's exit would leave it unjoined),
+ * and the control channel's worker told to end its command after the
+ * batch it is on (a request waiting behind its writeback must finish
+ * within the hold).
  */
 static void
 watchers_stop (void)
 {
   standby_stop ();
   swap_full_stop ();
+  control_wind_down ();
 }
 
 /* The heap made ready for requests (swap_mode_prepare_heap): once, by

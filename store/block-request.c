@@ -269,6 +269,7 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
 {
   const unsigned char *in = buf;
   uint64_t backing_deadline_ms = 0;     /* one for the whole request */
+  room_failure_forget ();
 
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     /* Whole blocks, two or more: a batch (block-batch.c), and length
@@ -337,6 +338,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
             bool may_trim)
 {
   uint64_t backing_deadline_ms = 0;     /* one for the whole request */
+  room_failure_forget ();
   FOR_EACH_BLOCK_PIECE (offset, count, block, from, length) {
     int r;
     if (piece_is_whole_block (store, block, from, length)) {

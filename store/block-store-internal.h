@@ -566,6 +566,10 @@ extern uint64_t backing_wait_deadline (struct block_store *store,
  * errno as it was when there is nothing to gain or the write's deadline
  * (*deadline_ms, backing_wait_deadline) passed.  No lock held.
  */
+/* A request starts: the calling thread's last room failure (for the
+ * write's log line, store_room_failure) is no longer this request's.
+ */
+extern void room_failure_forget (void);
 extern int writeback_for_room (struct block_store *store,
                                uint64_t *deadline_ms);
 /* Charge the pool for the backing store's space map as it is now (it

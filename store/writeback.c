@@ -479,6 +479,12 @@ store_room_failure (void)
   return room_failure;
 }
 
+void
+room_failure_forget (void)
+{
+  room_failure = NULL;
+}
+
 uint64_t
 backing_wait_deadline (struct block_store *store, uint64_t *deadline_ms)
 {

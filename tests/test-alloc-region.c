@@ -1506,6 +1506,41 @@ test_creation_killed (void **state)
   free (path);
 }
 
+/* A directory above the region file's that others may write (not
+ * sticky): whoever may rename its entries could put a directory of their
+ * own where the region file is looked for.  Refused at creation, attach
+ * and removal, nothing made; sticky, it is accepted.
+ */
+static void
+test_trust_ancestors (void **state)
+{
+  (void) state;
+  char *open_dir = path_keep ("open"), *inner = path_join (open_dir, "inner");
+  char *path = path_join (inner, "region");
+  assert_int_equal (mkdir (open_dir, 0700), 0);
+  assert_int_equal (chmod (open_dir, 0777), 0);
+  assert_int_equal (mkdir (inner, 0700), 0);
+  create_refused (path, EPERM, "above it is owned by uid");
+  remove_refused (path, EPERM, "above it is owned by uid");
+  enum region_attach_result how;
+  char why[512] = "";
+  assert_null (region_attach (path, DEVICE_BYTES, &how, why, sizeof why));
+  assert_int_equal (errno, EPERM);
+  says (why, "writable by no one else unless sticky");
+  assert_int_equal (access (path, F_OK), -1);
+
+  assert_int_equal (chmod (open_dir, 01777), 0);
+  struct region_owner *owner = region_create (path, 16u << 20, DEVICE_BYTES,
+                                              false);
+  assert_non_null (owner);
+  region_destroy (owner);
+  assert_int_equal (rmdir (inner), 0);
+  assert_int_equal (rmdir (open_dir), 0);
+  free (path);
+  free (inner);
+  free (open_dir);
+}
+
 /* The state's step to kill at (region_recovery_step in a child). */
 static const char *kill_at_step;
 
@@ -1570,6 +1605,38 @@ test_state_torn (void **state)
   owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CRASHED);
   assert_int_equal (region_state_read (owner->region)->generation, 1);
   assert_ptr_equal (region_root (owner->region), owner->region);
+  region_close (owner);
+
+  /* Killed again, in the next change's journal write (its recovery's
+   * mark): current was made whole from the journal first, so the tear of
+   * the journal leaves the state the torn write had reached.
+   */
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    enum region_attach_result how;
+    char why[256];
+    struct region_owner *child = region_attach (path, DEVICE_BYTES, &how,
+                                                why, sizeof why);
+    if (!child || how != REGION_ATTACH_CRASHED)
+      _exit (3);
+    kill_at_step = "state: journal written";
+    region_recovery_step = kill_at;
+    region_recovery_start (child->region);
+    _exit (4);
+  }
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  assert_true (WIFSIGNALED (status) && WTERMSIG (status) == SIGKILL);
+  header_read (shm_id, &header);
+  assert_int_equal (header.current.generation, 1);
+  assert_int_equal (header.current.state, REGION_SERVING);
+  assert_int_equal (header.journal.state, REGION_RECOVERING);
+  torn = header;
+  torn.journal.recovery_restarts ^= 1;  /* its checksum not yet */
+  header_write (shm_id, &torn);
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CRASHED);
+  assert_int_equal (region_state_read (owner->region)->generation, 1);
+
   /* The next change writes both copies whole again. */
   region_start_serving (owner);
   header_read (shm_id, &header);
@@ -1582,8 +1649,9 @@ test_state_torn (void **state)
 
 /* A region whose maker died before its user's structures were made
  * (CREATION): the next taker is told so, not refused - whatever device
- * size it serves - and makes it anew in place; once its root is named
- * it is a made region, handed over.
+ * size it serves (its caller then chooses: remade in place, or removed
+ * for one of its own size) - and made anew in place keeps its identity;
+ * once its root is named it is a made region, handed over.
  */
 static void
 test_unmade (void **state)
@@ -1611,18 +1679,21 @@ test_unmade (void **state)
   struct region_owner *owner = region_attach_expecting (path,
                                                         2 * DEVICE_BYTES,
                                                         REGION_ATTACH_UNMADE);
+  region_close (owner);
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_UNMADE);
   struct region *region = owner->region;
   assert_int_equal (region->pages_taken, 3);
-  region_remake (owner, 2 * DEVICE_BYTES);
+  struct region identity = *region;
+  region_remake (owner);
   assert_int_equal (region->pages_taken, 0);
-  assert_int_equal (region->device_bytes, 2 * DEVICE_BYTES);
+  assert_memory_equal (region, &identity,
+                       offsetof (struct region, current));
   assert_int_equal (region_state_read (region)->state, REGION_CREATING);
   void *root = region_alloc (region, 64, 64);
   assert_non_null (root);
   region_set_root (region, root, 1);
   region_hand_over (owner, 1);
-  owner = region_attach_expecting (path, 2 * DEVICE_BYTES,
-                                   REGION_ATTACH_CLEAN);
+  owner = region_attach_expecting (path, DEVICE_BYTES, REGION_ATTACH_CLEAN);
   assert_ptr_equal (region_root (owner->region), root);
   region_destroy (owner);
 }
@@ -1638,6 +1709,7 @@ main (void)
     cmocka_unit_test (test_crash_recovered),
     cmocka_unit_test (test_refusals),
     cmocka_unit_test (test_trust_files),
+    cmocka_unit_test (test_trust_ancestors),
     cmocka_unit_test (test_trust_segments),
     cmocka_unit_test (test_trust_other_users),
     cmocka_unit_test (test_creation_races),

@@ -494,6 +494,27 @@ kill_child (const char *path, const char *cold_path,
   }
 }
 
+/* A kill_child with its own seed, killed after delay_us: what it left
+ * is in the region at path and in shadow.
+ */
+static void
+kill_child_at (const char *path, const char *cold_path,
+               struct kill_shadow *shadow, uint64_t seed, unsigned delay_us)
+{
+  memset (shadow, 0, sizeof *shadow);
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0)
+    kill_child (path, cold_path, shadow, seed);
+  usleep (delay_us);
+  kill (pid, SIGKILL);
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  if (!WIFSIGNALED (status))
+    fail_msg ("the writing child exited (status %#x) before its kill",
+              status);
+}
+
 /* Recover what the child left; every block as acknowledged (or as the
  * write in flight on it wrote it); the counters against a walk; then it
  * serves on, and gives every page back.
@@ -600,17 +621,8 @@ test_kill_points (void **state)
   uint64_t seed = 42, checked = 0, writes = 0, movers = 0, torn = 0;
   uint64_t backed = 0;
   for (unsigned point = 0; point < points; point++) {
-    memset (shadow, 0, sizeof *shadow);
-    pid_t pid = fork ();
-    assert_true (pid >= 0);
-    if (pid == 0)
-      kill_child (path, cold_path, shadow, seed + point);
-    usleep (5000 + xorshift64 (&seed) % 60000);
-    kill (pid, SIGKILL);
-    int status;
-    assert_int_equal (waitpid (pid, &status, 0), pid);
-    if (!WIFSIGNALED (status))
-      fail_msg ("kill point %u: the child exited (status %#x)", point, status);
+    kill_child_at (path, cold_path, shadow, seed + point,
+                   5000 + xorshift64 (&seed) % 60000);
     writes += shadow->writes;
     movers += shadow->movers;
     checked += kill_recover_and_check (path, cold_path, shadow, &torn,
@@ -734,16 +746,8 @@ test_recovery_kill_points (void **state)
   uint64_t seed = 4242, checked = 0, writes = 0, torn = 0, backed = 0;
   uint64_t kills = 0, most_calls = 32;
   for (unsigned round = 0; round < rounds; round++) {
-    memset (shadow, 0, sizeof *shadow);
-    pid_t pid = fork ();
-    assert_true (pid >= 0);
-    if (pid == 0)
-      kill_child (path, cold_path, shadow, seed + round);
-    usleep (20000 + xorshift64 (&seed) % 50000);
-    kill (pid, SIGKILL);
-    int status;
-    assert_int_equal (waitpid (pid, &status, 0), pid);
-    assert_true (WIFSIGNALED (status));
+    kill_child_at (path, cold_path, shadow, seed + round,
+                   20000 + xorshift64 (&seed) % 50000);
     writes += shadow->writes;
 
     uint64_t restarts = 0;
