@@ -1551,6 +1551,46 @@ kill_at (const char *step)
     raise (SIGKILL);
 }
 
+static void
+serving_started (struct region_owner *owner)
+{
+  region_start_serving (owner);
+}
+
+static void
+recovery_started (struct region_owner *owner)
+{
+  region_recovery_start (owner->region);
+}
+
+/* A child takes the region at path (left as want says) and makes change,
+ * killed once its state's journal copy is written.
+ */
+static void
+state_change_killed (const char *path, enum region_attach_result want,
+                     void (*change) (struct region_owner *owner))
+{
+  pid_t pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    enum region_attach_result how;
+    char why[256];
+    struct region_owner *child = region_attach (path, DEVICE_BYTES, &how,
+                                                why, sizeof why);
+    if (!child || how != want)
+      _exit (3);
+    kill_at_step = "state: journal written";
+    region_recovery_step = kill_at;
+    change (child);
+    _exit (4);                  /* not killed: the step was not reached */
+  }
+  int status;
+  assert_int_equal (waitpid (pid, &status, 0), pid);
+  if (!WIFSIGNALED (status) || WTERMSIG (status) != SIGKILL)
+    fail_msg ("the child was not killed in its state write (status %#x)",
+              status);
+}
+
 /* A change of state killed half way (STATE WRITES in region.h): after
  * its journal copy, the old state holds; inside its current copy (its
  * generation written, its checksum not yet: what a kill there leaves),
@@ -1569,23 +1609,7 @@ test_state_torn (void **state)
   region_hand_over (owner, 1);
 
   /* A server killed inside region_start_serving, its journal written. */
-  pid_t pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    enum region_attach_result how;
-    char why[256];
-    struct region_owner *child = region_attach (path, DEVICE_BYTES, &how,
-                                                why, sizeof why);
-    if (!child || how != REGION_ATTACH_CLEAN)
-      _exit (3);
-    kill_at_step = "state: journal written";
-    region_recovery_step = kill_at;
-    region_start_serving (child);
-    _exit (4);                  /* not killed: the step was not reached */
-  }
-  int status;
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFSIGNALED (status) && WTERMSIG (status) == SIGKILL);
+  state_change_killed (path, REGION_ATTACH_CLEAN, serving_started);
   struct region header;
   header_read (shm_id, &header);
   assert_int_equal (header.current.generation, 0);
@@ -1611,22 +1635,7 @@ test_state_torn (void **state)
    * mark): current was made whole from the journal first, so the tear of
    * the journal leaves the state the torn write had reached.
    */
-  pid = fork ();
-  assert_true (pid >= 0);
-  if (pid == 0) {
-    enum region_attach_result how;
-    char why[256];
-    struct region_owner *child = region_attach (path, DEVICE_BYTES, &how,
-                                                why, sizeof why);
-    if (!child || how != REGION_ATTACH_CRASHED)
-      _exit (3);
-    kill_at_step = "state: journal written";
-    region_recovery_step = kill_at;
-    region_recovery_start (child->region);
-    _exit (4);
-  }
-  assert_int_equal (waitpid (pid, &status, 0), pid);
-  assert_true (WIFSIGNALED (status) && WTERMSIG (status) == SIGKILL);
+  state_change_killed (path, REGION_ATTACH_CRASHED, recovery_started);
   header_read (shm_id, &header);
   assert_int_equal (header.current.generation, 1);
   assert_int_equal (header.current.state, REGION_SERVING);
