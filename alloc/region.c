@@ -862,6 +862,24 @@ heap_own (struct region *region)
   pthread_mutex_init (&region->heap_lock, NULL);
 }
 
+/* The address range region_reserve_address keeps (ADDRESS RESERVATION
+ * in region.h): set by it, consumed or given back by region_attach.
+ * Not locked: a process reserves before it starts the thread that
+ * attaches (a standby: nbdkit's get_ready, then its takeover thread).
+ */
+static void *reserved_address;
+static uint64_t reserved_bytes;
+
+/* The reservation given back (its range unmapped), if there is one. */
+static void
+reservation_release (void)
+{
+  if (reserved_address) {
+    munmap (reserved_address, reserved_bytes);
+    reserved_address = NULL;
+  }
+}
+
 struct region_owner *
 region_create (const char *path, uint64_t bytes, uint64_t device_bytes,
                bool locked)
@@ -876,6 +894,7 @@ region_create_explained (const char *path, uint64_t bytes,
 {
   if (why_bytes)
     why[0] = '\0';
+  reservation_release ();       /* a region that is gone: its range back */
   bytes = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE * REGION_PAGE_SIZE;
   uint64_t pages = bytes / REGION_PAGE_SIZE;
   uint64_t map_pages = map_pages_for (pages);
@@ -1007,14 +1026,6 @@ path_peek (const char *path, struct region *seen)
   return header_peek (shm_id, seen);
 }
 
-/* The address range region_reserve_address keeps (ADDRESS RESERVATION
- * in region.h): set by it, consumed or given back by region_attach.
- * Not locked: a process reserves before it starts the thread that
- * attaches (a standby: nbdkit's get_ready, then its takeover thread).
- */
-static void *reserved_address;
-static uint64_t reserved_bytes;
-
 int
 region_reserve_address (const char *path)
 {
@@ -1045,16 +1056,6 @@ region_reserve_address (const char *path)
   reserved_address = want;
   reserved_bytes = seen.region_bytes;
   return 0;
-}
-
-/* The reservation given back (its range unmapped), if there is one. */
-static void
-reservation_release (void)
-{
-  if (reserved_address) {
-    munmap (reserved_address, reserved_bytes);
-    reserved_address = NULL;
-  }
 }
 
 struct region_owner *

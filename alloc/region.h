@@ -230,8 +230,9 @@ struct region_state_record {
   uint64_t stopped_ns;          /* CLOCK_MONOTONIC when the last owner
                                    handed it over (0: it did not) */
   uint64_t recoveries;          /* owners that took it after a crash */
-  uint64_t recovery_restarts;   /* recoveries started over a recovery
-                                   that was itself cut short */
+  uint64_t recovery_restarts;   /* recoveries started over one that
+                                   did not reach serving (killed, or its
+                                   server failed before it served) */
   uint32_t checksum;            /* CRC-32C of the fields above */
   uint32_t pad;
 };
@@ -409,7 +410,8 @@ region_state_read (const struct region *region);
 extern void region_remake (struct region_owner *owner);
 
 /* A recovery after a crash starts (RECOVERY): the state "recovering",
- * and one more recovery_restarts when the last recovery was cut short.
+ * and one more recovery_restarts when the last recovery did not reach
+ * serving (cut short, or its server failed before it served).
  */
 extern void region_recovery_start (struct region *region);
 
