@@ -894,7 +894,6 @@ region_create_explained (const char *path, uint64_t bytes,
 {
   if (why_bytes)
     why[0] = '\0';
-  reservation_release ();       /* a region that is gone: its range back */
   bytes = (bytes + REGION_PAGE_SIZE - 1) / REGION_PAGE_SIZE * REGION_PAGE_SIZE;
   uint64_t pages = bytes / REGION_PAGE_SIZE;
   uint64_t map_pages = map_pages_for (pages);
@@ -931,6 +930,7 @@ region_create_explained (const char *path, uint64_t bytes,
       goto fail;
     }
   }
+  reservation_release ();       /* a region that is gone: its range back */
   if (locked && shmctl (owner->shm_id, SHM_LOCK, NULL) == -1) {
     explain (errno, why, why_bytes, "cannot lock it in memory, as swap "
              "needs: %m%s", errno == EPERM || errno == ENOMEM
