@@ -8,6 +8,18 @@
 
 #include "alloc-fixture.h"
 
+/* Memory a sanitizer's runtime keeps for itself while a test runs. */
+#if defined (__SANITIZE_THREAD__) || defined (__SANITIZE_ADDRESS__)
+#define SANITIZER_SLACK (4u << 20)
+#elif defined (__has_feature)
+#if __has_feature (thread_sanitizer) || __has_feature (address_sanitizer)
+#define SANITIZER_SLACK (4u << 20)
+#endif
+#endif
+#ifndef SANITIZER_SLACK
+#define SANITIZER_SLACK 0u
+#endif
+
 /* ---------------------------------------------------------------------- */
 /* 11. Freed memory goes back to the operating system.                    */
 
@@ -320,10 +332,17 @@ test_reserve (void **state)
  * must not be made; what is resident must stay within the limit when
  * chunks taken from the reserve keep populated runs unused.
  */
+/* The refill thread of part 3 waits here until the test has read its
+ * RSS: the new thread's stack and a sanitizer's per-thread state are
+ * then outside the growth measured.
+ */
+static pthread_barrier_t refill_start;
+
 static void *
 refill_loop (void *arg)
 {
   struct zs_pool *pool = arg;
+  pthread_barrier_wait (&refill_start);
   for (int i = 0; i < 200000; i++) {
     zs_pool_reserve_refill (pool);
     if (i % 64 == 0)
@@ -408,6 +427,9 @@ test_reserve_edges (void **state)
   config.mem_limit = 24 << 20;
   config.reserve_bytes = 16 << 20;
   pool = zs_pool_create (&config);
+  pthread_t thread;
+  assert_int_equal (pthread_barrier_init (&refill_start, NULL, 2), 0);
+  assert_int_equal (pthread_create (&thread, NULL, refill_loop, pool), 0);
   uint64_t before = rss_bytes ();
   zs_pool_reserve_refill (pool);
   bool length_seen[ZS_CHAIN_MAX + 1] = { false };
@@ -424,9 +446,9 @@ test_reserve_edges (void **state)
     lengths++;
   }
   zs_pool_reserve_refill (pool);
-  pthread_t thread;
-  assert_int_equal (pthread_create (&thread, NULL, refill_loop, pool), 0);
+  pthread_barrier_wait (&refill_start);
   pthread_join (thread, NULL);
+  pthread_barrier_destroy (&refill_start);
   uint64_t growth = rss_bytes () - before;
   struct zs_pool_stats st;
   get_stats (pool, &st);
@@ -436,9 +458,12 @@ test_reserve_edges (void **state)
                  st.limit_used >> 10, st.reserve_bytes >> 10);
   assert_true (st.limit_used <= st.mem_limit);
   /* What is resident is what is counted, give or take the handful of
-   * pages malloc and the test itself touch.
+   * pages malloc and the test itself touch, and under a sanitizer the
+   * runtime's own bookkeeping of 200,000 rounds of locks (TSan's sync
+   * objects and traces: 0.2 to 1.2 MiB seen).  A reserve counted once
+   * and held twice would still be 16 MiB over.
    */
-  assert_true (growth <= st.limit_used + (1 << 20));
+  assert_true (growth <= st.limit_used + (1 << 20) + SANITIZER_SLACK);
   for (unsigned i = 0; i < lengths; i++)
     zs_free (pool, kept[i]);
   zs_pool_destroy (pool);
