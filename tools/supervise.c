@@ -37,9 +37,12 @@
  *     reconnected;
  *   - SIGTERM (`swap off`): the server is stopped and the supervisor
  *     exits.
- * Each restart is a line in DIR/supervisor.log: why, and the downtime
- * (from the old server's end, or the signal that stopped it, to the
- * device reconnected).
+ * Each step is a line in DIR/supervisor.log with its time (what it
+ * waits for, what answered and after how long), and each restart ends
+ * with one: why, and the downtime (from the old server's end, or the
+ * signal that stopped it, to the device reconnected).  The servers'
+ * output goes there too, through a pipe: the log is written by the
+ * supervisor alone, from pages it keeps locked (supervise-log.h).
  *
  * The requests the kernel had sent to the old server and that it never
  * answered (it died, or held them while it handed over) are not sent
@@ -57,9 +60,12 @@
  * While no server runs, the swapping kernel may need this process to
  * make progress, and none of its pages may be on the device: its memory
  * is locked (mlockall), it allocates nothing after the start, and a
- * restart is fork and exec.  Nor may a page the next server reads: the
- * region file is kept locked here (the region itself is SHM_LOCKed; the
- * binaries are on a disk, or a ramfs in the guest test).
+ * restart is fork and exec.  Nor may a page the next server reads or
+ * writes: the region file is kept locked here (the region itself is
+ * SHM_LOCKed; the binaries are on a disk, or a ramfs in the guest
+ * test), the log too, and the servers write no other file but new ones
+ * (pid files, sockets, the stats files renamed over: a new page is
+ * never read back from swap).
  */
 
 #include <errno.h>
@@ -87,6 +93,7 @@
 
 #include "nbd-attach.h"
 #include "supervise.h"
+#include "supervise-log.h"
 
 static volatile sig_atomic_t restart_asked, stop_asked;
 
@@ -251,28 +258,62 @@ server_start (const char *dir, char **argv, const char *suffix,
   char pid_path[4096], sock_path[4096];
   snprintf (pid_path, sizeof pid_path, "%s/pid%s", dir, suffix);
   snprintf (sock_path, sizeof sock_path, "%s/sock%s", dir, suffix);
+  const char *role = *suffix ? "standby" : "server";
   unlink (pid_path);
   unlink (sock_path);
+  int child_end, our_end = supervise_log_pipe (&child_end);
+  double started = now ();
   pid_t pid = fork ();
   if (pid == 0) {
     sigset_t none;
     sigemptyset (&none);
     sigprocmask (SIG_SETMASK, &none, NULL);
-    signal (SIGPIPE, SIG_DFL);
+    /* Its output is a pipe that dies with the supervisor: a server that
+     * outlives it must not die of its next message.
+     */
+    signal (SIGPIPE, SIG_IGN);
+    if (child_end >= 0) {
+      dup2 (child_end, 1);
+      dup2 (child_end, 2);
+    }
     execv (argv[0], argv);
     _exit (127);
   }
-  if (pid == -1)
+  if (child_end >= 0)
+    close (child_end);
+  supervise_log_child (our_end, pid);
+  if (pid == -1) {
+    supervise_log ("%s: fork: %s", role, strerror (errno));
     return -1;
+  }
+  supervise_log ("%s: pid %d started, waiting for its socket", role,
+                 (int) pid);
   for (int i = 0; i < 6000 && (watched <= 0 || server_alive (watched)); i++) {
     struct stat st;
     if (stat (pid_path, &st) == 0 && st.st_size > 0
-        && stat (sock_path, &st) == 0)
+        && stat (sock_path, &st) == 0) {
+      supervise_log ("%s: pid %d listens after %.3f s", role, (int) pid,
+                     now () - started);
       return pid;
-    if (waitpid (pid, NULL, WNOHANG) == pid)
+    }
+    int status;
+    if (waitpid (pid, &status, WNOHANG) == pid) {
+      supervise_log ("%s: pid %d %s %d before it listened (%.3f s)", role,
+                     (int) pid, WIFSIGNALED (status) ? "killed by signal"
+                     : "exited with status", WIFSIGNALED (status)
+                     ? WTERMSIG (status) : WEXITSTATUS (status),
+                     now () - started);
       return -1;
+    }
+    if (i > 0 && i % 500 == 0)
+      supervise_log ("%s: pid %d has no socket yet after %.3f s", role,
+                     (int) pid, now () - started);
     usleep (10000);
   }
+  supervise_log ("%s: pid %d stopped: no socket in %.3f s%s", role,
+                 (int) pid, now () - started,
+                 watched > 0 && !server_alive (watched)
+                 ? " (the server it stood by for is gone)" : "");
   child_stop (pid, false);
   return -1;
 }
@@ -321,12 +362,21 @@ ask (const char *dir, const char *name, const char *line, char *reply,
   setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
   size_t used = 0;
-  bool answered = false;
-  double deadline = now () + timeout_s;
+  bool answered = false, sent = false;
+  double asked = now (), deadline = asked + timeout_s, next_note = asked + 5;
+  /* The question without its newline, for the log. */
+  int question = (int) strcspn (line, "\n");
   if (connect (fd, (struct sockaddr *) &address, sizeof address) == 0
       && write (fd, line, strlen (line)) == (ssize_t) strlen (line)) {
+    sent = true;
     while (used < size - 1 && now () < deadline
            && (watched <= 0 || server_alive (watched))) {
+      if (now () >= next_note) {
+        supervise_log ("%s: still no answer to '%.*s' after %.1f s (%u s "
+                       "at most)", name, question, line, now () - asked,
+                       timeout_s);
+        next_note += 5;
+      }
       struct pollfd readable = { .fd = fd, .events = POLLIN };
       if (poll (&readable, 1, 100) == 0)
         continue;
@@ -343,7 +393,18 @@ ask (const char *dir, const char *name, const char *line, char *reply,
     }
   }
   reply[used] = '\0';
+  int why_not_sent = errno;
   close (fd);
+  if (!sent)
+    supervise_log ("%s: '%.*s' could not be asked: %s", name, question,
+                   line, strerror (why_not_sent));
+  else if (answered)
+    supervise_log ("%s: '%.*s' answered after %.3f s: %s", name, question,
+                   line, now () - asked, reply);
+  else
+    supervise_log ("%s: no answer to '%.*s' after %.3f s%s", name, question,
+                   line, now () - asked, watched > 0 && !server_alive (watched)
+                   ? " (the server is gone)" : "");
   return answered;
 }
 
@@ -405,10 +466,17 @@ standby_make_ready (const char *dir, char **argv, unsigned connections,
    * the guest with zstd); the server serves meanwhile.
    */
   if (!ask (dir, "standby.sock", "ready\n", reply, reply_size,
-            STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0
-      || nbd_connect (sock_path, connections, standby->socks, &size,
-                      &flags) == -1)
+            STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0)
     return false;
+  double connecting = now ();
+  if (nbd_connect (sock_path, connections, standby->socks, &size,
+                   &flags) == -1) {
+    supervise_log ("standby: pid %d: its %u connections could not be made",
+                   (int) pid, connections);
+    return false;
+  }
+  supervise_log ("standby: pid %d: %u connections through the handshake in "
+                 "%.3f s", (int) pid, connections, now () - connecting);
   standby->count = connections;
   /* nbdkit starts a connection's workers after its handshake: a moment
    * for them to start, then their stacks made ready.
@@ -439,12 +507,11 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
   ask (dir, "ctl", "grace 10\n", grace_reply, sizeof grace_reply, 5, server);
   if (ready) {
     note (dir, "standby.ready", false, "%d\n", (int) standby->pid);
-    note (dir, "supervisor.log", true, "standby: pid %d ready\n",
-          (int) standby->pid);
+    supervise_log ("standby: pid %d ready", (int) standby->pid);
     return true;
   }
-  note (dir, "supervisor.log", true, "standby: could not be made ready%s%s "
-        "(tried again in %d s)\n", *reply ? ": " : "", reply, STANDBY_RETRY_S);
+  supervise_log ("standby: could not be made ready%s%s (tried again in "
+                 "%d s)", *reply ? ": " : "", reply, STANDBY_RETRY_S);
   standby_discard (dir, standby);
   standby->next_try = now () + STANDBY_RETRY_S;
   return false;
@@ -465,20 +532,22 @@ standby_take_over (const char *dir, struct standby *standby,
   unlink (from);
   if (!ask (dir, "standby.sock", "takeover\n", reply, sizeof reply,
             TAKEOVER_TIMEOUT_S, 0) || strncmp (reply, "ok", 2) != 0) {
-    note (dir, "supervisor.log", true, "standby: pid %d did not take the "
-          "device over: %s\n", (int) standby->pid,
-          *reply ? reply : "no answer");
+    supervise_log ("standby: pid %d did not take the device over: %s",
+                   (int) standby->pid, *reply ? reply : "no answer");
     standby_discard (dir, standby);
     return -1;
   }
+  double giving = now ();
   if (nbd_attach_sockets (device, standby->socks, standby->count, true, 0, 0,
                           timeout, 4096) == -1) {
-    note (dir, "supervisor.log", true, "standby: pid %d took the device "
-          "over, but %s could not be given its sockets\n",
-          (int) standby->pid, device);
+    supervise_log ("standby: pid %d took the device over, but %s could not "
+                   "be given its sockets", (int) standby->pid, device);
     standby_discard (dir, standby);
     return -1;
   }
+  supervise_log ("standby: pid %d: %s given its %u sockets in %.3f s",
+                 (int) standby->pid, device, standby->count,
+                 now () - giving);
   nbd_close (standby->socks, standby->count);
   standby->count = 0;
   pid_t pid = standby->pid;
@@ -522,39 +591,52 @@ run_supervise (int argc, char **argv)
   if (child > 0)
     return EXIT_SUCCESS;
   setsid ();
-  /* Its messages (and the server's) go to DIR/supervisor.log. */
-  char log_path[4096];
-  snprintf (log_path, sizeof log_path, "%s/supervisor.log", dir);
+  /* Its messages and the servers' go to DIR/supervisor.log, through
+   * memory that is locked (supervise-log.h); its own stderr (what
+   * nbd-attach.c says) through a pipe like a server's.
+   */
   int null = open ("/dev/null", O_RDWR);
-  int log = open (log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (null >= 0) {
     dup2 (null, 0);
-    dup2 (log >= 0 ? log : null, 1);
-    dup2 (log >= 0 ? log : null, 2);
+    dup2 (null, 1);
+    dup2 (null, 2);
     close (null);
   }
-  if (log >= 0)
-    close (log);
-  if (mlockall (MCL_CURRENT | MCL_FUTURE) == -1)
-    note (dir, "supervisor.log", true, "mlockall: %s: its pages may be "
-          "swapped out\n", strerror (errno));
   /* An IO flusher (its reclaim never writes pages out: no swap-out to
    * the device that is down) out of the OOM killer's reach, and so is
    * every server it starts from its first instruction - both are
-   * inherited across fork and exec.  Seen without: a server started
-   * while the device was down and memory full waited in the kernel's
-   * reclaim (__swap_writepage) before it could set them itself.
+   * inherited across fork and exec, and by the log's thread, started
+   * after.  Seen without: a server started while the device was down
+   * and memory full waited in the kernel's reclaim (__swap_writepage)
+   * before it could set them itself.
    */
-  if (prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == -1)
-    note (dir, "supervisor.log", true, "PR_SET_IO_FLUSHER: %s\n",
+  int flusher_error = prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == -1 ? errno : 0;
+  if (!supervise_log_open (dir))
+    note (dir, "supervisor.err", false, "supervisor.log: %s: the "
+          "supervisor's and the servers' messages are lost\n",
           strerror (errno));
+  else {
+    int child_end, our_end = supervise_log_pipe (&child_end);
+    if (our_end >= 0) {
+      dup2 (child_end, 2);
+      close (child_end);
+      supervise_log_child (our_end, getpid ());
+    }
+  }
+  if (flusher_error)
+    supervise_log ("PR_SET_IO_FLUSHER: %s", strerror (flusher_error));
+  if (mlockall (MCL_CURRENT | MCL_FUTURE) == -1)
+    supervise_log ("mlockall: %s: its pages may be swapped out",
+                   strerror (errno));
   int oom = open ("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
     if (write (oom, "-1000", 5) != 5)
-      note (dir, "supervisor.log", true, "oom_score_adj: %s\n",
-            strerror (errno));
+      supervise_log ("oom_score_adj: %s", strerror (errno));
     close (oom);
   }
+  supervise_log ("pid %d supervises %s (%u connections, dead-connection "
+                 "timeout %u s%s)", (int) getpid (), device, connections,
+                 timeout, use_standby ? ", a standby kept ready" : "");
   note (dir, "supervisor.pid", false, "%d\n", (int) getpid ());
   sigset_t blocked, none;
   sigemptyset (&blocked);
@@ -587,6 +669,7 @@ run_supervise (int argc, char **argv)
       kill (server, SIGTERM);
       waitpid (server, NULL, 0);
     }
+    supervise_log_flush ();
     return EXIT_FAILURE;
   }
   /* The region file (on /run, a tmpfs: swappable) is what the next
@@ -600,7 +683,7 @@ run_supervise (int argc, char **argv)
   if (region_fd >= 0) {
     void *page = mmap (NULL, 4096, PROT_READ, MAP_SHARED, region_fd, 0);
     if (page == MAP_FAILED || mlock (page, 4096) == -1)
-      note (dir, "supervisor.log", true, "cannot lock %s in memory: %s\n",
+      supervise_log ("cannot lock %s in memory: %s\n",
             region_path, strerror (errno));
     close (region_fd);
   }
@@ -612,7 +695,7 @@ run_supervise (int argc, char **argv)
    */
   struct nbd_watch *watch = nbd_watch_open (device);
   if (!watch)
-    note (dir, "supervisor.log", true, "cannot watch the driver's notices: "
+    supervise_log ("cannot watch the driver's notices: "
           "a live server whose connection a request timeout dropped is "
           "not reconnected\n");
   double quiet_until = 0, link_dead_since = 0;
@@ -622,12 +705,14 @@ run_supervise (int argc, char **argv)
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
-    double stopped = 0;
+    double stopped = 0, next_exit_note = 5;
     bool terminated = false;
     while (waitpid (server, &status, WNOHANG) != server) {
       if (requeue_until && now () > requeue_until) {
-        if (nbd_set_request_timeout (device, 0) == 0)
+        if (nbd_set_request_timeout (device, 0) == 0) {
           requeue_until = 0;
+          supervise_log ("%s: request timeout back to none", device);
+        }
       }
       if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
           && !link_dead_since) {
@@ -636,7 +721,7 @@ run_supervise (int argc, char **argv)
          */
         usleep (100000);
         if (server_alive (server)) {
-          note (dir, "supervisor.log", true, "the driver marked a "
+          supervise_log ("the driver marked a "
                 "connection of %s to the live server dead\n", device);
           link_dead_since = now ();
         }
@@ -649,7 +734,7 @@ run_supervise (int argc, char **argv)
           link_dead_since = 0;
         else if (nbd_attach (device, sock_path, true, connections, timeout,
                              4096) == 0) {
-          note (dir, "supervisor.log", true, "the driver dropped a "
+          supervise_log ("the driver dropped a "
                 "connection to the live server (pid %d): reconnected after "
                 "%.1f s\n", (int) server, now () - link_dead_since);
           link_dead_since = 0;
@@ -657,7 +742,7 @@ run_supervise (int argc, char **argv)
       }
       leftovers_reap ();
       if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
-        note (dir, "supervisor.log", true, "standby: pid %d exited (a new "
+        supervise_log ("standby: pid %d exited (a new "
               "one in %d s)\n", (int) standby.pid, STANDBY_RETRY_S);
         standby.pid = 0;
         standby_discard (dir, &standby);
@@ -673,12 +758,16 @@ run_supervise (int argc, char **argv)
           && !requeue_until && now () >= standby.next_try)
         standby_prepare (dir, standby_argv, connections, &standby, server);
       if (stop_asked && !terminated) {
+        supervise_log ("stop asked: server pid %d sent SIGTERM",
+                       (int) server);
         stopped = stopped ? stopped : now ();
         standby_discard (dir, &standby);
         kill (server, SIGTERM);
         terminated = true;
       }
       else if (restart_asked && !stopped) {
+        supervise_log ("restart asked: server pid %d serves on while a "
+                       "standby is made ready", (int) server);
         /* The binary on disk now takes over: a new standby, made ready
          * while this server still serves.
          */
@@ -688,20 +777,35 @@ run_supervise (int argc, char **argv)
         }
         stopped = now ();
         if (!ask_handover (dir, server)) {
+          supervise_log ("server pid %d did not hand over: SIGTERM",
+                         (int) server);
           kill (server, SIGTERM);
           terminated = true;
         }
       }
       else if (restart_asked && !terminated
                && now () - stopped > HANDOVER_WAIT_S) {
+        supervise_log ("server pid %d has not exited %d s after it handed "
+                       "over: SIGTERM", (int) server, HANDOVER_WAIT_S);
         kill (server, SIGTERM);
         terminated = true;
+      }
+      else if (stopped && now () - stopped >= next_exit_note) {
+        supervise_log ("server pid %d has not exited %.1f s after it was "
+                       "asked to", (int) server, now () - stopped);
+        next_exit_note += 5;
       }
       /* Woken by a signal, or each second (the 40 s above). */
       wait_a_second (&none, watch);
     }
     if (!stopped)
       stopped = now ();
+    supervise_log ("server pid %d %s %d, %.3f s after %s", (int) server,
+                   WIFSIGNALED (status) ? "killed by signal"
+                   : "exited with status", WIFSIGNALED (status)
+                   ? WTERMSIG (status) : WEXITSTATUS (status),
+                   now () - stopped, restart_asked || stop_asked
+                   ? "it was asked to" : "the supervisor saw it");
     if (stop_asked) {
       /* Stopped for good: the device it attached goes too (swap off has
        * detached it already; an interrupted swap on may not have), and
@@ -710,6 +814,7 @@ run_supervise (int argc, char **argv)
        */
       standby_discard (dir, &standby);
       nbd_detach_quietly (device);
+      supervise_log_flush ();
       return EXIT_SUCCESS;
     }
     const char *why = restart_asked ? "restart asked"
@@ -720,9 +825,10 @@ run_supervise (int argc, char **argv)
      * someone else on purpose: not restarted.
      */
     if (!asked && WIFEXITED (status) && WEXITSTATUS (status) == 0) {
-      note (dir, "supervisor.log", true, "the server exited (status 0): "
+      supervise_log ("the server exited (status 0): "
             "not restarted\n");
       standby_discard (dir, &standby);
+      supervise_log_flush ();
       return EXIT_SUCCESS;
     }
     /* Tried again each second until it serves and the device is
@@ -730,6 +836,9 @@ run_supervise (int argc, char **argv)
      * short, its address space layout: the server's message says), and
      * the device waits up to its dead-connection timeout.
      */
+    supervise_log ("restart %u (%s) begins: %s", restarts + 1, why, standby.pid > 0
+                   ? "the standby takes the device over"
+                   : "no standby ready: a server is started");
     server = standby.pid > 0
       ? standby_take_over (dir, &standby, device, timeout) : -1;
     bool by_standby = server != -1;
@@ -739,7 +848,7 @@ run_supervise (int argc, char **argv)
           && nbd_attach (device, sock_path, true, connections, timeout,
                          4096) == 0)
         break;
-      note (dir, "supervisor.log", true, "restart %u (%s), attempt %u: "
+      supervise_log ("restart %u (%s), attempt %u: "
             "the server did not start again, or %s could not be "
             "reconnected\n", restarts + 1, why, attempt, device);
       if (server > 0)
@@ -747,20 +856,25 @@ run_supervise (int argc, char **argv)
       server = -1;
       wait_a_second (&none, NULL);  /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
-        note (dir, "supervisor.log", true, "restart %u: given up after %u "
+        supervise_log ("restart %u: given up after %u "
               "attempts (%s)\n", restarts + 1, attempt, stop_asked
               ? "stopped" : "the device's dead-connection timeout passed");
         nbd_detach_quietly (device);
+        supervise_log_flush ();
         return EXIT_FAILURE;
       }
     }
     restarts++;
-    note (dir, "supervisor.log", true, "restart %u (%s): %s reconnected, "
+    supervise_log ("restart %u (%s): %s reconnected, "
           "down %.3f s%s\n", restarts, why, device, now () - stopped,
           by_standby ? ", taken over by the standby" : "");
     /* The old server's unanswered requests: sent again (see above). */
-    if (nbd_set_request_timeout (device, REQUEUE_TIMEOUT_S) == 0)
+    if (nbd_set_request_timeout (device, REQUEUE_TIMEOUT_S) == 0) {
       requeue_until = now () + REQUEUE_WINDOW_S;
+      supervise_log ("%s: request timeout %d s for %d s: the old server's "
+                     "unanswered requests are sent again as their timers "
+                     "fire", device, REQUEUE_TIMEOUT_S, REQUEUE_WINDOW_S);
+    }
     quiet_until = now () + QUIET_AFTER_RESTART_S;
   }
 }
