@@ -268,9 +268,15 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   integer_metric (fp, "nbdkit_zram_swap_locked_mappings_bytes", GAUGE,
                   "Locked mappings in full, touched or not (VmLck).",
                   sample->swap.locked_mappings_bytes);
+  integer_metric (fp, "nbdkit_zram_swap_memory_locked", GAUGE,
+                  "Whether swap mode locked memory as it is touched (1, 0).",
+                  (uint64_t) sample->swap.memory_locked);
   number_metric (fp, "nbdkit_zram_swap_realtime_priority",
                  "Real-time priority of the server (0: not real-time).",
                  sample->swap.realtime_priority);
+  integer_metric (fp, "nbdkit_zram_swap_io_flusher", GAUGE,
+                  "Whether swap mode made the server an IO flusher at start (1, 0).",
+                  (uint64_t) sample->swap.io_flusher);
   number_metric (fp, "nbdkit_zram_swap_io_flusher_worker",
                  "Whether the first request's worker runs as an IO flusher (1, 0; -1 before a write in swap mode).",
                  sample->swap.io_flusher_worker);

@@ -148,7 +148,12 @@ struct swap_mode_status {
   int mode_number;                /* 0, 1, 2: the same */
   int64_t locked_bytes;           /* Locked of smaps_rollup */
   int64_t locked_mappings_bytes;  /* VmLck */
+  int memory_locked;              /* 1: swap mode locked memory as it is
+                                     touched (mlockall MCL_ONFAULT) */
   int realtime_priority;          /* 0: not real-time */
+  int io_flusher;                 /* 1: swap mode made the server an IO
+                                     flusher at start (its threads
+                                     inherit it) */
   int io_flusher_worker;          /* 1, 0, or -1 before a write */
   int oom_score_adj;
   uint64_t write_faults;          /* page faults inside stores, ever */

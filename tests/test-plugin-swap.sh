@@ -7,7 +7,10 @@
 # Serving: swap=try (and swap=on where this process has CAP_SYS_RESOURCE)
 # locks memory, reports from a worker thread whether it is an IO flusher,
 # has a populated reserve before the first write and keeps it with
-# nothing stored, says what it did in one line at start, and gives the
+# nothing stored, says in the stats what it got (memory locked, IO
+# flusher), logs its start line as an error only when it serves without
+# something (naming it: SCHED_RR refused here) and as a debug line (-v)
+# when all was had, and gives the
 # memory of trimmed data back
 # (RSS within 16 MiB of idle, outside sanitizer builds); nbdkit --swap
 # without swap= gives it back too.
@@ -147,6 +150,14 @@ assert flusher == flusher_expected, \
     "worker thread IO flusher %d, expected %d" % (flusher, flusher_expected)
 locked = stat("swap_locked_bytes")
 assert (locked > 0) == locked_expected, "locked bytes %d" % locked
+# What swap mode got at start, without -v: in the stats (off: nothing).
+if mode == "off":
+    assert stat("swap_io_flusher") == 0 and stat("swap_memory_locked") == 0
+else:
+    assert stat("swap_io_flusher") == flusher_expected, \
+        "swap_io_flusher %d, expected %d" % (stat("swap_io_flusher"), flusher_expected)
+    if locked_expected:
+        assert stat("swap_memory_locked") == 1, "swap_memory_locked 0 with memory locked"
 reserve, misses = stat("reserve_bytes"), stat("reserve_misses")
 if mode != "off":
     assert reserve > 0, "no swap reserve"
@@ -196,8 +207,74 @@ if [ "$flusher" = 0 ]; then
     grep -q 'swap=try: going on without: PR_SET_IO_FLUSHER refused' "$NBDKIT_STDERR" \
         || fail "swap=try did not warn about what it went without"
 fi
-grep -Eq 'zram: swap=try: memory (NOT )?locked.*, reserve of [1-9][0-9]* MiB populated, [1-9][0-9]* MiB of table, contexts and heap made ready, (NOT )?real-time, ' \
-    "$NBDKIT_STDERR" || fail "swap=try did not say what it did at start"
+# The start line: an error only for what swap=try serves without (as the
+# stats, read as it stopped, say), each named; all had: no error at all
+# (it is a debug line, -v, below).
+stat_of () { awk -v k="$1:" '$1 == k { print $2 }' "$stats"; }
+without=
+[ "$(stat_of swap_memory_locked)" = 1 ] || without="$without memory"
+[ "$(stat_of swap_realtime_priority)" != 0 ] || without="$without real-time"
+[ "$(stat_of swap_io_flusher)" = 1 ] || without="$without io-flusher"
+[ "$(stat_of swap_oom_score_adj)" = -1000 ] || without="$without oom"
+if [ -z "$without" ]; then
+    ! grep -E 'error: .*swap=try: (memory|serving without)' "$NBDKIT_STDERR" ||
+        fail "swap=try with all it asks for logged its start at error level"
+else
+    grep -Eq "error: zram: warning: swap=try: serving without: .*\.  Reserve of [1-9][0-9]* MiB populated, [1-9][0-9]* MiB of table, contexts and heap made ready" \
+        "$NBDKIT_STDERR" || fail "swap=try without$without did not say so at start"
+    for missing in $without; do
+        case $missing in
+            memory) pattern='memory locked as it is touched' ;;
+            real-time) pattern='real-time priority \(SCHED_RR\)' ;;
+            io-flusher) pattern='IO flusher' ;;
+            oom) pattern='oom_score_adj -1000' ;;
+        esac
+        grep -Eq "serving without: ([^.]*; )?$pattern" "$NBDKIT_STDERR" ||
+            fail "swap=try without $missing: its start line does not name it"
+    done
+fi
+
+# serve_briefly PATTERN PREFIX... -- ARGS...: a swap=try server (in the
+# foreground, without --run: nbdkit's --run shell crashes with
+# ThreadSanitizer's runtime preloaded) run under PREFIX until its stderr
+# ($tmp/brief.err) matches PATTERN (10 s at most), then stopped.
+serve_briefly ()
+{
+    local pattern="$1" prefix=() server i
+    shift
+    while [ "$1" != -- ]; do prefix+=("$1"); shift; done
+    shift
+    rm -f "$tmp/brief.sock"
+    env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "${prefix[@]}" \
+        "$NBDKIT" -f -U "$tmp/brief.sock" "$@" 2>"$tmp/brief.err" &
+    server=$!
+    for i in $(seq 100); do
+        ! grep -Eq "$pattern" "$tmp/brief.err" || break
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill "$server" 2>/dev/null || :
+    wait "$server" || :
+    grep -Eq "$pattern" "$tmp/brief.err" ||
+        { cat "$tmp/brief.err" >&2; fail "${prefix[*]} nbdkit $*: no line matching '$pattern'"; }
+}
+# With -v, the start line is there as a debug line: what was done.
+if [ -z "$without" ]; then
+    serve_briefly 'swap=try: (memory locked|serving without)' env -- \
+        -v "$PLUGIN" 64M swap=try mem_limit=64M
+    grep -Eq 'debug: zram: swap=try: memory locked as it is touched, reserve of [1-9][0-9]* MiB populated, [1-9][0-9]* MiB of table, contexts and heap made ready, real-time, IO flusher, oom_score_adj -1000' \
+        "$tmp/brief.err" || fail "swap=try -v: no debug line saying what was done at start"
+    ! grep -Eq 'error: .*swap=try: (memory|serving without)' "$tmp/brief.err" ||
+        fail "swap=try -v with all it asks for logged its start at error level"
+    echo "ok: all as asked: the start line is a debug line"
+fi
+# Without a real-time priority (no CAP_SYS_NICE, RLIMIT_RTPRIO 0):
+# swap=try serves, and its start line is an error naming it.
+serve_briefly 'swap=try: serving without' "${no_nice[@]}" prlimit --rtprio=0 -- \
+    "$PLUGIN" 64M swap=try mem_limit=64M
+grep -Eq 'error: zram: warning: swap=try: serving without: ([^.]*; )?real-time priority \(SCHED_RR\)' \
+    "$tmp/brief.err" || { cat "$tmp/brief.err" >&2; fail "swap=try without SCHED_RR: the start line does not name it"; }
+echo "ok: swap=try without real-time: an error naming it"
 # A real-time priority the server was started with (chrt) is kept.
 # (In the foreground, without --run: nbdkit's --run shell crashes with
 # ThreadSanitizer's runtime preloaded.)
