@@ -71,7 +71,9 @@
 #   ZRAM_VM_TOOL_RESTARTABLE  1: the SIGTERM cases again with
 #                        swap on --restartable (a supervisor, a standby,
 #                        a region), and the supervisor SIGKILLed before a
-#                        swap off (its server and standby stopped)
+#                        swap status (the server serves on, the standby
+#                        orphaned, exit 1) and a swap off (its server and
+#                        standby stopped)
 #   ZRAM_VM_TOOL_CASES   1: before the workload, the swap tool's cases
 #                        with the real driver (SIGTERM at five points of
 #                        swap on, then swap off: nothing left; a killed

@@ -8,7 +8,9 @@
 # by off or status; a swap on that was interrupted (phase starting) shown
 # by status and finished by off; a --mem-limit this machine cannot give
 # refused, naming what would fit; status for a user who cannot read the
-# state refused with a non-zero exit.  The real path (the kernel's nbd
+# state refused with a non-zero exit; a --restartable device whose
+# supervisor was killed: status says its server serves on unsupervised
+# and its standby is orphaned, exit 1, and off stops both.  The real path (the kernel's nbd
 # driver swapping to the server, SIGTERM during swap on, swap off with
 # memory short) is `make check-swap`, in a guest.
 set -euo pipefail
@@ -166,5 +168,105 @@ if [ "$(id -u)" = 0 ]; then
         grep -q "swap status: cannot read $tmp/run (root only): run it as root" "$tmp/err" ||
             fail "swap status as nobody: $(cat "$tmp/out" "$tmp/err")"
     fi
+fi
+# swap on --restartable whose supervisor was killed (SIGKILL): the server
+# and the ready standby it started serve on, unsupervised.  Stand-ins:
+# for the supervisor, a process started before the servers and killed
+# after; for the server and the standby, servers of this plugin started
+# as the supervisor starts them (--unix DIR/sock --pidfile DIR/pid, and
+# .standby), the standby's pid in DIR/standby.ready.  status must say
+# the server serves on but nothing restarts it, must not call the
+# standby ready, and exits 1 (degraded); a pid file naming a process
+# that is not this device's server (another command line, or started
+# before the supervisor: a recycled pid) is not taken for one; off stops
+# both servers, signals nothing else, and leaves no directory.
+d="$tmp/run/nbd9"
+mkdir -p "$d"
+chmod 700 "$tmp/run" "$d"
+# Started before the supervisor, with a command line naming the
+# standby's socket: a process whose pid a standby's pid file may name
+# once the standby is gone and the pid recycled.
+python3 -c 'import time; time.sleep(1000)' --unix "$d/sock.standby" & early=$!
+cleanup_add "kill $early 2>/dev/null"
+sleep 0.1
+sleep 1000 & supervisor=$!
+supervisor_start=$(start_of "$supervisor")
+sleep 1000 & live=$!
+cleanup_add "kill $live 2>/dev/null"
+sleep 0.1
+# server_start_of SUFFIX: this plugin served as the supervisor serves it.
+server_start_of ()
+{
+    env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "$NBDKIT" --unix "$d/sock$1" \
+        --pidfile "$d/pid$1" "$PLUGIN" 1M ctl="$d/ctl$1" ||
+        fail "nbdkit --unix $d/sock$1 did not start"
+    local i
+    for i in $(seq 100); do
+        [ ! -s "$d/pid$1" ] || break
+        sleep 0.1
+    done
+    [ -s "$d/pid$1" ] || fail "nbdkit --unix $d/sock$1 wrote no pid file in 10 s"
+    cleanup_add "kill $(cat "$d/pid$1") 2>/dev/null"
+}
+server_start_of ""
+server_start_of .standby
+server=$(cat "$d/pid") standby=$(cat "$d/pid.standby")
+cp "$d/pid.standby" "$d/standby.ready"
+kill -KILL "$supervisor"
+wait "$supervisor" 2>/dev/null || :
+printf 'device=/dev/nbd9\nserver_pid=%s\nserver_start=%s\nserver_exe=%s\nsupervised=1\nphase=on\n' \
+    "$supervisor" "$supervisor_start" "$(readlink -f "$(command -v sleep)")" > "$d/state"
+rc=0
+"$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
+cat "$tmp/out"
+[ "$rc" = 1 ] || fail "swap status with the supervisor killed: exit status $rc, not 1"
+grep -q "^/dev/nbd9: not swapped on; supervisor pid $supervisor is gone: server pid $server serves on, but is not restarted if it dies; swap off stops it" "$tmp/out" ||
+    fail "swap status with the supervisor killed does not say the server serves on: $(cat "$tmp/out")"
+grep -q "; standby pid $standby orphaned: it cannot take over (only the supervisor hands the device over); swap off stops it" "$tmp/out" ||
+    fail "swap status with the supervisor killed does not say the standby is orphaned"
+! grep -q "standby pid $standby ready" "$tmp/out" ||
+    fail "swap status with the supervisor killed calls the standby ready"
+# The orphaned server still answers its control channel: its table.
+grep -q "$d/ctl" "$tmp/out" || fail "swap status did not ask the orphaned server (no $d/ctl)"
+# The same with the supervisor alive (a stand-in started before the
+# servers too): the server, and the standby ready.
+sed -e "s/^server_pid=.*/server_pid=$live/" \
+    -e "s/^server_start=.*/server_start=$(start_of "$live")/" "$d/state" > "$tmp/state.live"
+cp "$d/state" "$tmp/state.killed"
+cp "$tmp/state.live" "$d/state"
+"$ZRAMCTL" swap status > "$tmp/out" 2>&1 || :
+grep -q "^/dev/nbd9: not swapped on; supervisor pid $live, server pid $server; standby pid $standby ready$" "$tmp/out" ||
+    fail "swap status with the supervisor alive: $(cat "$tmp/out")"
+cp "$tmp/state.killed" "$d/state"
+# Pid files naming processes that are not this device's servers: one
+# started before the supervisor whose command line names the standby's
+# socket (a recycled pid), one that names no socket.
+cp "$d/pid" "$tmp/pid.kept"
+cp "$d/pid.standby" "$tmp/pid.standby.kept"
+echo "$early" > "$d/pid.standby"
+echo "$live" > "$d/pid"
+rc=0
+"$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "swap status with the supervisor and its servers gone: exit status $rc, not 1"
+grep -q "^/dev/nbd9: not swapped on; supervisor pid $supervisor is gone, and so is the server$" "$tmp/out" ||
+    fail "swap status took a process that is not the device's for its server or standby: $(cat "$tmp/out")"
+cp "$tmp/pid.kept" "$d/pid"
+cp "$tmp/pid.standby.kept" "$d/pid.standby"
+if [ "$(id -u)" = 0 ]; then
+    "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
+    cat "$tmp/out"
+    grep -q "stopped pid $server, a server its supervisor (gone) left running" "$tmp/out" &&
+        grep -q "stopped pid $standby, a server its supervisor (gone) left running" "$tmp/out" ||
+        fail "swap off did not say it stopped the orphaned server and standby: $(cat "$tmp/out")"
+    # Gone, or a zombie of whoever reaps nbdkit's daemon (server_stop
+    # waits for that).
+    for pid in "$server" "$standby"; do
+        process_state=$(awk '$1 == "State:" { print $2 }' "/proc/$pid/status" 2>/dev/null || :)
+        [ -z "$process_state" ] || [ "$process_state" = Z ] ||
+            fail "swap off left pid $pid running (state $process_state)"
+    done
+    kill -0 "$early" 2>/dev/null && kill -0 "$live" 2>/dev/null ||
+        fail "swap off signalled a process that was not the device's"
+    [ ! -e "$d" ] || fail "swap off left $d: $(ls -A "$d")"
 fi
 echo "ok: nbdkit-zramctl swap"
