@@ -208,6 +208,26 @@ command_grace (struct client *client, int argc, char **argv)
   return 0;
 }
 
+/* The supervisor's measure of this server's downtime (handover.h): the
+ * longest a request to the device waited around the restart.
+ */
+static int
+command_downtime (struct client *client, int argc, char **argv)
+{
+  uint64_t milliseconds;
+  struct handover_status status;
+  handover_status_get (&status);
+  if (!status.enabled)
+    return reply_error (client, "downtime: the device has no region "
+                        "(region=): it is never restarted");
+  if (parse_number (argv[1], &milliseconds) == -1
+      || milliseconds > UINT64_C (86400000))
+    return reply_error (client, "downtime: '%s' is not a number of "
+                        "milliseconds (0..86400000)", argv[1]);
+  handover_downtime_report (milliseconds);
+  return 0;
+}
+
 /* region=: hand the device over to the next server now and exit (a
  * planned restart: tools/supervise.c), without answering the requests
  * that come meanwhile.  The reply is written before the exit.

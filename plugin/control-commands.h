@@ -39,6 +39,7 @@
            command_writeback_limit, 2) \
   COMMAND (drop, 1, 1, "drop", command_drop, 0) \
   COMMAND (grace, 2, 2, "grace SECONDS", command_grace, 0) \
+  COMMAND (downtime, 2, 2, "downtime MILLISECONDS", command_downtime, 0) \
   COMMAND (handover, 1, 1, "handover", command_handover, 0) \
   COMMAND (help, 1, 1, "help", command_help, 0)
 

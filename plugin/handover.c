@@ -37,6 +37,10 @@ static atomic_bool dropping;
  */
 static struct handover_status status;
 static uint64_t last_stopped_ns;
+/* handover_downtime_report's figure (0: none): set by the control
+ * thread, read by the stats.
+ */
+static _Atomic uint64_t reported_downtime_ms;
 
 /* Address space for a region: twice what the pool may hold (its pages
  * fragment, and the region's heap with them), the block table at its
@@ -341,6 +345,15 @@ handover_status_get (struct handover_status *out)
 {
   *out = status;
   out->drop = atomic_load (&dropping);
+  uint64_t reported = atomic_load (&reported_downtime_ms);
+  if (reported)
+    out->downtime_ms = reported;
+}
+
+void
+handover_downtime_report (uint64_t milliseconds)
+{
+  atomic_store (&reported_downtime_ms, milliseconds);
 }
 
 void

@@ -81,6 +81,12 @@ extern void handover_store_close (struct block_store *store);
 extern void handover_alive (void);
 /* Give the memory up at exit instead of handing it over. */
 extern void handover_drop (void);
+/* The downtime of this server's start as the supervisor measured it on
+ * the device (the control channel's downtime): what the stats say from
+ * now on, in place of the server's own figure, which cannot see the
+ * requests the kernel waits to send again.
+ */
+extern void handover_downtime_report (uint64_t milliseconds);
 
 /* A request that touches the store: in and out. */
 extern void handover_request_enter (void);

@@ -70,6 +70,18 @@ serve read 1 || fail "the second server did not serve the first one's data"
 blocks=$(stat_of recovered_blocks)
 [ "$blocks" -gt 600 ] || fail "recovered_blocks $blocks"
 echo "ok: restart: generation 2, $blocks blocks taken over, downtime $(stat_of downtime_seconds) s"
+# The supervisor's measure of the downtime (the control channel's
+# downtime): what stats say from then on; refused when not a number.
+ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+zram_nbdkit -U - "$PLUGIN" 8M region="$region" stats="$tmp/stats" \
+    ctl="$tmp/ctl" --run "'$ZRAMCTL' downtime '$tmp/ctl' 4321 &&
+        ! '$ZRAMCTL' downtime '$tmp/ctl' soon 2>'$tmp/downtime.err' &&
+        sleep 1.5" || fail "a server told its downtime"
+grep -q "downtime: 'soon' is not a number of milliseconds" "$tmp/downtime.err" ||
+    fail "no clear refusal of 'downtime soon': $(cat "$tmp/downtime.err")"
+[ "$(stat_of downtime_seconds)" = 4.321 ] ||
+    fail "downtime_seconds $(stat_of downtime_seconds) after the supervisor said 4321 ms"
+echo "ok: the supervisor's downtime (4321 ms) is what stats say"
 serve write 2 && serve read 2 || fail "a third generation"
 [ "$(segment)" = "$id" ] || fail "the segment changed across restarts"
 

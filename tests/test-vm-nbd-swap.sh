@@ -92,8 +92,11 @@
 #                        this many MiB pushed out at once and read back
 #                        (vmtouch -o), twice; default 0 (not run)
 #   ZRAM_VM_RESTARTS     server restarts in the middle of the workload:
-#                        KIND@MIB words (restart, kill) done once MIB are
-#                        swapped out (tests/vm-nbd/init)
+#                        KIND@MIB words (restart, kill, kill2,
+#                        standbykill, killrestart, stop) done once MIB
+#                        are swapped out (tests/vm-nbd/init)
+#   ZRAM_VM_RESTART_STALL_MAX_S  with restarts: the longest stall the
+#                        workload may see (default 12 s)
 #   ZRAM_VM_MAX_SECTORS_KB  the nbd queue's max_sectors_kb, set after
 #                        swap on (default: the driver's, 128)
 #   ZRAM_VM_TIMEOUT      seconds the whole QEMU run may take (default 900)
@@ -436,6 +439,11 @@ server=$(field "$result_line" server)
 restarts=$(field "$result_line" restarts)
 io_errors=$(field "$result_line" io_errors)
 [ -z "${ZRAM_VM_RESTARTS:-}" ] || knobs+=" restarts=${ZRAM_VM_RESTARTS// /,}"
+# The supervisor's figure of each restart ("down X s"), as the guest
+# printed its lines.
+downtimes=$(grep -a '^ZRAM-VM: restart ' "$clean" | grep -o 'reconnected, down [0-9.]* s' |
+    awk '{ printf "%s%s", sep, $3; sep = "," }' || :)
+RESTART_STALL_MAX_S=${ZRAM_VM_RESTART_STALL_MAX_S:-12}
 
 cat <<EOF
 $TEST_NAME: comp=$COMP $knobs; guest ${VM_MEM_MB} MiB RAM, ${VM_SMP} CPUs; device $SIZE, mem_limit $MEM_LIMIT; workload $FILL_MB MiB tmpfs ($FILLERS files) + $TOUCHERS x $TOUCH_MB MiB anonymous ($(awk -v a=$((FILL_MB + TOUCHERS * TOUCH_MB)) -v b="$VM_MEM_MB" 'BEGIN { printf "%.2f", a / b }')x RAM)
@@ -464,7 +472,7 @@ echo "RESULT: $result comp=$COMP $knobs" \
     "stall_max=${stall_max:-?}s server=${server:-?}" \
     "workload_time=${guest_time:-?}s workload_time_cs=$(field "$result_line" time_cs)" \
     "qemu_time=$((t_end - t_boot))s" \
-    ${ZRAM_VM_RESTARTS:+"restarts=${restarts:-?} io_errors=${io_errors:-?} oom_kills=$(field "$result_line" oom_kills)"}
+    ${ZRAM_VM_RESTARTS:+"restarts=${restarts:-?} downtimes=${downtimes:-none} io_errors=${io_errors:-?} oom_kills=$(field "$result_line" oom_kills)"}
 
 # ---- for a hang: who is stuck where ----------------------------------------
 # Each task of the sysrq dumps (w: blocked, l: on a CPU, t: all; only the
@@ -531,6 +539,16 @@ case "$result:$EXPECT" in
             fail "RESULT OK but $verified of $((pages * 2)) page checks passed"
         [ "${swap_kib:-0}" -gt $((64 << 10)) ] ||
             fail "RESULT OK but the guest swapped only $(mib $(( ${swap_kib:-0} * 1024 ))) MiB (64 MiB at least): the workload is too small"
+        # Restarts: the workload's longest stall within a bound (a crash's
+        # requests are sent again after the request timeout, 3 s: a stall
+        # of 30 s and more was each kill's before; the bound leaves TCG's
+        # noise room), and the downtime the supervisor reported within a
+        # few seconds of it (its figure and the watchdog's, whole seconds).
+        if [ -n "${ZRAM_VM_RESTARTS:-}" ]; then
+            [ -n "$stall_max" ] && [ "$stall_max" -le "$RESTART_STALL_MAX_S" ] ||
+                fail "RESULT OK, but the workload stalled for ${stall_max:-?} s across the restarts (at most $RESTART_STALL_MAX_S)"
+            echo "ok: comp=$COMP $knobs: the longest stall the workload saw: $stall_max s; downtimes reported: ${downtimes:-none}"
+        fi
         echo "ok: comp=$COMP $knobs: swapped, every page verified twice" ;;
     FAIL:*) fail "${reason:-the guest failed}" ;;
     *) fail "$result" ;;

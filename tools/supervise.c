@@ -47,15 +47,31 @@
  * The requests the kernel had sent to the old server and that it never
  * answered (it died, or held them while it handed over) are not sent
  * again by the reconnect: the driver sends a request again only from its
- * timeout handler, and only when a request timeout is set - with none
- * (the default, so that a live server that is slow is never cut off) it
- * warns every 30 s and waits for good, and those swap pages stay under
- * writeback, held in RAM, for good (seen: a restarted server's machine
- * stalled on them until an OOM kill).  So after a reconnect the device
- * gets a request timeout (REQUEUE_TIMEOUT_S) for REQUEUE_WINDOW_S: each
- * such request's 30 s timer fires within it and is put back in the queue
- * for the new socket (sent on the old one, it does not make the new one
- * dead); then the timeout goes back to none.
+ * timeout handler, and only when a request timeout is set (with none it
+ * warns every 30 s and waits for good, the swap pages under writeback
+ * held in RAM for good).  So the device has a request timeout from its
+ * attach on (--request-timeout, REQUEST_TIMEOUT_DEFAULT_S): a request
+ * the old server never answered is sent again to the new one at most
+ * that long after it was first sent - what a user waits, with the
+ * restart's own time, after a crash.  (A timeout armed only after the
+ * reconnect, as before, acts on the old requests only when their 30 s
+ * timers fire: every kill stalled the device for 30-34 s.)
+ *
+ * A live server's request that meets the timeout is sent again too, on
+ * a new connection - while the server may still be working on the first
+ * copy, a write that would land after the resend and after a newer write
+ * of the same block, stale data.  So that cannot happen, such a server
+ * is killed and reaped before anything is sent again (a dead process
+ * writes nothing), and the restart below takes over: the driver's
+ * link-dead notice for a live server says a request timed out.  A slow
+ * server costs a restart, never data.
+ *
+ * The downtime said for a restart is what a user of the device waits at
+ * most: from the device's last answer before the server's end (its
+ * counters are read each STALL_SAMPLE_S) to the reconnect, or, when
+ * requests were waiting at the end, to the request timeout after which
+ * they are sent again, if that is later.  The new server is told it
+ * (the control channel's downtime), for its stats and metrics.
  *
  * While no server runs, the swapping kernel may need this process to
  * make progress, and none of its pages may be on the device: its memory
@@ -97,21 +113,16 @@
 
 static volatile sig_atomic_t restart_asked, stop_asked;
 
-/* After a reconnect (see above): the request timeout, and how long it
- * stays: the old requests' 30 s timer round, and a whole timeout more,
- * so that a request sent meanwhile (its timer armed with the new
- * timeout) that the new server never answers - it died too - is sent
- * again as well (seen: one started just after a reconnect, warned about
- * 120 s later, after a window of 65 s had closed).  Short, because such
- * a request waits that long: with 120 s, a kill within a restart's
- * window kept a swap-in and the kernel's swap discards (queued behind
- * one) waiting, the device filled with pages the kernel had freed, and
- * the full-device watch had a process killed (seen in the guest).  A
- * live server's request that meets it costs a connection, which the
- * link-dead watch gives back within a second (run_supervise).
+/* The device's request timeout (see above) unless --request-timeout
+ * says otherwise: short, as it is a crash's downtime.  A server of the
+ * swap tool's answers in milliseconds; one that takes longer is stalled
+ * (a backing store's wait: the swap tool gives such a device a timeout
+ * above the backing store's own).  The driver's timer fires up to a
+ * second late.
  */
-#define REQUEUE_TIMEOUT_S 30
-#define REQUEUE_WINDOW_S (35 + REQUEUE_TIMEOUT_S)
+#define REQUEST_TIMEOUT_DEFAULT_S 3
+/* How often the device's counters are read, for the downtime. */
+#define STALL_SAMPLE_S 0.25
 /* The driver's link-dead notices for the server that went come a moment
  * after the restart: not taken for a live server's.
  */
@@ -152,18 +163,81 @@ now (void)
   return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* Wait up to a second, or until a signal or a notice of the driver
+/* Wait up to seconds, or until a signal or a notice of the driver
  * (watch, if not NULL) comes: signals are blocked but here (none: the
  * mask with them unblocked), so one that comes while the supervisor acts
  * is acted on at the next wait, never lost.
  */
 static void
-wait_a_second (const sigset_t *none, const struct nbd_watch *watch)
+wait_for (double seconds, const sigset_t *none, const struct nbd_watch *watch)
 {
   struct pollfd notice = { .fd = watch ? nbd_watch_fd (watch) : -1,
                            .events = POLLIN };
-  struct timespec second = { .tv_sec = 1 };
-  ppoll (&notice, 1, &second, none);
+  struct timespec span = { .tv_sec = (time_t) seconds,
+                           .tv_nsec = (long) ((seconds - (time_t) seconds)
+                                              * 1e9) };
+  ppoll (&notice, 1, &span, none);
+}
+
+/* What the device answers, from its counters (/sys/block/NAME/stat), for
+ * the downtime (see above).
+ */
+struct device_activity {
+  char stat_path[64];
+  uint64_t answered;            /* requests completed, of every kind */
+  uint64_t waiting;             /* requests in flight */
+  double last_answer;           /* when answered last grew, or none waited */
+};
+
+/* The supervised device's (set at the attach), sampled in every wait:
+ * the main loop's and those of the steps that take long (ask,
+ * server_start), so that the last answer before a server's end is
+ * known within a sample wherever the supervisor was then.
+ */
+static struct device_activity device_activity;
+
+static void
+device_activity_init (struct device_activity *activity, const char *device)
+{
+  const char *name = strrchr (device, '/');
+  snprintf (activity->stat_path, sizeof activity->stat_path,
+            "/sys/block/%s/stat", name ? name + 1 : device);
+  activity->answered = activity->waiting = 0;
+  activity->last_answer = now ();
+}
+
+/* Read the counters: reads, writes, discards and flushes completed
+ * (fields 1, 5, 12 and 16 of the stat file; the last two only in newer
+ * kernels), and in flight (field 9).
+ */
+static void
+device_activity_sample (struct device_activity *activity)
+{
+  char text[512];
+  if (!activity->stat_path[0])
+    return;                     /* before the attach */
+  int fd = open (activity->stat_path, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return;
+  ssize_t got = read (fd, text, sizeof text - 1);
+  close (fd);
+  if (got <= 0)
+    return;
+  text[got] = '\0';
+  uint64_t field[18] = { 0 }, answered;
+  char *at = text;
+  for (int i = 1; i < 18; i++) {
+    char *end;
+    field[i] = strtoull (at, &end, 10);
+    if (end == at)
+      break;
+    at = end;
+  }
+  answered = field[1] + field[5] + field[12] + field[16];
+  if (answered != activity->answered || field[9] == 0)
+    activity->last_answer = now ();
+  activity->answered = answered;
+  activity->waiting = field[9];
 }
 
 /* The server runs (it has not exited; its status is left to waitpid). */
@@ -305,6 +379,8 @@ server_start (const char *dir, char **argv, const char *suffix,
                      now () - started);
       return -1;
     }
+    if (i % 25 == 0)
+      device_activity_sample (&device_activity);
     if (i > 0 && i % 500 == 0)
       supervise_log ("%s: pid %d has no socket yet after %.3f s", role,
                      (int) pid, now () - started);
@@ -378,6 +454,7 @@ ask (const char *dir, const char *name, const char *line, char *reply,
         next_note += 5;
       }
       struct pollfd readable = { .fd = fd, .events = POLLIN };
+      device_activity_sample (&device_activity);
       if (poll (&readable, 1, 100) == 0)
         continue;
       ssize_t r = read (fd, reply + used, 1);
@@ -565,11 +642,34 @@ standby_take_over (const char *dir, struct standby *standby,
 int
 run_supervise (int argc, char **argv)
 {
-  bool use_standby = argc >= 5 && strcmp (argv[4], "--standby") == 0;
-  int dashes = use_standby ? 5 : 4;
-  if (argc < dashes + 2 || strcmp (argv[dashes], "--") != 0) {
+  bool use_standby = false, usage = argc < 4;
+  unsigned request_timeout = REQUEST_TIMEOUT_DEFAULT_S;
+  int dashes = 4;
+  for (; !usage && dashes < argc && strcmp (argv[dashes], "--") != 0;
+       dashes++) {
+    char *end;
+    if (strcmp (argv[dashes], "--standby") == 0)
+      use_standby = true;
+    else if (strcmp (argv[dashes], "--request-timeout") == 0
+             && dashes + 1 < argc) {
+      errno = 0;
+      unsigned long seconds = strtoul (argv[++dashes], &end, 10);
+      if (errno || *end || end == argv[dashes] || seconds == 0
+          || seconds > 3600) {
+        fprintf (stderr, "nbdkit-zramctl: supervise: --request-timeout: "
+                 "'%s' is not a number of seconds from 1 to 3600\n",
+                 argv[dashes]);
+        return EXIT_FAILURE;
+      }
+      request_timeout = seconds;
+    }
+    else
+      usage = true;
+  }
+  if (usage || dashes + 1 >= argc) {
     fprintf (stderr, "usage: nbdkit-zramctl supervise DIR DEVICE CONNECTIONS "
-             "DEAD_CONN_TIMEOUT [--standby] -- NBDKIT ARGUMENT...\n");
+             "DEAD_CONN_TIMEOUT [--standby] [--request-timeout SECONDS] -- "
+             "NBDKIT ARGUMENT...\n");
     return EXIT_FAILURE;
   }
   const char *dir = argv[0], *device = argv[1];
@@ -688,74 +788,74 @@ run_supervise (int argc, char **argv)
     close (region_fd);
   }
   note (dir, "attached", false, "%s\n", device);
-  /* A live server whose connection the driver dropped (a request met the
-   * request timeout: REQUEUE_TIMEOUT_S) is reconnected: the driver's
-   * link-dead notice says so.  Its notices for a server that went are
-   * the restart's business: ignored until QUIET_AFTER_RESTART_S after.
+  /* The request timeout, from now on (see above). */
+  if (nbd_set_request_timeout (device, request_timeout) == 0)
+    supervise_log ("%s attached to server pid %d, request timeout %u s",
+                   device, (int) server, request_timeout);
+  else
+    supervise_log ("%s attached to server pid %d, but its request timeout "
+                   "could not be set: a request the server never answers "
+                   "(it crashed) waits for good", device, (int) server);
+  /* A live server's request that met the request timeout (see above):
+   * the driver's link-dead notice says so.  Its notices for a server
+   * that went are the restart's business: ignored until
+   * QUIET_AFTER_RESTART_S after.
    */
   struct nbd_watch *watch = nbd_watch_open (device);
   if (!watch)
-    supervise_log ("cannot watch the driver's notices: "
-          "a live server whose connection a request timeout dropped is "
-          "not reconnected\n");
-  double quiet_until = 0, link_dead_since = 0;
+    supervise_log ("cannot watch the driver's notices: a live server "
+                   "whose request timed out is not restarted, and the "
+                   "request waits for the dead-connection timeout");
+  double quiet_until = 0;
   unsigned restarts = 0;
-  double requeue_until = 0;
   struct standby standby = { .pid = 0 };
+  device_activity_init (&device_activity, device);
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
     double stopped = 0, next_exit_note = 5;
-    bool terminated = false;
+    bool terminated = false, timed_out = false;
     while (waitpid (server, &status, WNOHANG) != server) {
-      if (requeue_until && now () > requeue_until) {
-        if (nbd_set_request_timeout (device, 0) == 0) {
-          requeue_until = 0;
-          supervise_log ("%s: request timeout back to none", device);
-        }
-      }
+      device_activity_sample (&device_activity);
       if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
-          && !link_dead_since) {
+          && !stopped) {
         /* A server that is going ends this wait at the next round: only
-         * a live one's is news.
+         * a live one's is news.  One that is being stopped or restarted
+         * is reaped before anything is sent again anyway.
          */
         usleep (100000);
         if (server_alive (server)) {
-          supervise_log ("the driver marked a "
-                "connection of %s to the live server dead\n", device);
-          link_dead_since = now ();
-        }
-      }
-      if (link_dead_since) {
-        /* One that does not answer (stopped, stuck) is tried again each
-         * round, as long as the device waits for it.
-         */
-        if (!server_alive (server) || now () - link_dead_since > timeout)
-          link_dead_since = 0;
-        else if (nbd_attach (device, sock_path, true, connections, timeout,
-                             4096) == 0) {
-          supervise_log ("the driver dropped a "
-                "connection to the live server (pid %d): reconnected after "
-                "%.1f s\n", (int) server, now () - link_dead_since);
-          link_dead_since = 0;
+          supervise_log ("the driver marked a connection of %s to the live "
+                         "server pid %d dead: a request met the %u s request "
+                         "timeout, and its first copy may still be at work "
+                         "in the server: the server is killed before the "
+                         "request is sent again", device, (int) server,
+                         request_timeout);
+          kill (server, SIGKILL);
+          stopped = now ();
+          timed_out = terminated = true;
         }
       }
       leftovers_reap ();
       if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
-        supervise_log ("standby: pid %d exited (a new "
-              "one in %d s)\n", (int) standby.pid, STANDBY_RETRY_S);
+        /* A standby's end is a crash of its own: the next one at once
+         * (and STANDBY_RETRY_S after one that cannot be made ready).
+         */
+        supervise_log ("standby: pid %d exited: a new one is made ready",
+                       (int) standby.pid);
         standby.pid = 0;
         standby_discard (dir, &standby);
-        standby.next_try = now () + STANDBY_RETRY_S;
+        standby.next_try = now ();
       }
-      /* Not within a restart's requeue window: a standby starting then
-       * faults its memory in while the old server's requests still hold
-       * pages under writeback, and the new server's reserve, refilled
-       * from the same free memory, ran dry (seen with zstd in the guest:
-       * writes refused, a process killed).
+      /* Not while the old server's requests wait to be sent again after
+       * a restart (next_try, set then): a standby starting meanwhile
+       * faults its memory in while those requests hold pages under
+       * writeback, and the new server's reserve, refilled from the same
+       * free memory, ran dry (seen with zstd in the guest: writes
+       * refused, a process killed).
        */
       if (use_standby && !standby.pid && !stop_asked && !restart_asked
-          && !requeue_until && now () >= standby.next_try)
+          && !stopped && now () >= standby.next_try)
         standby_prepare (dir, standby_argv, connections, &standby, server);
       if (stop_asked && !terminated) {
         supervise_log ("stop asked: server pid %d sent SIGTERM",
@@ -796,10 +896,17 @@ run_supervise (int argc, char **argv)
         next_exit_note += 5;
       }
       /* Woken by a signal, or each second (the 40 s above). */
-      wait_a_second (&none, watch);
+      wait_for (STALL_SAMPLE_S, &none, watch);
     }
     if (!stopped)
       stopped = now ();
+    /* Requests waiting now wait for the request timeout: sent before the
+     * end, they are sent again at most that long (and the driver's
+     * second) after it.
+     */
+    device_activity_sample (&device_activity);
+    double exited = now (), stall_from = device_activity.last_answer;
+    uint64_t waiting = device_activity.waiting;
     supervise_log ("server pid %d %s %d, %.3f s after %s", (int) server,
                    WIFSIGNALED (status) ? "killed by signal"
                    : "exited with status", WIFSIGNALED (status)
@@ -818,6 +925,7 @@ run_supervise (int argc, char **argv)
       return EXIT_SUCCESS;
     }
     const char *why = restart_asked ? "restart asked"
+      : timed_out ? "a request timed out"
       : WIFSIGNALED (status) ? strsignal (WTERMSIG (status)) : "exited";
     bool asked = restart_asked;
     restart_asked = 0;
@@ -854,7 +962,7 @@ run_supervise (int argc, char **argv)
       if (server > 0)
         child_stop (server, false);
       server = -1;
-      wait_a_second (&none, NULL);  /* swap off meanwhile stops the tries */
+      wait_for (1, &none, NULL);   /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
         supervise_log ("restart %u: given up after %u "
               "attempts (%s)\n", restarts + 1, attempt, stop_asked
@@ -865,16 +973,27 @@ run_supervise (int argc, char **argv)
       }
     }
     restarts++;
-    supervise_log ("restart %u (%s): %s reconnected, "
-          "down %.3f s%s\n", restarts, why, device, now () - stopped,
-          by_standby ? ", taken over by the standby" : "");
-    /* The old server's unanswered requests: sent again (see above). */
-    if (nbd_set_request_timeout (device, REQUEUE_TIMEOUT_S) == 0) {
-      requeue_until = now () + REQUEUE_WINDOW_S;
-      supervise_log ("%s: request timeout %d s for %d s: the old server's "
-                     "unanswered requests are sent again as their timers "
-                     "fire", device, REQUEUE_TIMEOUT_S, REQUEUE_WINDOW_S);
-    }
+    double reconnected = now ();
+    double answered_again = waiting && exited + request_timeout + 1
+      > reconnected ? exited + request_timeout + 1 : reconnected;
+    double downtime = answered_again - stall_from;
+    supervise_log ("restart %u (%s): %s reconnected, down %.3f s%s (the "
+                   "device's last answer %.3f s before the server's end; "
+                   "reconnected %.3f s after it; %llu requests waiting%s)",
+                   restarts, why, device, downtime,
+                   by_standby ? ", taken over by the standby" : "",
+                   exited - stall_from, reconnected - exited,
+                   (unsigned long long) waiting, waiting
+                   ? ", sent again within the request timeout" : "");
+    /* The new server says it in its stats and metrics. */
+    char line[64], reply[128];
+    snprintf (line, sizeof line, "downtime %llu\n",
+              (unsigned long long) (downtime * 1000 + 0.5));
+    ask (dir, "ctl", line, reply, sizeof reply, 5, server);
     quiet_until = now () + QUIET_AFTER_RESTART_S;
+    /* The next standby once the old requests are answered (see the
+     * standby's start above).
+     */
+    standby.next_try = answered_again + 1;
   }
 }
