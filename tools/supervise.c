@@ -639,6 +639,118 @@ standby_take_over (const char *dir, struct standby *standby,
   return pid;
 }
 
+/* The kernel's log (/dev/kmsg, opened at the start and read from its
+ * end then; -1: none), for the driver's "Connection timed out,
+ * retrying": the moment it sent again a request the old server never
+ * answered.
+ */
+static int kernel_log = -1;
+
+/* Read what the kernel logged since the last call: of the lines that say
+ * the driver sent a request of device_name again, how many came no
+ * later than until (monotonic seconds; the log's clock is the kernel's,
+ * which is the monotonic clock give or take its drift) and when the
+ * last of them came (0: none).
+ */
+static double
+kernel_log_resends (const char *device_name, double until, unsigned *count)
+{
+  double last = 0;
+  *count = 0;
+  for (;;) {
+    char record[1024];
+    ssize_t got = kernel_log >= 0
+      ? read (kernel_log, record, sizeof record - 1) : -1;
+    if (got == -1 && errno == EPIPE)
+      continue;                 /* overwritten meanwhile: the next */
+    if (got <= 0)
+      return last;
+    record[got] = '\0';
+    /* "PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;TEXT" */
+    unsigned long long microseconds;
+    int text = 0;
+    if (sscanf (record, "%*u,%*u,%llu,%*[^;];%n", &microseconds, &text) < 1
+        || text == 0)
+      continue;
+    double at = microseconds / 1e6;
+    if (at <= until && strstr (record + text, device_name)
+        && strstr (record + text, "timed out, retrying")) {
+      last = at;
+      ++*count;
+    }
+  }
+}
+
+/* A restart whose downtime is not known yet (see above): it is when the
+ * driver has sent the old requests again, which it does within the
+ * request timeout and a second of the old server's end.
+ */
+struct restart_report {
+  bool pending;
+  unsigned number;
+  const char *why;
+  bool by_standby;
+  double stall_from;            /* the device's last answer before */
+  double exited;                /* the old server's end, as seen */
+  double reconnected;
+  uint64_t waiting;             /* requests in flight at the end */
+  double due;                   /* when the resends are all done */
+};
+
+/* The restart's line, with the downtime, and the new server told it
+ * (for its stats and metrics): once report->due has passed, or before
+ * the next restart.  The downtime ends at the reconnect, or at the last
+ * request sent again, if later; without the kernel's log, at the bound
+ * of the request timeout and a second after the end when requests were
+ * waiting.
+ */
+static void
+restart_report_finish (struct restart_report *report, const char *dir,
+                       const char *device, unsigned request_timeout,
+                       pid_t server)
+{
+  if (!report->pending)
+    return;
+  report->pending = false;
+  const char *name = strrchr (device, '/');
+  name = name ? name + 1 : device;
+  unsigned resends;
+  double last_resend = kernel_log_resends (name, report->due, &resends);
+  double answered = report->reconnected;
+  char how[160];
+  if (!report->waiting)
+    snprintf (how, sizeof how, "no request waiting");
+  else if (kernel_log >= 0) {
+    if (last_resend > answered)
+      answered = last_resend;
+    snprintf (how, sizeof how, "%llu requests waiting, %u sent again by the "
+              "driver%s", (unsigned long long) report->waiting, resends,
+              resends ? ", the last" : "");
+    if (resends)
+      snprintf (how + strlen (how), sizeof how - strlen (how),
+                " %.3f s after the end", last_resend - report->exited);
+  }
+  else {
+    if (report->exited + request_timeout + 1 > answered)
+      answered = report->exited + request_timeout + 1;
+    snprintf (how, sizeof how, "%llu requests waiting, sent again within "
+              "the request timeout and a second: the kernel's log cannot "
+              "say when", (unsigned long long) report->waiting);
+  }
+  double downtime = answered - report->stall_from;
+  supervise_log ("restart %u (%s): %s reconnected, down %.3f s%s (the "
+                 "device's last answer %.3f s before the server's end; "
+                 "reconnected %.3f s after it; %s)", report->number,
+                 report->why, device, downtime,
+                 report->by_standby ? ", taken over by the standby" : "",
+                 report->exited - report->stall_from,
+                 report->reconnected - report->exited, how);
+  char line[64], reply[128];
+  snprintf (line, sizeof line, "downtime %llu\n",
+            (unsigned long long) (downtime * 1000 + 0.5));
+  ask (dir, "ctl", line, reply, sizeof reply, 5, server);
+}
+
 int
 run_supervise (int argc, char **argv)
 {
@@ -728,6 +840,12 @@ run_supervise (int argc, char **argv)
   if (mlockall (MCL_CURRENT | MCL_FUTURE) == -1)
     supervise_log ("mlockall: %s: its pages may be swapped out",
                    strerror (errno));
+  kernel_log = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (kernel_log >= 0)
+    lseek (kernel_log, 0, SEEK_END);
+  else
+    supervise_log ("/dev/kmsg: %s: a restart's downtime is the bound of the "
+                   "request timeout", strerror (errno));
   int oom = open ("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
     if (write (oom, "-1000", 5) != 5)
@@ -810,6 +928,7 @@ run_supervise (int argc, char **argv)
   unsigned restarts = 0;
   struct standby standby = { .pid = 0 };
   device_activity_init (&device_activity, device);
+  struct restart_report report = { .pending = false };
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
@@ -817,6 +936,8 @@ run_supervise (int argc, char **argv)
     bool terminated = false, timed_out = false;
     while (waitpid (server, &status, WNOHANG) != server) {
       device_activity_sample (&device_activity);
+      if (report.pending && now () >= report.due)
+        restart_report_finish (&report, dir, device, request_timeout, server);
       if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
           && !stopped) {
         /* A server that is going ends this wait at the next round: only
@@ -900,6 +1021,8 @@ run_supervise (int argc, char **argv)
     }
     if (!stopped)
       stopped = now ();
+    /* The last restart's line first (its server is the one that ended). */
+    restart_report_finish (&report, dir, device, request_timeout, server);
     /* Requests waiting now wait for the request timeout: sent before the
      * end, they are sent again at most that long (and the driver's
      * second) after it.
@@ -973,27 +1096,20 @@ run_supervise (int argc, char **argv)
       }
     }
     restarts++;
-    double reconnected = now ();
-    double answered_again = waiting && exited + request_timeout + 1
-      > reconnected ? exited + request_timeout + 1 : reconnected;
-    double downtime = answered_again - stall_from;
-    supervise_log ("restart %u (%s): %s reconnected, down %.3f s%s (the "
-                   "device's last answer %.3f s before the server's end; "
-                   "reconnected %.3f s after it; %llu requests waiting%s)",
-                   restarts, why, device, downtime,
-                   by_standby ? ", taken over by the standby" : "",
-                   exited - stall_from, reconnected - exited,
-                   (unsigned long long) waiting, waiting
-                   ? ", sent again within the request timeout" : "");
-    /* The new server says it in its stats and metrics. */
-    char line[64], reply[128];
-    snprintf (line, sizeof line, "downtime %llu\n",
-              (unsigned long long) (downtime * 1000 + 0.5));
-    ask (dir, "ctl", line, reply, sizeof reply, 5, server);
+    report = (struct restart_report) {
+      .pending = true, .number = restarts, .why = why,
+      .by_standby = by_standby, .stall_from = stall_from, .exited = exited,
+      .reconnected = now (), .waiting = waiting,
+      .due = exited + request_timeout + 1.5,
+    };
+    supervise_log ("restart %u (%s): %s given its sockets %.3f s after the "
+                   "server's end; its downtime once the requests that "
+                   "waited are sent again", restarts, why, device,
+                   report.reconnected - exited);
     quiet_until = now () + QUIET_AFTER_RESTART_S;
     /* The next standby once the old requests are answered (see the
      * standby's start above).
      */
-    standby.next_try = answered_again + 1;
+    standby.next_try = report.due + 1;
   }
 }
