@@ -131,11 +131,11 @@ test_lines_and_children (void **state)
   close (child_end);
   supervise_log_child (our_end, pid);
   assert_int_equal (waitpid (pid, NULL, 0), pid);
-  supervise_log_flush ();
   /* The flush waits for what is readable; the last piece comes with the
    * pipe's end, read right after.
    */
   usleep (100000);
+  supervise_log_flush ();
   size_t length;
   char *text = log_read (&length);
   char expected[128];
@@ -157,6 +157,7 @@ test_pages_locked (void **state)
   /* The file grows by pages: each new one is locked as it comes. */
   for (int i = 0; i < 200; i++)
     supervise_log ("line %d of a file that grows past one page", i);
+  supervise_log_flush ();
   size_t length;
   free (log_read (&length));
   long locked = log_locked_kib ();
@@ -178,9 +179,13 @@ test_bounded (void **state)
   /* 2.5 MiB of lines: the file stays within 1 MiB, starts at a line's
    * start and ends with the last line.
    */
-  for (int i = 0; i < 25000; i++)
+  for (int i = 0; i < 25000; i++) {
     supervise_log ("filler %06d: %s", i, "................................"
                    "......................................................");
+    if (i % 1000 == 999)
+      supervise_log_flush ();
+  }
+  supervise_log_flush ();
   size_t length;
   char *text = log_read (&length);
   print_message ("log after 25000 lines: %zu bytes\n", length);

@@ -1,5 +1,6 @@
-/* The supervisor's log: a text file whose pages stay in memory, and the
- * thread that copies the servers' output into it (the design is in
+/* The supervisor's log: lines put in a ring in locked memory, a thread
+ * that copies the servers' output into the ring, and one that writes
+ * the ring to a text file whose pages stay in memory (the design is in
  * supervise-log.h).
  */
 
@@ -24,15 +25,22 @@
  */
 #define LOG_BYTES_MAX (1u << 20)
 #define LOG_PAGE 4096u
+/* Lines not written to the file yet: a writer stuck for a while (in the
+ * kernel's reclaim, for the file's next page) loses none of a
+ * restart's.
+ */
+#define RING_BYTES (256u << 10)
 
-/* Pipes drained at once: the server, the standby, and servers stopped
- * that have not closed theirs yet.
+/* Pipes drained at once: the supervisor's own stderr, the server, the
+ * standby, and servers stopped that have not closed theirs yet.
  */
 #define LOG_SOURCES_MAX 8
 /* A server's line longer than this is written in pieces. */
 #define LOG_LINE_MAX 1024
 
-/* A child's output: its pid, and the part of a line read so far. */
+/* A child's output: its pid, and the part of a line read so far (the
+ * part: the drain thread's alone).
+ */
 struct log_source {
   int fd;                       /* -1: slot free */
   pid_t pid;
@@ -40,15 +48,29 @@ struct log_source {
   char line[LOG_LINE_MAX];
 };
 
-/* Guards everything below (see supervise-log.h). */
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards sources[].fd and .pid: the main thread fills a free slot, the
+ * drain thread frees one at its pipe's end (and alone reads the pipes).
+ */
+static pthread_mutex_t sources_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct log_source sources[LOG_SOURCES_MAX];
+/* Written to wake the drain thread when a source is added. */
+static int wake_pipe[2] = { -1, -1 };
+
+/* Guards the ring, the count of lines lost, and writer_busy; the writer
+ * waits on ring_filled.  Held only to copy bytes in or out.
+ */
+static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ring_filled = PTHREAD_COND_INITIALIZER;
+static char ring[RING_BYTES];
+static size_t ring_start, ring_used;
+static unsigned long lines_lost;
+static bool writer_busy;
+
+/* The file: the writer thread's alone once open. */
 static int log_fd = -1;
 static char *log_map;           /* LOG_BYTES_MAX of the file, shared */
 static size_t log_length;       /* the file's length */
 static size_t log_locked;       /* bytes of log_map locked: whole pages */
-static struct log_source sources[LOG_SOURCES_MAX];
-/* Written to wake the drain thread when a source is added. */
-static int wake_pipe[2] = { -1, -1 };
 
 static size_t
 page_round_up (size_t bytes)
@@ -56,9 +78,9 @@ page_round_up (size_t bytes)
   return (bytes + LOG_PAGE - 1) / LOG_PAGE * LOG_PAGE;
 }
 
-/* Drop the older half, at a line's end.  Under log_lock. */
+/* Drop the file's older half, at a line's end. */
 static void
-log_drop_older_half (void)
+file_drop_older_half (void)
 {
   size_t from = log_length - LOG_BYTES_MAX / 2;
   char *newline = memchr (log_map + from, '\n', log_length - from);
@@ -69,19 +91,17 @@ log_drop_older_half (void)
     log_locked = page_round_up (log_length);
 }
 
-/* Append bytes to the file through the mapping.  Under log_lock.  The
- * file grows first, its new pages are locked (a new tmpfs page is made
- * zeroed, never read back from swap), then the bytes are copied in.
+/* Append bytes to the file through the mapping.  The file grows first,
+ * its new pages are locked (a new tmpfs page is made zeroed, never read
+ * back from swap), then the bytes are copied in.
  */
 static void
-log_append (const char *bytes, size_t count)
+file_append (const char *bytes, size_t count)
 {
-  if (!log_map || count == 0)
-    return;
   if (count > LOG_BYTES_MAX / 4)
     count = LOG_BYTES_MAX / 4;
   if (log_length + count > LOG_BYTES_MAX)
-    log_drop_older_half ();
+    file_drop_older_half ();
   size_t new_length = log_length + count;
   if (ftruncate (log_fd, new_length) == -1)
     return;
@@ -95,6 +115,59 @@ log_append (const char *bytes, size_t count)
   }
   memcpy (log_map + log_length, bytes, count);
   log_length = new_length;
+}
+
+/* Put a whole line in the ring, or count it lost if it has no room. */
+static void
+ring_put (const char *line, size_t count)
+{
+  pthread_mutex_lock (&ring_lock);
+  if (RING_BYTES - ring_used < count)
+    lines_lost++;
+  else {
+    size_t end = (ring_start + ring_used) % RING_BYTES;
+    size_t first = count < RING_BYTES - end ? count : RING_BYTES - end;
+    memcpy (ring + end, line, first);
+    memcpy (ring, line + first, count - first);
+    ring_used += count;
+    pthread_cond_signal (&ring_filled);
+  }
+  pthread_mutex_unlock (&ring_lock);
+}
+
+/* The writer thread: what the ring holds, to the file, in the order it
+ * came; a line for those lost when the ring was full.
+ */
+static void *
+writer_main (void *arg)
+{
+  (void) arg;
+  static char chunk[64 << 10];
+  for (;;) {
+    pthread_mutex_lock (&ring_lock);
+    writer_busy = false;
+    while (ring_used == 0 && lines_lost == 0)
+      pthread_cond_wait (&ring_filled, &ring_lock);
+    writer_busy = true;
+    size_t count = ring_used < sizeof chunk ? ring_used : sizeof chunk;
+    size_t first = count < RING_BYTES - ring_start
+      ? count : RING_BYTES - ring_start;
+    memcpy (chunk, ring + ring_start, first);
+    memcpy (chunk + first, ring, count - first);
+    ring_start = (ring_start + count) % RING_BYTES;
+    ring_used -= count;
+    unsigned long lost = lines_lost;
+    lines_lost = 0;
+    pthread_mutex_unlock (&ring_lock);
+    file_append (chunk, count);
+    if (lost) {
+      char line[128];
+      int length = snprintf (line, sizeof line, "(%lu lines lost: the log's "
+                             "writer was behind)\n", lost);
+      file_append (line, length);
+    }
+  }
+  return NULL;
 }
 
 /* "2026-12-05T22:10:01.123Z [  123.456] ": the start of every line. */
@@ -129,39 +202,37 @@ supervise_log (const char *format, ...)
     ? (size_t) length : sizeof line - used - 2;
   if (line[used - 1] != '\n')
     line[used++] = '\n';
-  pthread_mutex_lock (&log_lock);
-  log_append (line, used);
-  pthread_mutex_unlock (&log_lock);
+  ring_put (line, used);
 }
 
-/* A child's line (or a piece of one too long) with its prefix.  Under
- * log_lock.
- */
+/* A child's line (or a piece of one too long), with its prefix. */
 static void
 source_line_write (struct log_source *source)
 {
   if (source->used == 0)
     return;
-  char prefix[128];
-  size_t used = log_prefix (prefix, sizeof prefix);
-  used += snprintf (prefix + used, sizeof prefix - used, "pid %d: ",
+  char line[LOG_LINE_MAX + 160];
+  size_t used = log_prefix (line, sizeof line);
+  used += snprintf (line + used, sizeof line - used, "pid %d: ",
                     (int) source->pid);
-  log_append (prefix, used);
-  log_append (source->line, source->used);
-  if (source->line[source->used - 1] != '\n')
-    log_append ("\n", 1);
+  memcpy (line + used, source->line, source->used);
+  used += source->used;
+  if (line[used - 1] != '\n')
+    line[used++] = '\n';
+  ring_put (line, used);
   source->used = 0;
 }
 
-/* Read what source has, write its whole lines.  false at its end. */
-static bool
+/* Read what source has, put its whole lines in the ring; at its end,
+ * the slot is freed.
+ */
+static void
 source_drain (struct log_source *source)
 {
   char chunk[4096];
   ssize_t got = read (source->fd, chunk, sizeof chunk);
   if (got == -1 && (errno == EINTR || errno == EAGAIN))
-    return true;
-  pthread_mutex_lock (&log_lock);
+    return;
   for (ssize_t i = 0; i < got; i++) {
     source->line[source->used++] = chunk[i];
     if (chunk[i] == '\n' || source->used == LOG_LINE_MAX)
@@ -169,11 +240,11 @@ source_drain (struct log_source *source)
   }
   if (got <= 0) {
     source_line_write (source);
+    pthread_mutex_lock (&sources_lock);
     close (source->fd);
     source->fd = -1;
+    pthread_mutex_unlock (&sources_lock);
   }
-  pthread_mutex_unlock (&log_lock);
-  return got > 0;
 }
 
 /* The drain thread: waits for output of any source, or a new one. */
@@ -187,13 +258,13 @@ drain_main (void *arg)
     nfds_t count = 0;
     fds[count] = (struct pollfd) { .fd = wake_pipe[0], .events = POLLIN };
     which[count++] = NULL;
-    pthread_mutex_lock (&log_lock);
+    pthread_mutex_lock (&sources_lock);
     for (int i = 0; i < LOG_SOURCES_MAX; i++)
       if (sources[i].fd >= 0) {
         fds[count] = (struct pollfd) { .fd = sources[i].fd, .events = POLLIN };
         which[count++] = &sources[i];
       }
-    pthread_mutex_unlock (&log_lock);
+    pthread_mutex_unlock (&sources_lock);
     if (poll (fds, count, -1) == -1)
       continue;
     if (fds[0].revents) {
@@ -207,6 +278,26 @@ drain_main (void *arg)
         source_drain (which[i]);
   }
   return NULL;
+}
+
+/* Start a thread that takes no signal: the supervisor's are for its main
+ * thread's waits.
+ */
+static bool
+thread_start (void *(*main) (void *))
+{
+  sigset_t all, before;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &before);
+  pthread_t thread;
+  int err = pthread_create (&thread, NULL, main, NULL);
+  pthread_sigmask (SIG_SETMASK, &before, NULL);
+  if (err != 0) {
+    errno = err;
+    return false;
+  }
+  pthread_detach (thread);
+  return true;
 }
 
 bool
@@ -236,34 +327,18 @@ supervise_log_open (const char *dir)
     errno = saved;
     return false;
   }
-  pthread_mutex_lock (&log_lock);
   log_fd = fd;
   log_map = map;
   log_length = (size_t) st.st_size;
   if (log_length > LOG_BYTES_MAX) {
     /* Longer than this build keeps (an older supervisor's): its end. */
     log_length = LOG_BYTES_MAX;
-    log_drop_older_half ();
+    file_drop_older_half ();
   }
   log_locked = page_round_up (log_length);
   if (log_locked)
     mlock (log_map, log_locked);
-  pthread_mutex_unlock (&log_lock);
-  /* The thread takes no signal: the supervisor's are for its main
-   * thread's waits.
-   */
-  sigset_t all, before;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &before);
-  pthread_t thread;
-  int err = pthread_create (&thread, NULL, drain_main, NULL);
-  pthread_sigmask (SIG_SETMASK, &before, NULL);
-  if (err != 0) {
-    errno = err;
-    return false;
-  }
-  pthread_detach (thread);
-  return true;
+  return thread_start (writer_main) && thread_start (drain_main);
 }
 
 int
@@ -284,13 +359,15 @@ supervise_log_child (int our_end, pid_t pid)
   if (our_end == -1)
     return;
   bool added = false;
-  pthread_mutex_lock (&log_lock);
+  pthread_mutex_lock (&sources_lock);
   for (int i = 0; i < LOG_SOURCES_MAX && pid > 0 && !added; i++)
     if (sources[i].fd == -1) {
-      sources[i] = (struct log_source) { .fd = our_end, .pid = pid };
+      sources[i].pid = pid;
+      sources[i].used = 0;
+      sources[i].fd = our_end;
       added = true;
     }
-  pthread_mutex_unlock (&log_lock);
+  pthread_mutex_unlock (&sources_lock);
   if (!added) {
     if (pid > 0)
       supervise_log ("pid %d: its output is lost (%d pipes drained already)",
@@ -313,12 +390,15 @@ supervise_log_flush (void)
   }
   for (int round = 0; round < 100; round++) {
     bool pending = false;
-    pthread_mutex_lock (&log_lock);
+    pthread_mutex_lock (&sources_lock);
     for (int i = 0; i < LOG_SOURCES_MAX && !pending; i++) {
       struct pollfd readable = { .fd = sources[i].fd, .events = POLLIN };
       pending = sources[i].fd >= 0 && poll (&readable, 1, 0) == 1;
     }
-    pthread_mutex_unlock (&log_lock);
+    pthread_mutex_unlock (&sources_lock);
+    pthread_mutex_lock (&ring_lock);
+    pending = pending || ring_used > 0 || lines_lost > 0 || writer_busy;
+    pthread_mutex_unlock (&ring_lock);
     if (!pending)
       return;
     usleep (10000);

@@ -15,14 +15,21 @@
  *   - a server's stdout and stderr are a pipe (kernel memory) that a
  *     thread of the supervisor drains into the log, each line with the
  *     time and the server's pid;
+ *   - no thread that acts (the main one, the drain thread) waits for the
+ *     file: a line goes to a ring in locked memory, and a writer thread
+ *     alone copies the ring to the file.  Growing the file takes a new
+ *     page, which under memory exhaustion can wait in the kernel's
+ *     reclaim for long (seen: 100 s, the supervisor stuck behind it and
+ *     a timed-out server not restarted); the ring holds the lines
+ *     meanwhile, and when it is full a line says how many were lost;
  *   - the file is kept to LOG_BYTES_MAX: past that its older half goes.
  * Each line starts with the wall-clock time (UTC) and, in brackets, the
  * monotonic clock in seconds (the clock of the kernel's log, so a line
  * can be set beside the driver's messages).
  *
- * Locks: log_lock (supervise-log.c) guards the file's length, its
- * mapping and the table of pipes; it is the only lock of the supervisor
- * and nothing is waited for while it is held but the file's own calls.
+ * Locks (supervise-log.c), never held together: sources_lock guards
+ * the table of pipes' slots; ring_lock the ring (held only to copy
+ * bytes in or out).  The file is the writer thread's alone.
  */
 #ifndef ZRAM_SUPERVISE_LOG_H
 #define ZRAM_SUPERVISE_LOG_H
@@ -54,7 +61,8 @@ extern int supervise_log_pipe (int *child_end);
 extern void supervise_log_child (int our_end, pid_t pid);
 
 /* Before the supervisor exits: its own stderr closed, and up to a
- * second for the thread to copy what the pipes still hold.
+ * second for the threads to copy what the pipes and the ring still
+ * hold to the file.
  */
 extern void supervise_log_flush (void);
 

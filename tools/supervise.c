@@ -134,6 +134,10 @@ static volatile sig_atomic_t restart_asked, stop_asked;
  * after a crash walks the whole device) may take this long at most.
  */
 #define STANDBY_RETRY_S 30
+/* A planned restart that finds no standby can be made without starving
+ * the server tries this many times, STANDBY_RETRY_S apart.
+ */
+#define RESTART_WAITS_MAX 3
 #define STANDBY_START_TIMEOUT_S 60
 #define STANDBY_READY_TIMEOUT_S 10
 #define TAKEOVER_TIMEOUT_S 60
@@ -269,6 +273,29 @@ note (const char *dir, const char *name, bool append, const char *format, ...)
   close (fd);
 }
 
+/* While a standby is made ready (standby_making), its memory is
+ * faulted in from the free memory the server's writes need too: on a
+ * small machine that starved the server (seen: a 256 MiB guest, the
+ * device answered nothing for 112 s).  So the device is watched
+ * meanwhile, and a standby whose making leaves the server's requests
+ * unanswered for standby_starve_s (half the request timeout: before
+ * they time out) is given up (standby_starved says so).
+ */
+static bool standby_making, standby_starved;
+static double standby_starve_s;
+
+static bool
+server_starved (void)
+{
+  if (!standby_making)
+    return false;
+  device_activity_sample (&device_activity);
+  if (device_activity.waiting
+      && now () - device_activity.last_answer > standby_starve_s)
+    standby_starved = true;
+  return standby_starved;
+}
+
 /* Detach device, saying nothing if it is not attached. */
 static void
 nbd_detach_quietly (const char *device)
@@ -362,7 +389,8 @@ server_start (const char *dir, char **argv, const char *suffix,
   }
   supervise_log ("%s: pid %d started, waiting for its socket", role,
                  (int) pid);
-  for (int i = 0; i < 6000 && (watched <= 0 || server_alive (watched)); i++) {
+  for (int i = 0; i < 6000 && (watched <= 0 || server_alive (watched))
+         && !server_starved (); i++) {
     struct stat st;
     if (stat (pid_path, &st) == 0 && st.st_size > 0
         && stat (sock_path, &st) == 0) {
@@ -446,7 +474,7 @@ ask (const char *dir, const char *name, const char *line, char *reply,
       && write (fd, line, strlen (line)) == (ssize_t) strlen (line)) {
     sent = true;
     while (used < size - 1 && now () < deadline
-           && (watched <= 0 || server_alive (watched))) {
+           && (watched <= 0 || server_alive (watched)) && !server_starved ()) {
       if (now () >= next_note) {
         supervise_log ("%s: still no answer to '%.*s' after %.1f s (%u s "
                        "at most)", name, question, line, now () - asked,
@@ -481,7 +509,8 @@ ask (const char *dir, const char *name, const char *line, char *reply,
   else
     supervise_log ("%s: no answer to '%.*s' after %.3f s%s", name, question,
                    line, now () - asked, watched > 0 && !server_alive (watched)
-                   ? " (the server is gone)" : "");
+                   ? " (the server is gone)" : standby_starved
+                   ? " (given up: the server answered nothing meanwhile)" : "");
   return answered;
 }
 
@@ -579,8 +608,20 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
    */
   char grace_reply[128];
   ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
+  standby_making = true;
+  standby_starved = false;
   bool ready = standby_make_ready (dir, argv, connections, standby, server,
                                    reply, sizeof reply);
+  standby_making = false;
+  if (standby_starved) {
+    /* Its memory back to the server at once. */
+    supervise_log ("standby: pid %d given up: the device answered nothing "
+                   "for %.1f s while it was made ready (memory too short "
+                   "for both): SIGKILL", (int) standby->pid,
+                   standby_starve_s);
+    if (standby->pid > 0)
+      kill (standby->pid, SIGKILL);
+  }
   ask (dir, "ctl", "grace 10\n", grace_reply, sizeof grace_reply, 5, server);
   if (ready) {
     note (dir, "standby.ready", false, "%d\n", (int) standby->pid);
@@ -928,7 +969,10 @@ run_supervise (int argc, char **argv)
   unsigned restarts = 0;
   struct standby standby = { .pid = 0 };
   device_activity_init (&device_activity, device);
+  standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
+  unsigned restart_waits = 0;
+  double restart_not_before = 0;
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
@@ -986,25 +1030,53 @@ run_supervise (int argc, char **argv)
         kill (server, SIGTERM);
         terminated = true;
       }
-      else if (restart_asked && !stopped) {
+      else if (restart_asked && !stopped && now () >= restart_not_before) {
         supervise_log ("restart asked: server pid %d serves on while a "
                        "standby is made ready", (int) server);
         /* The binary on disk now takes over: a new standby, made ready
-         * while this server still serves.
+         * while this server still serves.  One that cannot be made
+         * without starving the server: the restart waits (a server
+         * started after the old one's end would need the same memory,
+         * with the device down), RESTART_WAITS_MAX times, then is not
+         * done - a planned restart must cost the server nothing.
          */
+        bool go = true;
         if (use_standby) {
           standby_discard (dir, &standby);
-          standby_prepare (dir, standby_argv, connections, &standby, server);
+          if (!standby_prepare (dir, standby_argv, connections, &standby,
+                                server) && standby_starved) {
+            go = false;
+            if (++restart_waits < RESTART_WAITS_MAX) {
+              restart_not_before = now () + STANDBY_RETRY_S;
+              supervise_log ("restart asked: waits %d s: no standby could "
+                             "be made ready without starving the server "
+                             "(try %u of %u)", STANDBY_RETRY_S,
+                             restart_waits, RESTART_WAITS_MAX);
+            }
+            else {
+              supervise_log ("restart %u: not done: no standby could be "
+                             "made ready without starving the server in "
+                             "%u tries; server pid %d serves on",
+                             restarts + 1, RESTART_WAITS_MAX, (int) server);
+              restart_asked = 0;
+              restart_waits = 0;
+              restart_not_before = 0;
+            }
+          }
         }
-        stopped = now ();
-        if (!ask_handover (dir, server)) {
-          supervise_log ("server pid %d did not hand over: SIGTERM",
-                         (int) server);
-          kill (server, SIGTERM);
-          terminated = true;
+        if (go) {
+          restart_waits = 0;
+          restart_not_before = 0;
+          stopped = now ();
+          if (!ask_handover (dir, server)) {
+            supervise_log ("server pid %d did not hand over: SIGTERM",
+                           (int) server);
+            kill (server, SIGTERM);
+            terminated = true;
+          }
         }
       }
-      else if (restart_asked && !terminated
+      else if (restart_asked && stopped && !terminated
                && now () - stopped > HANDOVER_WAIT_S) {
         supervise_log ("server pid %d has not exited %d s after it handed "
                        "over: SIGTERM", (int) server, HANDOVER_WAIT_S);
@@ -1047,8 +1119,8 @@ run_supervise (int argc, char **argv)
       supervise_log_flush ();
       return EXIT_SUCCESS;
     }
-    const char *why = restart_asked ? "restart asked"
-      : timed_out ? "a request timed out"
+    const char *why = timed_out ? "a request timed out"
+      : restart_asked ? "restart asked"
       : WIFSIGNALED (status) ? strsignal (WTERMSIG (status)) : "exited";
     bool asked = restart_asked;
     restart_asked = 0;
