@@ -21,16 +21,18 @@
  * memory the swapping kernel used up meanwhile, can wait in reclaim
  * for pages only the device could take (seen in the guest: half the
  * restarts under 2.25x RAM).  A new standby follows each restart, once
- * its requeue window (below) has closed; one that cannot be made ready
- * is tried again every STANDBY_RETRY_S; meanwhile a restart starts a
- * server as below.  Then:
+ * the old server's requests are sent again (below), and at once after a
+ * standby's death; one that cannot be made ready is tried again every
+ * STANDBY_RETRY_S; meanwhile a restart starts a server as below.
+ * Then:
  *   - the server dies (a crash, SIGKILL, the OOM killer): it is started
  *     again at once - it recovers the device's region - and DEVICE is
  *     given its socket (reconnect): the requests the kernel kept are
  *     sent again;
  *   - SIGHUP (`swap restart`): a new standby is made ready first - the
  *     binary as it is on disk now, so an upgraded one - while the old
- *     server serves; then the server is asked to hand its region over
+ *     server serves (one whose making starves the server is given up,
+ *     and the restart waits: server_starved); then the server is asked to hand its region over
  *     and exit (the control channel's handover, SIGTERM if that cannot
  *     be asked or it has not exited in 40 s), and the standby takes
  *     over (or, without one, the server is started again) and DEVICE is
