@@ -794,6 +794,71 @@ restart_report_finish (struct restart_report *report, const char *dir,
   ask (dir, "ctl", line, reply, sizeof reply, 5, server);
 }
 
+/* The device's request timeout outlives a supervisor that is killed:
+ * a request the server then leaves unanswered that long drops its
+ * connection for good (nothing reconnects it), and after the
+ * dead-connection timeout the kernel fails the device's requests.  So a
+ * guardian process, forked at the attach, takes the request timeout
+ * away (a stalled server is then waited for, as without a supervisor)
+ * as soon as the supervisor is gone, says so in the kernel's log, and
+ * exits.  It has the supervisor's code, locked memory and nothing else
+ * (no thread, no descriptor but stderr): it calls only the netlink code
+ * and no lock the supervisor's threads could have held at the fork.
+ */
+static pid_t guardian;
+
+/* On the supervisor's own ends: the guardian goes first, so that it
+ * never acts on a device a later supervisor attached.
+ */
+static void
+guardian_stop (void)
+{
+  if (guardian > 0) {
+    kill (guardian, SIGKILL);
+    waitpid (guardian, NULL, 0);
+    guardian = 0;
+  }
+}
+
+static void
+guardian_start (const char *device)
+{
+  pid_t supervisor = getpid ();
+  sigset_t term;
+  sigemptyset (&term);
+  sigaddset (&term, SIGTERM);
+  pid_t pid = fork ();
+  if (pid != 0) {
+    if (pid == -1)
+      supervise_log ("guardian: fork: %s: a killed supervisor leaves %s its "
+                     "request timeout", strerror (errno), device);
+    else
+      supervise_log ("guardian: pid %d takes %s's request timeout away if "
+                     "the supervisor is killed", (int) pid, device);
+    guardian = pid;
+    return;
+  }
+  close_range (3, ~0u, 0);
+  sigprocmask (SIG_BLOCK, &term, NULL);
+  prctl (PR_SET_PDEATHSIG, SIGTERM);
+  mlockall (MCL_CURRENT | MCL_FUTURE);
+  int signal_number;
+  while (getppid () == supervisor)
+    sigwait (&term, &signal_number);
+  int err = dup (2), null = open ("/dev/null", O_WRONLY);
+  if (null >= 0)
+    dup2 (null, 2);
+  bool removed = nbd_set_request_timeout (device, 0) == 0;
+  if (err >= 0)
+    dup2 (err, 2);
+  int kernel = open ("/dev/kmsg", O_WRONLY);
+  if (kernel >= 0 && removed)
+    dprintf (kernel, "nbdkit-zramctl: the supervisor of %s (pid %d) is "
+             "gone: its request timeout removed, the server is waited "
+             "for\n", device, (int) supervisor);
+  _exit (0);
+}
+
 int
 run_supervise (int argc, char **argv)
 {
@@ -930,6 +995,7 @@ run_supervise (int argc, char **argv)
       kill (server, SIGTERM);
       waitpid (server, NULL, 0);
     }
+    guardian_stop ();
     supervise_log_flush ();
     return EXIT_FAILURE;
   }
@@ -962,6 +1028,7 @@ run_supervise (int argc, char **argv)
    * that went are the restart's business: ignored until
    * QUIET_AFTER_RESTART_S after.
    */
+  guardian_start (device);
   struct nbd_watch *watch = nbd_watch_open (device);
   if (!watch)
     supervise_log ("cannot watch the driver's notices: a live server "
@@ -1118,6 +1185,7 @@ run_supervise (int argc, char **argv)
        */
       standby_discard (dir, &standby);
       nbd_detach_quietly (device);
+      guardian_stop ();
       supervise_log_flush ();
       return EXIT_SUCCESS;
     }
@@ -1133,6 +1201,7 @@ run_supervise (int argc, char **argv)
       supervise_log ("the server exited (status 0): "
             "not restarted\n");
       standby_discard (dir, &standby);
+      guardian_stop ();
       supervise_log_flush ();
       return EXIT_SUCCESS;
     }
@@ -1165,6 +1234,7 @@ run_supervise (int argc, char **argv)
               "attempts (%s)\n", restarts + 1, attempt, stop_asked
               ? "stopped" : "the device's dead-connection timeout passed");
         nbd_detach_quietly (device);
+        guardian_stop ();
         supervise_log_flush ();
         return EXIT_FAILURE;
       }
