@@ -35,6 +35,10 @@
  * standby, and servers stopped that have not closed theirs yet.
  */
 #define LOG_SOURCES_MAX 8
+/* The threads' stacks: their frames hold a few KiB (a sanitizer's
+ * build more).
+ */
+#define LOG_THREAD_STACK (256u << 10)
 /* A server's line longer than this is written in pieces. */
 #define LOG_LINE_MAX 1024
 
@@ -289,8 +293,15 @@ thread_start (void *(*main) (void *))
   sigset_t all, before;
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &before);
+  /* A small stack: the supervisor's memory is locked whole (mlockall),
+   * a default stack of 8 MiB with it.
+   */
+  pthread_attr_t attributes;
+  pthread_attr_init (&attributes);
+  pthread_attr_setstacksize (&attributes, LOG_THREAD_STACK);
   pthread_t thread;
-  int err = pthread_create (&thread, NULL, main, NULL);
+  int err = pthread_create (&thread, &attributes, main, NULL);
+  pthread_attr_destroy (&attributes);
   pthread_sigmask (SIG_SETMASK, &before, NULL);
   if (err != 0) {
     errno = err;

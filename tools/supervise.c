@@ -801,9 +801,10 @@ restart_report_finish (struct restart_report *report, const char *dir,
  * guardian process, forked at the attach, takes the request timeout
  * away (a stalled server is then waited for, as without a supervisor)
  * as soon as the supervisor is gone, says so in the kernel's log, and
- * exits.  It has the supervisor's code, locked memory and nothing else
- * (no thread, no descriptor but stderr): it calls only the netlink code
- * and no lock the supervisor's threads could have held at the fork.
+ * exits.  It has the supervisor's code and nothing else (no thread, no
+ * descriptor but stderr): it calls only the netlink code and no lock
+ * the supervisor's threads could have held at the fork.  Its pages are
+ * the supervisor's, shared and locked there, until it acts.
  */
 static pid_t guardian;
 
@@ -841,21 +842,22 @@ guardian_start (const char *device)
   close_range (3, ~0u, 0);
   sigprocmask (SIG_BLOCK, &term, NULL);
   prctl (PR_SET_PDEATHSIG, SIGTERM);
-  mlockall (MCL_CURRENT | MCL_FUTURE);
   int signal_number;
   while (getppid () == supervisor)
     sigwait (&term, &signal_number);
-  int err = dup (2), null = open ("/dev/null", O_WRONLY);
-  if (null >= 0)
-    dup2 (null, 2);
-  bool removed = nbd_set_request_timeout (device, 0) == 0;
-  if (err >= 0)
-    dup2 (err, 2);
+  /* Its messages (netlink's) to the kernel's log: its stderr was the
+   * supervisor's log pipe.
+   */
   int kernel = open ("/dev/kmsg", O_WRONLY);
-  if (kernel >= 0 && removed)
+  if (kernel >= 0)
+    dup2 (kernel, 2);
+  bool removed = nbd_set_request_timeout (device, 0) == 0;
+  if (kernel >= 0)
     dprintf (kernel, "nbdkit-zramctl: the supervisor of %s (pid %d) is "
-             "gone: its request timeout removed, the server is waited "
-             "for\n", device, (int) supervisor);
+             "gone: %s\n", device, (int) supervisor, removed
+             ? "its request timeout removed, the server is waited for"
+             : "its request timeout could not be removed: a request the "
+             "server leaves unanswered that long drops its connection");
   _exit (0);
 }
 
