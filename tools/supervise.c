@@ -136,6 +136,10 @@ static volatile sig_atomic_t restart_asked, stop_asked;
  * after a crash walks the whole device) may take this long at most.
  */
 #define STANDBY_RETRY_S 30
+/* After a restart that had to start a server (no standby was ready): the
+ * next standby not before this long.
+ */
+#define STANDBY_AFTER_START_S 30
 /* A planned restart that finds no standby can be made without starving
  * the server tries this many times, STANDBY_RETRY_S apart.
  */
@@ -608,6 +612,19 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
    * refusals meanwhile for a full device (an old server without the
    * command refuses it: no matter).
    */
+  /* Not while the device is not answering already: a fork then competes
+   * with the server for the memory it waits for.
+   */
+  device_activity_sample (&device_activity);
+  if (device_activity.waiting
+      && now () - device_activity.last_answer > standby_starve_s) {
+    supervise_log ("standby: not made now: the device has answered nothing "
+                   "for %.1f s (tried again in %d s)",
+                   now () - device_activity.last_answer, STANDBY_RETRY_S);
+    standby->next_try = now () + STANDBY_RETRY_S;
+    standby_starved = true;
+    return false;
+  }
   char grace_reply[128];
   ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
   standby_making = true;
@@ -1254,8 +1271,13 @@ run_supervise (int argc, char **argv)
                    report.reconnected - exited);
     quiet_until = now () + QUIET_AFTER_RESTART_S;
     /* The next standby once the old requests are answered (see the
-     * standby's start above).
+     * standby's start above) - and after a server started with the
+     * device down, once that server has faulted its own memory in: a
+     * standby forked 5 s after such a start, on a machine swapping 2.25x
+     * its RAM with zstd, left the supervisor in the kernel's reclaim
+     * (copy_process) and the new server's threads waiting on its
+     * mmap_lock, the device answering nothing (seen in the guest).
      */
-    standby.next_try = report.due + 1;
+    standby.next_try = report.due + (by_standby ? 1 : STANDBY_AFTER_START_S);
   }
 }
