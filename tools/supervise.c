@@ -89,6 +89,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -147,6 +148,96 @@ static volatile sig_atomic_t restart_asked, stop_asked;
 #define STANDBY_START_TIMEOUT_S 60
 #define STANDBY_READY_TIMEOUT_S 10
 #define TAKEOVER_TIMEOUT_S 60
+
+/* Free memory for the kernel at the reconnect.  Giving the device new
+ * sockets (the driver's reconfigure) allocates in the kernel, and the
+ * supervisor, an IO flusher, cannot have its reclaim write anything out:
+ * on a machine whose memory the swapping kernel used up meanwhile (all
+ * of it waiting for the device to come back), that allocation waited
+ * until the dead-connection timeout failed the device's requests (seen:
+ * the reconnect took 120.4 s in the guest, then I/O errors - the
+ * "handed over, then no reconnect" hang).  So the supervisor holds a
+ * ballast of locked memory and gives it back just before each
+ * reconnect; a thread of its own takes it again when a standby is
+ * made (the main thread never waits for that memory).
+ */
+#define BALLAST_BYTES (4u << 20)
+static pthread_mutex_t ballast_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ballast_wanted = PTHREAD_COND_INITIALIZER;
+/* Guarded by ballast_lock: the memory held (NULL: none), and whether the
+ * thread is to take it again.
+ */
+static void *ballast;
+static bool ballast_asked;
+
+static void *
+ballast_main (void *arg)
+{
+  (void) arg;
+  for (;;) {
+    pthread_mutex_lock (&ballast_lock);
+    while (!ballast_asked || ballast)
+      pthread_cond_wait (&ballast_wanted, &ballast_lock);
+    pthread_mutex_unlock (&ballast_lock);
+    void *memory = mmap (NULL, BALLAST_BYTES, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    pthread_mutex_lock (&ballast_lock);
+    if (memory != MAP_FAILED)
+      ballast = memory;
+    ballast_asked = false;
+    pthread_mutex_unlock (&ballast_lock);
+    if (memory == MAP_FAILED)
+      sleep (STANDBY_RETRY_S);
+  }
+  return NULL;
+}
+
+/* Take the ballast again (asynchronously). */
+static void
+ballast_take (void)
+{
+  pthread_mutex_lock (&ballast_lock);
+  ballast_asked = true;
+  pthread_cond_signal (&ballast_wanted);
+  pthread_mutex_unlock (&ballast_lock);
+}
+
+/* Give it back, just before a reconnect. */
+static void
+ballast_give_back (void)
+{
+  pthread_mutex_lock (&ballast_lock);
+  void *memory = ballast;
+  ballast = NULL;
+  pthread_mutex_unlock (&ballast_lock);
+  if (memory) {
+    munmap (memory, BALLAST_BYTES);
+    supervise_log ("ballast: %u MiB given back for the reconnect",
+                   BALLAST_BYTES >> 20);
+  }
+  else
+    supervise_log ("ballast: none held (not taken again yet)");
+}
+
+static bool
+ballast_start (void)
+{
+  sigset_t all, before;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &before);
+  pthread_attr_t attributes;
+  pthread_attr_init (&attributes);
+  pthread_attr_setstacksize (&attributes, 256u << 10);
+  pthread_t thread;
+  int err = pthread_create (&thread, &attributes, ballast_main, NULL);
+  pthread_attr_destroy (&attributes);
+  pthread_sigmask (SIG_SETMASK, &before, NULL);
+  if (err)
+    return false;
+  pthread_detach (thread);
+  ballast_take ();
+  return true;
+}
 
 /* The standby (--standby; see above). */
 struct standby {
@@ -625,6 +716,7 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
     standby_starved = true;
     return false;
   }
+  ballast_take ();
   char grace_reply[128];
   ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
   standby_making = true;
@@ -674,6 +766,7 @@ standby_take_over (const char *dir, struct standby *standby,
     standby_discard (dir, standby);
     return -1;
   }
+  ballast_give_back ();
   double giving = now ();
   if (nbd_attach_sockets (device, standby->socks, standby->count, true, 0, 0,
                           timeout, 4096) == -1) {
@@ -967,6 +1060,9 @@ run_supervise (int argc, char **argv)
   if (mlockall (MCL_CURRENT | MCL_FUTURE) == -1)
     supervise_log ("mlockall: %s: its pages may be swapped out",
                    strerror (errno));
+  if (!ballast_start ())
+    supervise_log ("ballast: no thread: the reconnect's kernel memory is not "
+                   "kept free");
   kernel_log = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (kernel_log >= 0)
     lseek (kernel_log, 0, SEEK_END);
@@ -1236,6 +1332,8 @@ run_supervise (int argc, char **argv)
       ? standby_take_over (dir, &standby, device, timeout) : -1;
     bool by_standby = server != -1;
     for (unsigned attempt = 1; server == -1; attempt++) {
+      if (attempt == 1)
+        ballast_give_back ();
       server = server_start (dir, server_argv, "", 0);
       if (server != -1
           && nbd_attach (device, sock_path, true, connections, timeout,
