@@ -284,11 +284,8 @@ drain_main (void *arg)
   return NULL;
 }
 
-/* Start a thread that takes no signal: the supervisor's are for its main
- * thread's waits.
- */
-static bool
-thread_start (void *(*main) (void *))
+bool
+supervise_thread_start (void *(*main) (void *))
 {
   sigset_t all, before;
   sigfillset (&all);
@@ -349,7 +346,8 @@ supervise_log_open (const char *dir)
   log_locked = page_round_up (log_length);
   if (log_locked)
     mlock (log_map, log_locked);
-  return thread_start (writer_main) && thread_start (drain_main);
+  return supervise_thread_start (writer_main)
+    && supervise_thread_start (drain_main);
 }
 
 int

@@ -66,4 +66,12 @@ extern void supervise_log_child (int our_end, pid_t pid);
  */
 extern void supervise_log_flush (void);
 
+/* Start a detached thread of the supervisor's (the log's, the
+ * ballast's): it takes no signal - the supervisor's are for its main
+ * thread's waits - and has a small stack (LOG_THREAD_STACK), as the
+ * supervisor's memory is locked whole.  false with errno if it could
+ * not be made.
+ */
+extern bool supervise_thread_start (void *(*main) (void *));
+
 #endif /* ZRAM_SUPERVISE_LOG_H */

@@ -222,19 +222,8 @@ ballast_give_back (void)
 static bool
 ballast_start (void)
 {
-  sigset_t all, before;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &before);
-  pthread_attr_t attributes;
-  pthread_attr_init (&attributes);
-  pthread_attr_setstacksize (&attributes, 256u << 10);
-  pthread_t thread;
-  int err = pthread_create (&thread, &attributes, ballast_main, NULL);
-  pthread_attr_destroy (&attributes);
-  pthread_sigmask (SIG_SETMASK, &before, NULL);
-  if (err)
+  if (!supervise_thread_start (ballast_main))
     return false;
-  pthread_detach (thread);
   ballast_take ();
   return true;
 }
@@ -381,16 +370,23 @@ note (const char *dir, const char *name, bool append, const char *format, ...)
 static bool standby_making, standby_starved;
 static double standby_starve_s;
 
+/* The device has requests waiting and has answered none of them for
+ * standby_starve_s (sampled now).
+ */
+static bool
+device_starved (void)
+{
+  device_activity_sample (&device_activity);
+  return device_activity.waiting
+    && now () - device_activity.last_answer > standby_starve_s;
+}
+
 static bool
 server_starved (void)
 {
-  if (!standby_making)
-    return false;
-  device_activity_sample (&device_activity);
-  if (device_activity.waiting
-      && now () - device_activity.last_answer > standby_starve_s)
+  if (standby_making && device_starved ())
     standby_starved = true;
-  return standby_starved;
+  return standby_making && standby_starved;
 }
 
 /* Detach device, saying nothing if it is not attached. */
@@ -706,9 +702,7 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
   /* Not while the device is not answering already: a fork then competes
    * with the server for the memory it waits for.
    */
-  device_activity_sample (&device_activity);
-  if (device_activity.waiting
-      && now () - device_activity.last_answer > standby_starve_s) {
+  if (device_starved ()) {
     supervise_log ("standby: not made now: the device has answered nothing "
                    "for %.1f s (tried again in %d s)",
                    now () - device_activity.last_answer, STANDBY_RETRY_S);
