@@ -1154,7 +1154,7 @@ run_supervise (int argc, char **argv)
   for (;;) {
     /* Wait for the server's end or a signal. */
     int status;
-    double stopped = 0, next_exit_note = 5;
+    double stopped = 0, next_exit_note = 5, timed_out_at = 0;
     bool terminated = false, timed_out = false;
     while (waitpid (server, &status, WNOHANG) != server) {
       device_activity_sample (&device_activity);
@@ -1175,7 +1175,7 @@ run_supervise (int argc, char **argv)
                          "request is sent again", device, (int) server,
                          request_timeout);
           kill (server, SIGKILL);
-          stopped = now ();
+          stopped = timed_out_at = now ();
           timed_out = terminated = true;
         }
       }
@@ -1279,6 +1279,12 @@ run_supervise (int argc, char **argv)
      */
     device_activity_sample (&device_activity);
     double exited = now (), stall_from = device_activity.last_answer;
+    /* A timed-out request is back in the driver's queue, which the
+     * device's in-flight counter does not count: it waited the whole
+     * request timeout before the notice, whatever the counter says.
+     */
+    if (timed_out && timed_out_at - request_timeout < stall_from)
+      stall_from = timed_out_at - request_timeout;
     uint64_t waiting = device_activity.waiting;
     supervise_log ("server pid %d %s %d, %.3f s after %s", (int) server,
                    WIFSIGNALED (status) ? "killed by signal"
