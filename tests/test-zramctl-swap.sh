@@ -170,16 +170,17 @@ if [ "$(id -u)" = 0 ]; then
     fi
 fi
 # swap on --restartable whose supervisor was killed (SIGKILL): the server
-# and the ready standby it started serve on, unsupervised.  Stand-ins:
+# and the two ready standbys it started (--standbys 2, the default) serve
+# on, unsupervised.  Stand-ins:
 # for the supervisor, a process started before the servers and killed
 # after; for the server and the standby, servers of this plugin started
 # as the supervisor starts them (--unix DIR/sock --pidfile DIR/pid, and
-# .standby), the standby's pid in DIR/standby.ready.  status must say
-# the server serves on but nothing restarts it, must not call the
-# standby ready, and exits 1 (degraded); a pid file naming a process
+# .standby and .standby2), the standbys' pids in DIR/standby.ready and
+# DIR/standby2.ready.  status must say the server serves on but nothing
+# restarts it, must not call a standby ready, and exits 1 (degraded); a pid file naming a process
 # that is not this device's server (another command line, or started
 # before the supervisor: a recycled pid) is not taken for one; off stops
-# both servers, signals nothing else, and leaves no directory.
+# all three servers, signals nothing else, and leaves no directory.
 d="$tmp/run/nbd9"
 mkdir -p "$d"
 chmod 700 "$tmp/run" "$d"
@@ -210,8 +211,10 @@ server_start_of ()
 }
 server_start_of ""
 server_start_of .standby
-server=$(cat "$d/pid") standby=$(cat "$d/pid.standby")
+server_start_of .standby2
+server=$(cat "$d/pid") standby=$(cat "$d/pid.standby") standby2=$(cat "$d/pid.standby2")
 cp "$d/pid.standby" "$d/standby.ready"
+cp "$d/pid.standby2" "$d/standby2.ready"
 kill -KILL "$supervisor"
 wait "$supervisor" 2>/dev/null || :
 printf 'device=/dev/nbd9\nserver_pid=%s\nserver_start=%s\nserver_exe=%s\nsupervised=1\nphase=on\n' \
@@ -222,10 +225,12 @@ cat "$tmp/out"
 [ "$rc" = 1 ] || fail "swap status with the supervisor killed: exit status $rc, not 1"
 grep -q "^/dev/nbd9: not swapped on; supervisor pid $supervisor is gone: server pid $server serves on, but is not restarted if it dies; swap off stops it" "$tmp/out" ||
     fail "swap status with the supervisor killed does not say the server serves on: $(cat "$tmp/out")"
-grep -q "; standby pid $standby orphaned: it cannot take over (only the supervisor hands the device over); swap off stops it" "$tmp/out" ||
-    fail "swap status with the supervisor killed does not say the standby is orphaned"
-! grep -q "standby pid $standby ready" "$tmp/out" ||
-    fail "swap status with the supervisor killed calls the standby ready"
+for pid in "$standby" "$standby2"; do
+    grep -q "; standby pid $pid orphaned: it cannot take over (only the supervisor hands the device over); swap off stops it" "$tmp/out" ||
+        fail "swap status with the supervisor killed does not say standby $pid is orphaned"
+    ! grep -q "standby pid $pid ready" "$tmp/out" ||
+        fail "swap status with the supervisor killed calls standby $pid ready"
+done
 # The orphaned server still answers its control channel: its table.
 grep -q "$d/ctl" "$tmp/out" || fail "swap status did not ask the orphaned server (no $d/ctl)"
 # The same with the supervisor alive (a stand-in started before the
@@ -235,7 +240,7 @@ sed -e "s/^server_pid=.*/server_pid=$live/" \
 cp "$d/state" "$tmp/state.killed"
 cp "$tmp/state.live" "$d/state"
 "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || :
-grep -q "^/dev/nbd9: not swapped on; supervisor pid $live, server pid $server; standby pid $standby ready$" "$tmp/out" ||
+grep -q "^/dev/nbd9: not swapped on; supervisor pid $live, server pid $server; standby pid $standby ready; standby pid $standby2 ready$" "$tmp/out" ||
     fail "swap status with the supervisor alive: $(cat "$tmp/out")"
 cp "$tmp/state.killed" "$d/state"
 # Pid files naming processes that are not this device's servers: one
@@ -243,7 +248,9 @@ cp "$tmp/state.killed" "$d/state"
 # socket (a recycled pid), one that names no socket.
 cp "$d/pid" "$tmp/pid.kept"
 cp "$d/pid.standby" "$tmp/pid.standby.kept"
+cp "$d/pid.standby2" "$tmp/pid.standby2.kept"
 echo "$early" > "$d/pid.standby"
+rm "$d/pid.standby2"
 echo "$live" > "$d/pid"
 rc=0
 "$ZRAMCTL" swap status > "$tmp/out" 2>&1 || rc=$?
@@ -252,15 +259,17 @@ grep -q "^/dev/nbd9: not swapped on; supervisor pid $supervisor is gone, and so 
     fail "swap status took a process that is not the device's for its server or standby: $(cat "$tmp/out")"
 cp "$tmp/pid.kept" "$d/pid"
 cp "$tmp/pid.standby.kept" "$d/pid.standby"
+cp "$tmp/pid.standby2.kept" "$d/pid.standby2"
 if [ "$(id -u)" = 0 ]; then
     "$ZRAMCTL" swap off /dev/nbd9 > "$tmp/out" 2>&1 || fail "swap off: $(cat "$tmp/out")"
     cat "$tmp/out"
     grep -q "stopped pid $server, a server its supervisor (gone) left running" "$tmp/out" &&
-        grep -q "stopped pid $standby, a server its supervisor (gone) left running" "$tmp/out" ||
-        fail "swap off did not say it stopped the orphaned server and standby: $(cat "$tmp/out")"
+        grep -q "stopped pid $standby, a server its supervisor (gone) left running" "$tmp/out" &&
+        grep -q "stopped pid $standby2, a server its supervisor (gone) left running" "$tmp/out" ||
+        fail "swap off did not say it stopped the orphaned server and standbys: $(cat "$tmp/out")"
     # Gone, or a zombie of whoever reaps nbdkit's daemon (server_stop
     # waits for that).
-    for pid in "$server" "$standby"; do
+    for pid in "$server" "$standby" "$standby2"; do
         process_state=$(awk '$1 == "State:" { print $2 }' "/proc/$pid/status" 2>/dev/null || :)
         [ -z "$process_state" ] || [ "$process_state" = Z ] ||
             fail "swap off left pid $pid running (state $process_state)"

@@ -2,7 +2,7 @@
  * swap tool starts it; tools/nbdkit-zram-swap.in).
  *
  *   nbdkit-zramctl supervise DIR DEVICE CONNECTIONS DEAD_CONN_TIMEOUT
- *                            [--standby] -- NBDKIT ARGUMENT...
+ *                            [--standby | --standbys N] -- NBDKIT ARGUMENT...
  *
  * It goes to the background (its pid in DIR/supervisor.pid), runs the
  * server in the foreground (NBDKIT ARGUMENT... with -f among them; it
@@ -14,7 +14,14 @@
  * same command with the plugin's standby=DIR/standby.sock (and --unix
  * DIR/sock.standby --pidfile DIR/pid.standby), its CONNECTIONS sockets
  * connected and through the handshake, its threads' stacks made ready
- * ("ready"); DIR/standby.ready holds its pid while it is.  A restart
+ * ("ready"); DIR/standby.ready holds its pid while it is.  --standbys N
+ * keeps N of them (the second's names end in standby2, and so on), so
+ * that a crash while the next standby is still being made after a
+ * restart (a few seconds, under pressure more) finds one ready too: with
+ * one, two crashes that close start a server with the device down (seen
+ * in the guest: with zstd at 2.25x RAM that server hung in reclaim in 2
+ * of 4 runs).  Each costs what an idle server holds (RSS, in the log
+ * when it is ready).  A restart
  * then asks it to take the device over ("takeover") and gives the
  * kernel those sockets: nothing is started, exec'd or faulted in while
  * the device is down - a server started then, on a machine whose
@@ -228,12 +235,22 @@ ballast_start (void)
   return true;
 }
 
-/* The standby (--standby; see above). */
+/* A standby (--standbys; see above).  Each has names of its own in DIR:
+ * the first ".standby" (--unix DIR/sock.standby, --pidfile
+ * DIR/pid.standby), "standby.sock" (the plugin's standby= channel) and
+ * "standby.ready"; the second ".standby2", "standby2.sock",
+ * "standby2.ready"; and so on.
+ */
+#define STANDBYS_MAX 3
 struct standby {
   pid_t pid;                            /* 0: none */
   int socks[NBD_CONNECTIONS_MAX];       /* connected to it: count */
   unsigned count;
   double next_try;                      /* after a failure: not before */
+  char suffix[16];                      /* ".standby", ".standby2", ... */
+  char channel[32];                     /* "standby.sock", ... */
+  char ready_note[32];                  /* "standby.ready", ... */
+  char **argv;                          /* its command line */
 };
 
 static void
@@ -517,11 +534,11 @@ server_start (const char *dir, char **argv, const char *suffix,
 
 /* The command line of a server: NBDKIT, --unix DIR/sock<suffix>
  * --pidfile DIR/pid<suffix>, the rest of nbdkit_argv, and for a standby
- * standby=DIR/standby.sock.  Made once, at the start (NULL: no memory).
+ * standby=DIR/<channel>.  Made once, at the start (NULL: no memory).
  */
 static char **
 server_argv_make (const char *dir, char **nbdkit_argv, const char *suffix,
-                  bool standby)
+                  const char *channel)
 {
   int count = 0;
   while (nbdkit_argv[count])
@@ -530,8 +547,8 @@ server_argv_make (const char *dir, char **nbdkit_argv, const char *suffix,
   if (!argv
       || asprintf (&argv[2], "%s/sock%s", dir, suffix) == -1
       || asprintf (&argv[4], "%s/pid%s", dir, suffix) == -1
-      || (standby
-          && asprintf (&argv[count + 4], "standby=%s/standby.sock", dir) == -1))
+      || (channel
+          && asprintf (&argv[count + 4], "standby=%s/%s", dir, channel) == -1))
     return NULL;
   argv[0] = nbdkit_argv[0];
   argv[1] = "--unix";
@@ -634,7 +651,7 @@ static void
 standby_discard (const char *dir, struct standby *standby)
 {
   char path[4096];
-  snprintf (path, sizeof path, "%s/standby.ready", dir);
+  snprintf (path, sizeof path, "%s/%s", dir, standby->ready_note);
   unlink (path);
   nbd_close (standby->socks, standby->count);
   standby->count = 0;
@@ -643,20 +660,29 @@ standby_discard (const char *dir, struct standby *standby)
   standby->pid = 0;
 }
 
+/* Every standby gone (standby_discard). */
+static void
+standbys_discard (const char *dir, struct standby *standby_list,
+                  unsigned standbys)
+{
+  for (unsigned k = 0; k < standbys; k++)
+    standby_discard (dir, &standby_list[k]);
+}
+
 /* standby_prepare's steps: the process started, made ready, connected
  * and its connections' stacks made ready.  false on the first that
  * fails, its answer (if any) in reply.
  */
 static bool
-standby_make_ready (const char *dir, char **argv, unsigned connections,
+standby_make_ready (const char *dir, unsigned connections,
                     struct standby *standby, pid_t server, char *reply,
                     size_t reply_size)
 {
   char sock_path[4096];
-  snprintf (sock_path, sizeof sock_path, "%s/sock.standby", dir);
+  snprintf (sock_path, sizeof sock_path, "%s/sock%s", dir, standby->suffix);
   uint64_t size;
   uint16_t flags;
-  pid_t pid = server_start (dir, argv, ".standby", server);
+  pid_t pid = server_start (dir, standby->argv, standby->suffix, server);
   if (pid == -1)
     return false;
   standby->pid = pid;
@@ -664,7 +690,7 @@ standby_make_ready (const char *dir, char **argv, unsigned connections,
    * memory pressure that took more than the handshake's 10 s (seen in
    * the guest with zstd); the server serves meanwhile.
    */
-  if (!ask (dir, "standby.sock", "ready\n", reply, reply_size,
+  if (!ask (dir, standby->channel, "ready\n", reply, reply_size,
             STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0)
     return false;
   double connecting = now ();
@@ -681,8 +707,28 @@ standby_make_ready (const char *dir, char **argv, unsigned connections,
    * for them to start, then their stacks made ready.
    */
   usleep (200000);
-  return ask (dir, "standby.sock", "ready\n", reply, reply_size,
+  return ask (dir, standby->channel, "ready\n", reply, reply_size,
               STANDBY_READY_TIMEOUT_S, server) && strncmp (reply, "ok", 2) == 0;
+}
+
+/* A field of /proc/PID/status in KiB (VmRSS:, RssAnon:), -1 if none:
+ * read into the stack (the supervisor allocates nothing after its start).
+ */
+static long
+status_field_kib (pid_t pid, const char *field)
+{
+  char path[64], text[4096];
+  snprintf (path, sizeof path, "/proc/%d/status", (int) pid);
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return -1;
+  ssize_t got = read (fd, text, sizeof text - 1);
+  close (fd);
+  if (got <= 0)
+    return -1;
+  text[got] = '\0';
+  const char *at = strstr (text, field);
+  return at ? strtol (at + strlen (field), NULL, 10) : -1;
 }
 
 /* Start a standby and make it ready (see above): true, or false after a
@@ -690,7 +736,7 @@ standby_make_ready (const char *dir, char **argv, unsigned connections,
  * STANDBY_RETRY_S.
  */
 static bool
-standby_prepare (const char *dir, char **argv, unsigned connections,
+standby_prepare (const char *dir, unsigned connections,
                  struct standby *standby, pid_t server)
 {
   char reply[128] = "";
@@ -715,7 +761,7 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
   ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
   standby_making = true;
   standby_starved = false;
-  bool ready = standby_make_ready (dir, argv, connections, standby, server,
+  bool ready = standby_make_ready (dir, connections, standby, server,
                                    reply, sizeof reply);
   standby_making = false;
   if (standby_starved) {
@@ -729,8 +775,12 @@ standby_prepare (const char *dir, char **argv, unsigned connections,
   }
   ask (dir, "ctl", "grace 10\n", grace_reply, sizeof grace_reply, 5, server);
   if (ready) {
-    note (dir, "standby.ready", false, "%d\n", (int) standby->pid);
-    supervise_log ("standby: pid %d ready", (int) standby->pid);
+    note (dir, standby->ready_note, false, "%d\n", (int) standby->pid);
+    long resident_kib = status_field_kib (standby->pid, "VmRSS:"),
+      anonymous_kib = status_field_kib (standby->pid, "RssAnon:");
+    supervise_log ("standby: pid %d ready (resident %.1f MiB, %.1f MiB of "
+                   "it its own: what it costs)", (int) standby->pid,
+                   resident_kib / 1024.0, anonymous_kib / 1024.0);
     return true;
   }
   supervise_log ("standby: could not be made ready%s%s (tried again in "
@@ -751,9 +801,9 @@ standby_take_over (const char *dir, struct standby *standby,
                    const char *device, unsigned timeout)
 {
   char reply[256] = "", from[4096], to[4096];
-  snprintf (from, sizeof from, "%s/standby.ready", dir);
+  snprintf (from, sizeof from, "%s/%s", dir, standby->ready_note);
   unlink (from);
-  if (!ask (dir, "standby.sock", "takeover\n", reply, sizeof reply,
+  if (!ask (dir, standby->channel, "takeover\n", reply, sizeof reply,
             TAKEOVER_TIMEOUT_S, 0) || strncmp (reply, "ok", 2) != 0) {
     supervise_log ("standby: pid %d did not take the device over: %s",
                    (int) standby->pid, *reply ? reply : "no answer");
@@ -776,11 +826,10 @@ standby_take_over (const char *dir, struct standby *standby,
   standby->count = 0;
   pid_t pid = standby->pid;
   standby->pid = 0;
-  const char *const names[][2] = { { "sock.standby", "sock" },
-                                   { "pid.standby", "pid" } };
+  const char *const names[] = { "sock", "pid" };
   for (int i = 0; i < 2; i++) {
-    snprintf (from, sizeof from, "%s/%s", dir, names[i][0]);
-    snprintf (to, sizeof to, "%s/%s", dir, names[i][1]);
+    snprintf (from, sizeof from, "%s/%s%s", dir, names[i], standby->suffix);
+    snprintf (to, sizeof to, "%s/%s", dir, names[i]);
     rename (from, to);
   }
   return pid;
@@ -968,14 +1017,25 @@ guardian_start (const char *device)
 int
 run_supervise (int argc, char **argv)
 {
-  bool use_standby = false, usage = argc < 4;
+  unsigned standbys = 0;
+  bool usage = argc < 4;
   unsigned request_timeout = REQUEST_TIMEOUT_DEFAULT_S;
   int dashes = 4;
   for (; !usage && dashes < argc && strcmp (argv[dashes], "--") != 0;
        dashes++) {
     char *end;
     if (strcmp (argv[dashes], "--standby") == 0)
-      use_standby = true;
+      standbys = standbys ? standbys : 1;
+    else if (strcmp (argv[dashes], "--standbys") == 0 && dashes + 1 < argc) {
+      errno = 0;
+      unsigned long count = strtoul (argv[++dashes], &end, 10);
+      if (errno || *end || end == argv[dashes] || count > STANDBYS_MAX) {
+        fprintf (stderr, "nbdkit-zramctl: supervise: --standbys: '%s' is "
+                 "not a number from 0 to %d\n", argv[dashes], STANDBYS_MAX);
+        return EXIT_FAILURE;
+      }
+      standbys = count;
+    }
     else if (strcmp (argv[dashes], "--request-timeout") == 0
              && dashes + 1 < argc) {
       errno = 0;
@@ -994,16 +1054,31 @@ run_supervise (int argc, char **argv)
   }
   if (usage || dashes + 1 >= argc) {
     fprintf (stderr, "usage: nbdkit-zramctl supervise DIR DEVICE CONNECTIONS "
-             "DEAD_CONN_TIMEOUT [--standby] [--request-timeout SECONDS] -- "
+             "DEAD_CONN_TIMEOUT [--standby | --standbys N] [--request-timeout "
+             "SECONDS] -- "
              "NBDKIT ARGUMENT...\n");
     return EXIT_FAILURE;
   }
   const char *dir = argv[0], *device = argv[1];
   unsigned connections = atoi (argv[2]), timeout = atoi (argv[3]);
-  char **server_argv = server_argv_make (dir, argv + dashes + 1, "", false);
-  char **standby_argv = server_argv_make (dir, argv + dashes + 1, ".standby",
-                                          true);
-  if (!server_argv || !standby_argv) {
+  char **server_argv = server_argv_make (dir, argv + dashes + 1, "", NULL);
+  struct standby standby_list[STANDBYS_MAX] = { { .pid = 0 } };
+  for (unsigned k = 0; k < standbys; k++) {
+    struct standby *standby = &standby_list[k];
+    char number[8] = "";
+    if (k > 0)
+      snprintf (number, sizeof number, "%u", k + 1);
+    snprintf (standby->suffix, sizeof standby->suffix, ".standby%s", number);
+    snprintf (standby->channel, sizeof standby->channel, "standby%s.sock",
+              number);
+    snprintf (standby->ready_note, sizeof standby->ready_note,
+              "standby%s.ready", number);
+    standby->argv = server_argv_make (dir, argv + dashes + 1,
+                                      standby->suffix, standby->channel);
+    if (!standby->argv)
+      server_argv = NULL;
+  }
+  if (!server_argv) {
     perror ("nbdkit-zramctl: supervise");
     return EXIT_FAILURE;
   }
@@ -1070,8 +1145,9 @@ run_supervise (int argc, char **argv)
     close (oom);
   }
   supervise_log ("pid %d supervises %s (%u connections, dead-connection "
-                 "timeout %u s%s)", (int) getpid (), device, connections,
-                 timeout, use_standby ? ", a standby kept ready" : "");
+                 "timeout %u s, %u standby%s kept ready)", (int) getpid (),
+                 device, connections, timeout, standbys,
+                 standbys == 1 ? "" : "s");
   note (dir, "supervisor.pid", false, "%d\n", (int) getpid ());
   sigset_t blocked, none;
   sigemptyset (&blocked);
@@ -1145,7 +1221,6 @@ run_supervise (int argc, char **argv)
                    "request waits for the dead-connection timeout");
   double quiet_until = 0;
   unsigned restarts = 0;
-  struct standby standby = { .pid = 0 };
   device_activity_init (&device_activity, device);
   standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
@@ -1180,15 +1255,19 @@ run_supervise (int argc, char **argv)
         }
       }
       leftovers_reap ();
-      if (standby.pid > 0 && waitpid (standby.pid, NULL, WNOHANG) == standby.pid) {
-        /* A standby's end is a crash of its own: the next one at once
-         * (and STANDBY_RETRY_S after one that cannot be made ready).
-         */
-        supervise_log ("standby: pid %d exited: a new one is made ready",
-                       (int) standby.pid);
-        standby.pid = 0;
-        standby_discard (dir, &standby);
-        standby.next_try = now ();
+      for (unsigned k = 0; k < standbys; k++) {
+        struct standby *standby = &standby_list[k];
+        if (standby->pid > 0
+            && waitpid (standby->pid, NULL, WNOHANG) == standby->pid) {
+          /* A standby's end is a crash of its own: the next one at once
+           * (and STANDBY_RETRY_S after one that cannot be made ready).
+           */
+          supervise_log ("standby: pid %d exited: a new one is made ready",
+                         (int) standby->pid);
+          standby->pid = 0;
+          standby_discard (dir, standby);
+          standby->next_try = now ();
+        }
       }
       /* Not while the old server's requests wait to be sent again after
        * a restart (next_try, set then): a standby starting meanwhile
@@ -1197,14 +1276,18 @@ run_supervise (int argc, char **argv)
        * free memory, ran dry (seen with zstd in the guest: writes
        * refused, a process killed).
        */
-      if (use_standby && !standby.pid && !stop_asked && !restart_asked
-          && !stopped && now () >= standby.next_try)
-        standby_prepare (dir, standby_argv, connections, &standby, server);
+      /* One at a time, the server watched between them. */
+      for (unsigned k = 0; k < standbys && !stop_asked && !restart_asked
+             && !stopped; k++)
+        if (!standby_list[k].pid && now () >= standby_list[k].next_try) {
+          standby_prepare (dir, connections, &standby_list[k], server);
+          break;
+        }
       if (stop_asked && !terminated) {
         supervise_log ("stop asked: server pid %d sent SIGTERM",
                        (int) server);
         stopped = stopped ? stopped : now ();
-        standby_discard (dir, &standby);
+        standbys_discard (dir, standby_list, standbys);
         kill (server, SIGTERM);
         terminated = true;
       }
@@ -1212,17 +1295,18 @@ run_supervise (int argc, char **argv)
         supervise_log ("restart asked: server pid %d serves on while a "
                        "standby is made ready", (int) server);
         /* The binary on disk now takes over: a new standby, made ready
-         * while this server still serves.  One that cannot be made
-         * without starving the server: the restart waits (a server
+         * while this server still serves (the others, of the old binary,
+         * go: the rest are made after the restart).  One that cannot be
+         * made without starving the server: the restart waits (a server
          * started after the old one's end would need the same memory,
          * with the device down), RESTART_WAITS_MAX times, then is not
          * done - a planned restart must cost the server nothing.
          */
         bool go = true;
-        if (use_standby) {
-          standby_discard (dir, &standby);
-          if (!standby_prepare (dir, standby_argv, connections, &standby,
-                                server) && standby_starved) {
+        if (standbys) {
+          standbys_discard (dir, standby_list, standbys);
+          if (!standby_prepare (dir, connections, &standby_list[0], server)
+              && standby_starved) {
             go = false;
             if (++restart_waits < RESTART_WAITS_MAX) {
               restart_not_before = now () + STANDBY_RETRY_S;
@@ -1298,7 +1382,7 @@ run_supervise (int argc, char **argv)
        * the standby (a stop that came with the server's exit skipped
        * the loop that discards it).
        */
-      standby_discard (dir, &standby);
+      standbys_discard (dir, standby_list, standbys);
       nbd_detach_quietly (device);
       guardian_stop ();
       supervise_log_flush ();
@@ -1315,7 +1399,7 @@ run_supervise (int argc, char **argv)
     if (!asked && WIFEXITED (status) && WEXITSTATUS (status) == 0) {
       supervise_log ("the server exited (status 0): "
             "not restarted\n");
-      standby_discard (dir, &standby);
+      standbys_discard (dir, standby_list, standbys);
       guardian_stop ();
       supervise_log_flush ();
       return EXIT_SUCCESS;
@@ -1325,11 +1409,14 @@ run_supervise (int argc, char **argv)
      * short, its address space layout: the server's message says), and
      * the device waits up to its dead-connection timeout.
      */
-    supervise_log ("restart %u (%s) begins: %s", restarts + 1, why, standby.pid > 0
-                   ? "the standby takes the device over"
+    struct standby *ready = NULL;
+    for (unsigned k = 0; k < standbys && !ready; k++)
+      if (standby_list[k].pid > 0)
+        ready = &standby_list[k];
+    supervise_log ("restart %u (%s) begins: %s", restarts + 1, why, ready
+                   ? "a standby takes the device over"
                    : "no standby ready: a server is started");
-    server = standby.pid > 0
-      ? standby_take_over (dir, &standby, device, timeout) : -1;
+    server = ready ? standby_take_over (dir, ready, device, timeout) : -1;
     bool by_standby = server != -1;
     for (unsigned attempt = 1; server == -1; attempt++) {
       if (attempt == 1)
@@ -1376,6 +1463,9 @@ run_supervise (int argc, char **argv)
      * (copy_process) and the new server's threads waiting on its
      * mmap_lock, the device answering nothing (seen in the guest).
      */
-    standby.next_try = report.due + (by_standby ? 1 : STANDBY_AFTER_START_S);
+    for (unsigned k = 0; k < standbys; k++)
+      if (!standby_list[k].pid)
+        standby_list[k].next_try = report.due
+          + (by_standby ? 1 : STANDBY_AFTER_START_S);
   }
 }
