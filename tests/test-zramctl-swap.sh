@@ -48,7 +48,15 @@ refused "--connections: '0' is not a number from 1 to 16" on --connections 0
 refused "--connections: 17 is above 16" on --connections 17
 refused "--page-cluster: 'big' is neither a number from 0 to 10 nor keep" on --page-cluster big
 refused "--page-cluster: 11 is above 10" on --page-cluster 11
+refused "--standbys: '4' is not a number from 0 to 3" on --restartable --standbys 4
+refused "--standbys: 'two' is not a number from 0 to 3" on --restartable --standbys two
 refused "swap on: unknown argument '--bogus'" on --bogus
+# The supervisor itself (what swap on runs) refuses a bad --standbys too.
+rc=0
+"$ZRAMCTL" supervise "$tmp/nowhere" /dev/nbd9 1 120 --standbys 9 -- /bin/true > "$tmp/out" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "supervise: --standbys: '9' is not a number from 0 to 3" "$tmp/out" ||
+    fail "supervise --standbys 9: exit status $rc: $(cat "$tmp/out")"
+[ ! -e "$tmp/nowhere" ] || fail "supervise --standbys 9 made its directory"
 refused "'sideways' is none of on, off, restart, status" sideways
 refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
