@@ -96,7 +96,7 @@
 #                        standbykill, killrestart, stop) done once MIB
 #                        are swapped out (tests/vm-nbd/init)
 #   ZRAM_VM_STANDBYS     with restarts: swap on's --standbys (default:
-#                        the tool's, 2)
+#                        the tool's: 2, 1 below 300 MiB of RAM)
 #   ZRAM_VM_RESTART_STALL_MAX_S  with restarts: the longest stall the
 #                        workload may see (default 12 s)
 #   ZRAM_VM_MAX_SECTORS_KB  the nbd queue's max_sectors_kb, set after

@@ -836,23 +836,38 @@ standby_take_over (const char *dir, struct standby *standby,
 }
 
 /* The kernel's log (/dev/kmsg, opened at the start and read from its
- * end then; -1: none), for the driver's "Connection timed out,
- * retrying": the moment it sent again a request the old server never
- * answered.
+ * end then; -1: none), for two of the driver's lines about the device:
+ *   - "Connection timed out, retrying": the moment it sent again a
+ *     request the old server never answered (a restart's downtime);
+ *   - "Dead connection" or "(0/N alive)": no connection of the device is
+ *     alive.  While the server runs and is not being stopped, that is a
+ *     request of the live server's that met the request timeout, as
+ *     the driver's link-dead notice says - but the notice is sent from
+ *     a kernel worker that allocates, and with the machine's memory used
+ *     up it never came (seen in a 256 MiB guest: the workers waited in
+ *     reclaim, the device answered nothing until the dead-connection
+ *     timeout failed its requests).  A line of the log costs the kernel
+ *     no allocation.
+ * kernel_log_read takes what was logged since its last call (read into
+ * the stack: nothing allocated) into the state below.
  */
 static int kernel_log = -1;
+#define KERNEL_RESENDS_KEPT 256
+static struct {
+  double resend_at[KERNEL_RESENDS_KEPT];  /* a ring: resends % KEPT */
+  unsigned resends;                       /* every one seen */
+  unsigned resends_reported;              /* up to here in a report */
+  double link_dead_at;                    /* the last such line, or 0 */
+} kernel_lines;
 
-/* Read what the kernel logged since the last call: of the lines that say
- * the driver sent a request of device_name again, how many came no
- * later than until (monotonic seconds; the log's clock is the kernel's,
- * which is the monotonic clock give or take its drift) and when the
- * last of them came (0: none).
+/* The log's clock is the kernel's, which is the monotonic clock give or
+ * take its drift: its times compare with now ().
  */
-static double
-kernel_log_resends (const char *device_name, double until, unsigned *count)
+static void
+kernel_log_read (const char *device_name)
 {
-  double last = 0;
-  *count = 0;
+  char key[64];                 /* "block nbd0: ...": not nbd01's */
+  snprintf (key, sizeof key, "%s:", device_name);
   for (;;) {
     char record[1024];
     ssize_t got = kernel_log >= 0
@@ -860,21 +875,45 @@ kernel_log_resends (const char *device_name, double until, unsigned *count)
     if (got == -1 && errno == EPIPE)
       continue;                 /* overwritten meanwhile: the next */
     if (got <= 0)
-      return last;
+      return;
     record[got] = '\0';
     /* "PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;TEXT" */
     unsigned long long microseconds;
     int text = 0;
     if (sscanf (record, "%*u,%*u,%llu,%*[^;];%n", &microseconds, &text) < 1
-        || text == 0)
+        || text == 0 || !strstr (record + text, key))
       continue;
     double at = microseconds / 1e6;
-    if (at <= until && strstr (record + text, device_name)
-        && strstr (record + text, "timed out, retrying")) {
+    if (strstr (record + text, "timed out, retrying"))
+      kernel_lines.resend_at[kernel_lines.resends++ % KERNEL_RESENDS_KEPT]
+        = at;
+    if (strstr (record + text, "Dead connection")
+        || strstr (record + text, "(0/"))
+      kernel_lines.link_dead_at = at;
+  }
+}
+
+/* Of the resends logged since the last call, how many came no later
+ * than until, and when the last of them came (0: none).
+ */
+static double
+kernel_log_resends (const char *device_name, double until, unsigned *count)
+{
+  kernel_log_read (device_name);
+  double last = 0;
+  *count = 0;
+  unsigned first = kernel_lines.resends_reported;
+  if (kernel_lines.resends - first > KERNEL_RESENDS_KEPT)
+    first = kernel_lines.resends - KERNEL_RESENDS_KEPT;
+  for (unsigned i = first; i < kernel_lines.resends; i++) {
+    double at = kernel_lines.resend_at[i % KERNEL_RESENDS_KEPT];
+    if (at <= until) {
       last = at;
       ++*count;
     }
   }
+  kernel_lines.resends_reported = kernel_lines.resends;
+  return last;
 }
 
 /* A restart whose downtime is not known yet (see above): it is when the
@@ -1219,8 +1258,10 @@ run_supervise (int argc, char **argv)
     supervise_log ("cannot watch the driver's notices: a live server "
                    "whose request timed out is not restarted, and the "
                    "request waits for the dead-connection timeout");
-  double quiet_until = 0;
+  double quiet_until = 0, link_dead_handled = 0;
   unsigned restarts = 0;
+  const char *device_name = strrchr (device, '/');
+  device_name = device_name ? device_name + 1 : device;
   device_activity_init (&device_activity, device);
   standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
@@ -1235,8 +1276,15 @@ run_supervise (int argc, char **argv)
       device_activity_sample (&device_activity);
       if (report.pending && now () >= report.due)
         restart_report_finish (&report, dir, device, request_timeout, server);
-      if (watch && nbd_watch_link_dead (watch) && now () > quiet_until
-          && !stopped) {
+      /* The driver's notice, or its line in the kernel's log (see
+       * kernel_log_read: the notice may never come).
+       */
+      kernel_log_read (device_name);
+      bool notice = watch && nbd_watch_link_dead (watch);
+      bool logged = kernel_lines.link_dead_at > link_dead_handled;
+      link_dead_handled = kernel_lines.link_dead_at;
+      if ((notice || (logged && kernel_lines.link_dead_at > quiet_until))
+          && now () > quiet_until && !stopped) {
         /* A server that is going ends this wait at the next round: only
          * a live one's is news.  One that is being stopped or restarted
          * is reaped before anything is sent again anyway.
@@ -1244,10 +1292,12 @@ run_supervise (int argc, char **argv)
         usleep (100000);
         if (server_alive (server)) {
           supervise_log ("the driver marked a connection of %s to the live "
-                         "server pid %d dead: a request met the %u s request "
-                         "timeout, and its first copy may still be at work "
-                         "in the server: the server is killed before the "
-                         "request is sent again", device, (int) server,
+                         "server pid %d dead (%s): a request met the %u s "
+                         "request timeout, and its first copy may still be "
+                         "at work in the server: the server is killed "
+                         "before the request is sent again", device,
+                         (int) server, notice ? "its notice"
+                         : "the kernel's log; its notice did not come",
                          request_timeout);
           kill (server, SIGKILL);
           stopped = timed_out_at = now ();
