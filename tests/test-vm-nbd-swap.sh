@@ -97,6 +97,8 @@
 #                        are swapped out (tests/vm-nbd/init)
 #   ZRAM_VM_STANDBYS     with restarts: swap on's --standbys (default:
 #                        the tool's: 2, 1 below 300 MiB of RAM)
+#   ZRAM_VM_NO_NOTICE    1: the supervisor does not watch the driver's
+#                        notices (tests/vm-nbd/init)
 #   ZRAM_VM_RESTART_STALL_MAX_S  with restarts: the longest stall the
 #                        workload may see (default 12 s)
 #   ZRAM_VM_MAX_SECTORS_KB  the nbd queue's max_sectors_kb, set after
@@ -247,6 +249,7 @@ SIDES_MB='$SIDES_MB'
 MAX_SECTORS_KB='${ZRAM_VM_MAX_SECTORS_KB:-}'
 RESTARTS='${ZRAM_VM_RESTARTS:-}'
 STANDBYS='${ZRAM_VM_STANDBYS:-}'
+NO_NOTICE='${ZRAM_VM_NO_NOTICE:-}'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \
@@ -443,6 +446,7 @@ restarts=$(field "$result_line" restarts)
 io_errors=$(field "$result_line" io_errors)
 [ -z "${ZRAM_VM_RESTARTS:-}" ] || knobs+=" restarts=${ZRAM_VM_RESTARTS// /,}"
 [ -z "${ZRAM_VM_STANDBYS:-}" ] || knobs+=" standbys=$ZRAM_VM_STANDBYS"
+[ -z "${ZRAM_VM_NO_NOTICE:-}" ] || knobs+=" no_notice"
 # The supervisor's figure of each restart ("down X s"), as the guest
 # printed its lines.
 downtimes=$(grep -a '^ZRAM-VM: restart ' "$clean" | grep -o 'reconnected, down [0-9.]* s' |

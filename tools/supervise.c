@@ -1253,11 +1253,20 @@ run_supervise (int argc, char **argv)
    * QUIET_AFTER_RESTART_S after.
    */
   guardian_start (device);
-  struct nbd_watch *watch = nbd_watch_open (device);
-  if (!watch)
+  /* NBDKIT_ZRAM_SUPERVISE_NO_NOTICE: the notices not watched, as when
+   * they never come - for the tests of the kernel log's way.
+   */
+  struct nbd_watch *watch = NULL;
+  if (getenv ("NBDKIT_ZRAM_SUPERVISE_NO_NOTICE"))
+    supervise_log ("the driver's notices not watched "
+                   "(NBDKIT_ZRAM_SUPERVISE_NO_NOTICE): a live server's "
+                   "timed-out request is known from the kernel's log alone");
+  else if (!(watch = nbd_watch_open (device)))
     supervise_log ("cannot watch the driver's notices: a live server "
-                   "whose request timed out is not restarted, and the "
-                   "request waits for the dead-connection timeout");
+                   "whose request timed out is known from the kernel's "
+                   "log alone%s", kernel_log >= 0 ? "" : ", and there is "
+                   "none: it is not restarted, and the request waits for "
+                   "the dead-connection timeout");
   double quiet_until = 0, link_dead_handled = 0;
   unsigned restarts = 0;
   const char *device_name = strrchr (device, '/');
