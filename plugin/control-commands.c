@@ -17,6 +17,7 @@
 #include "control-internal.h"
 #include "error-text.h"
 #include "handover.h"
+#include "memory-account.h"
 #include "metrics.h"
 #include "monotonic.h"
 #include "stats-file.h"
@@ -114,6 +115,19 @@ command_classes (struct client *client, int argc, char **argv)
 {
   struct block_store *store = client->store;
   store_print_classes (store, client->out);
+  return 0;
+}
+
+static int
+command_memory (struct client *client, int argc, char **argv)
+{
+  struct memory_account account;
+  if (memory_account_take (&account) == -1)
+    return reply_error (client, "cannot read /proc/self/smaps: %s",
+                        strerror (errno));
+  struct store_stats s;
+  store_stats (client->store, &s);
+  memory_account_print (&account, &s, client->out);
   return 0;
 }
 

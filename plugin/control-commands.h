@@ -21,6 +21,7 @@
   COMMAND (stats, 1, 1, "stats", command_stats, 0) \
   COMMAND (metrics, 1, 1, "metrics", command_metrics, 0) \
   COMMAND (classes, 1, 1, "classes", command_classes, 0) \
+  COMMAND (memory, 1, 1, "memory", command_memory, 0) \
   COMMAND (compact, 1, 1, "compact", command_compact, 0) \
   COMMAND (idle, 2, 2, "idle all|SECONDS", command_idle, 0) \
   COMMAND (mem_limit, 2, 2, "mem_limit SIZE", command_mem_limit, 0) \
