@@ -8,9 +8,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include <libnbd.h>
-
 #include "backing-internal.h"
+#include "libnbd-load.h"
 #include "monotonic.h"
 
 /* Drive handle until done (handle) says so, or until deadline_ms: 1 done,
@@ -32,7 +31,7 @@ nbd_wait (struct backing *backing, struct nbd_handle *handle,
       return 0;
     /* Slices of 100 ms: backing_cancel is seen that soon. */
     uint64_t left = deadline_ms - now;
-    if (nbd_poll (handle, left > 100 ? 100 : (int) left) == -1)
+    if (libnbd->poll (handle, left > 100 ? 100 : (int) left) == -1)
       return -1;
   }
 }
@@ -41,15 +40,15 @@ static int
 connected (struct nbd_handle *handle, int64_t cookie)
 {
   (void) cookie;
-  if (nbd_aio_is_connecting (handle) == 1)
+  if (libnbd->aio_is_connecting (handle) == 1)
     return 0;
-  return nbd_aio_is_ready (handle) == 1 ? 1 : -1;
+  return libnbd->aio_is_ready (handle) == 1 ? 1 : -1;
 }
 
 static int
 completed (struct nbd_handle *handle, int64_t cookie)
 {
-  return nbd_aio_command_completed (handle, cookie);
+  return libnbd->aio_command_completed (handle, cookie);
 }
 
 /* A connected handle, or NULL with a message in *error: connecting takes
@@ -59,12 +58,12 @@ static struct nbd_handle *
 nbd_connect (struct backing *backing, uint64_t deadline_ms, char **error)
 {
   const char *uri = backing->uri;
-  struct nbd_handle *handle = nbd_create ();
+  struct nbd_handle *handle = libnbd->create ();
   if (!handle) {
-    *error = backing_message ("backing: %s", nbd_get_error ());
+    *error = backing_message ("backing: %s", libnbd->get_error ());
     return NULL;
   }
-  int r = nbd_aio_connect_uri (handle, uri);
+  int r = libnbd->aio_connect_uri (handle, uri);
   uint64_t until = monotonic_ms () + backing->timeout_ms;
   if (deadline_ms && deadline_ms < until)
     until = deadline_ms;
@@ -74,8 +73,8 @@ nbd_connect (struct backing *backing, uint64_t deadline_ms, char **error)
     *error = r == 0
       ? backing_message ("backing: %s: no answer within %u s", uri,
                  backing->timeout_ms / 1000)
-      : backing_message ("backing: %s: %s", uri, nbd_get_error ());
-    nbd_close (handle);
+      : backing_message ("backing: %s: %s", uri, libnbd->get_error ());
+    libnbd->close (handle);
     return NULL;
   }
   return handle;
@@ -84,24 +83,34 @@ nbd_connect (struct backing *backing, uint64_t deadline_ms, char **error)
 int
 backing_nbd_open (struct backing *backing, uint64_t *capacity, char **error)
 {
+  /* libnbd's functions (libnbd-load.h): every other call here comes
+   * after this.
+   */
+  char *why = NULL;
+  if (!libnbd_load (&why)) {
+    *error = backing_message ("backing: %s: %s", backing->uri,
+                              why ? why : "cannot load libnbd");
+    free (why);
+    return -1;
+  }
   struct nbd_handle *first = nbd_connect (backing, 0, error);
   if (!first)
     return -1;
-  int64_t size = nbd_get_size (first);
-  if (size < BACKING_SECTOR || nbd_is_read_only (first) == 1) {
+  int64_t size = libnbd->get_size (first);
+  if (size < BACKING_SECTOR || libnbd->is_read_only (first) == 1) {
     *error = backing_message ("backing: %s: %s", backing->uri,
-                      size < 0 ? nbd_get_error ()
+                      size < 0 ? libnbd->get_error ()
                       : size < BACKING_SECTOR ? "the export is too small"
                       : "the export is read-only");
-    nbd_close (first);
+    libnbd->close (first);
     return -1;
   }
   if ((uint64_t) size < *capacity)
     *capacity = size;
-  backing->can_trim = nbd_can_trim (first) == 1;
+  backing->can_trim = libnbd->can_trim (first) == 1;
   backing->connections[0].handle = first;
   backing->connection_count = 1;
-  if (nbd_can_multi_conn (first) == 1) {
+  if (libnbd->can_multi_conn (first) == 1) {
     for (unsigned i = 1; i < BACKING_CONNECTIONS; i++) {
       char *ignored = NULL;
       struct nbd_handle *more = nbd_connect (backing, 0, &ignored);
@@ -122,7 +131,7 @@ static void
 connection_drop (struct connection *connection)
 {
   if (connection->handle) {
-    nbd_close (connection->handle);
+    libnbd->close (connection->handle);
     connection->handle = NULL;
   }
   connection->retry_at_ms = monotonic_ms () + connection->backoff_ms;
@@ -168,8 +177,8 @@ backing_nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
       break;
     }
     if (connection->handle
-        && (nbd_aio_is_dead (connection->handle) == 1
-            || nbd_aio_is_closed (connection->handle) == 1))
+        && (libnbd->aio_is_dead (connection->handle) == 1
+            || libnbd->aio_is_closed (connection->handle) == 1))
       connection_drop (connection);
     if (!connection->handle) {
       if (monotonic_ms () < connection->retry_at_ms)
@@ -186,18 +195,18 @@ backing_nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
     int64_t cookie;
     switch (op) {
     case 'r':
-      cookie = nbd_aio_pread (connection->handle, buf, bytes, offset,
+      cookie = libnbd->aio_pread (connection->handle, buf, bytes, offset,
                               NBD_NULL_COMPLETION, 0);
       break;
     case 'w':
-      cookie = nbd_aio_pwrite (connection->handle, buf, bytes, offset,
+      cookie = libnbd->aio_pwrite (connection->handle, buf, bytes, offset,
                                NBD_NULL_COMPLETION, 0);
       break;
     case 'f':
-      cookie = nbd_aio_flush (connection->handle, NBD_NULL_COMPLETION, 0);
+      cookie = libnbd->aio_flush (connection->handle, NBD_NULL_COMPLETION, 0);
       break;
     default:
-      cookie = nbd_aio_trim (connection->handle, bytes, offset,
+      cookie = libnbd->aio_trim (connection->handle, bytes, offset,
                              NBD_NULL_COMPLETION, 0);
       break;
     }
@@ -211,8 +220,8 @@ backing_nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
       connection->backoff_ms = BACKOFF_FIRST_MS;
       break;
     }
-    bool lost = done == 0 || nbd_aio_is_dead (connection->handle) == 1
-      || nbd_aio_is_closed (connection->handle) == 1;
+    bool lost = done == 0 || libnbd->aio_is_dead (connection->handle) == 1
+      || libnbd->aio_is_closed (connection->handle) == 1;
     if (cookie != -1 && lost && (op == 'w' || op == 't'))
       abandoned = true;
     if (done == 0) {
@@ -227,7 +236,7 @@ backing_nbd_request (struct backing *backing, char op, void *buf, size_t bytes,
     }
     if (!lost) {
       /* The server's answer: an error that is what it says. */
-      err = nbd_get_errno ();
+      err = libnbd->get_errno ();
       if (err == 0)
         err = EIO;
       break;
@@ -248,8 +257,8 @@ backing_nbd_close (struct backing *backing)
 {
   for (unsigned i = 0; i < BACKING_CONNECTIONS; i++) {
     if (backing->connections[i].handle) {
-      nbd_shutdown (backing->connections[i].handle, 0);
-      nbd_close (backing->connections[i].handle);
+      libnbd->shutdown (backing->connections[i].handle, 0);
+      libnbd->close (backing->connections[i].handle);
     }
     pthread_mutex_destroy (&backing->connections[i].lock);
   }
