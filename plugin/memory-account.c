@@ -39,19 +39,34 @@ kind_by_name (const char *name, uint64_t inode)
   return KIND_ANONYMOUS;
 }
 
-/* An anonymous read-write mapping's kind: a thread's stack sits right
- * above its guard page, a malloc arena right below its reserved room.
+/* The address room glibc reserves for each malloc arena beyond the main
+ * one (HEAP_MAX_SIZE on 64-bit: twice the largest mmap threshold), and
+ * aligns each arena to.
+ */
+#define ARENA_ROOM ((uint64_t) 64 << 20)
+
+/* An anonymous read-write mapping's kind.  A malloc arena is the start
+ * of an ARENA_ROOM-aligned room of ARENA_ROOM bytes whose rest follows,
+ * reserved and inaccessible; a thread's stack sits right above its guard
+ * page.  The arena's rule first: arenas are made one after another, so
+ * an arena's start often lies right above the previous one's reserved
+ * room, as a stack lies above its guard (seen: 16 worker arenas counted
+ * as stacks).
  */
 static enum mapping_kind
 kind_by_neighbours (const struct mapping *mappings, size_t count, size_t i)
 {
   const struct mapping *here = &mappings[i];
+  const struct mapping *next = i + 1 < count ? &mappings[i + 1] : NULL;
+  if (here->start % ARENA_ROOM == 0
+      && (here->end - here->start == ARENA_ROOM        /* grown full */
+          || (next && next->anonymous && next->inaccessible
+              && next->start == here->end
+              && next->end - here->start == ARENA_ROOM)))
+    return KIND_HEAP;
   if (i > 0 && mappings[i - 1].anonymous && mappings[i - 1].inaccessible
       && mappings[i - 1].end == here->start)
     return KIND_STACKS;
-  if (i + 1 < count && mappings[i + 1].anonymous
-      && mappings[i + 1].inaccessible && mappings[i + 1].start == here->end)
-    return KIND_HEAP;
   return KIND_ANONYMOUS;
 }
 

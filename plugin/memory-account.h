@@ -6,8 +6,9 @@
  *   - files: mapped files - nbdkit, the plugin, the libraries;
  *   - region: the System V segment of region= ("/SYSV...");
  *   - heap: the C heap - the brk heap ("[heap]") and malloc's other
- *     arenas (an anonymous read-write mapping that a reserved,
- *     inaccessible one follows: the arena's room to grow);
+ *     arenas (an anonymous read-write mapping at the start of a 64 MiB
+ *     aligned room whose rest follows it, reserved and inaccessible:
+ *     the arena's room to grow);
  *   - stacks: the main thread's ("[stack]") and each other thread's (an
  *     anonymous read-write mapping right above an inaccessible guard
  *     page);
