@@ -297,17 +297,9 @@ meminfo_kib (const char *text, const char *key)
   return at ? strtoll (at + strlen (key), NULL, 10) : -1;
 }
 
-/* The default reserve: a thirty-second of RAM, within SWAP_RESERVE_MIN
- * and SWAP_RESERVE_MAX, at most an eighth of mem_limit, in whole
- * reserve_unit bytes (and at least one).  What it must cover is the
- * swap-outs that arrive between a miss and the refill; the bigger the
- * machine, the bigger its bursts (the kernel reclaims in proportion).
- */
-#define SWAP_RESERVE_MIN ((uint64_t) 4 << 20)
-#define SWAP_RESERVE_MAX ((uint64_t) 64 << 20)
-
-uint64_t
-swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
+/* The machine's RAM (MemTotal), in bytes; 0 when unknown. */
+static uint64_t
+machine_ram_bytes (void)
 {
   char text[4096];
   FILE *fp = fopen ("/proc/meminfo", "r");
@@ -316,29 +308,59 @@ swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
     fclose (fp);
   text[length] = '\0';
   int64_t ram_kib = meminfo_kib (text, "MemTotal:");
-  uint64_t reserve = ram_kib > 0 ? (uint64_t) ram_kib * 1024 / 32 : 0;
-  if (reserve < SWAP_RESERVE_MIN)
-    reserve = SWAP_RESERVE_MIN;
-  if (reserve > SWAP_RESERVE_MAX)
-    reserve = SWAP_RESERVE_MAX;
+  return ram_kib > 0 ? (uint64_t) ram_kib * 1024 : 0;
+}
+
+/* value within [low, high]. */
+static uint64_t
+within (uint64_t value, uint64_t low, uint64_t high)
+{
+  return value < low ? low : value > high ? high : value;
+}
+
+/* Swap mode's fixed memory scales with the machine: the bigger it is,
+ * the bigger the kernel's bursts of swap-outs (it reclaims in
+ * proportion), and the less a MiB of it matters.  The reserve gets a
+ * sixty-fourth of RAM, the heap's room for requests a hundred and
+ * twenty-eighth: 4 and 2 MiB on a 256 MiB machine, where the server's
+ * whole fixed cost is to stay within 16 MiB (at a thirty-second, 8 MiB
+ * of heap made ready and more for the device's whole metadata, it was
+ * 25 MiB).
+ */
+#define RESERVE_SHARE_OF_RAM 64
+#define HEAP_SHARE_OF_RAM 128
+
+/* The default reserve: a sixty-fourth of RAM, within SWAP_RESERVE_MIN
+ * and SWAP_RESERVE_MAX, at most an eighth of mem_limit, in whole
+ * reserve_unit bytes (and at least one).  What it must cover is the
+ * swap-outs that arrive between a miss and the refill.
+ */
+#define SWAP_RESERVE_MIN ((uint64_t) 4 << 20)
+#define SWAP_RESERVE_MAX ((uint64_t) 64 << 20)
+
+uint64_t
+swap_mode_default_reserve (uint64_t mem_limit, uint64_t reserve_unit)
+{
+  uint64_t reserve = within (machine_ram_bytes () / RESERVE_SHARE_OF_RAM,
+                             SWAP_RESERVE_MIN, SWAP_RESERVE_MAX);
   if (reserve > mem_limit / 8)
     reserve = mem_limit / 8;
   reserve -= reserve % reserve_unit;
   return reserve ? reserve : reserve_unit;
 }
 
-/* The heap made ready for requests: at least HEAP_BUFFERS buffers of
- * HEAP_BUFFER_BYTES, room for a request of each worker thread nbdkit
- * starts by default (16) with room to spare; and room for the
- * allocator's metadata at the device's size (swap-mode.h).
+/* The heap made ready for requests (nbdkit's buffers): a hundred and
+ * twenty-eighth of RAM in HEAP_BUFFER_BYTES buffers, within HEAP_READY_MIN and
+ * HEAP_READY_MAX (room for a request of each of nbdkit's 16 default
+ * worker threads, 256 KiB each, twice over).  The allocator's metadata
+ * gets no room here: the reserve keeper keeps the heap's top ready for
+ * it as the data grows (metadata_headroom in zram.c); made ready at the
+ * device's size at start it cost an empty server 24 bytes a block (1.7
+ * MiB for 288 MiB, 48 MiB for an 8 GiB device).
  */
-#define HEAP_BUFFERS 32
 #define HEAP_BUFFER_BYTES (256 << 10)
-/* The allocator's metadata from the heap for each block stored: a handle
- * cell (8 bytes), a slot of its zspage's descriptor (8), and a share of
- * the descriptor and cell-block headers.
- */
-#define HEAP_METADATA_PER_BLOCK 24
+#define HEAP_READY_MIN ((uint64_t) 2 << 20)
+#define HEAP_READY_MAX ((uint64_t) 8 << 20)
 /* Requests up to this size come from the heap, not a mapping of their
  * own: the kernel's nbd client sends up to max_sectors_kb (1280 KiB by
  * default) in one request.
@@ -373,17 +395,12 @@ swap_mode_heap_settings (void)
 }
 
 size_t
-swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit)
+swap_mode_prepare_heap (void)
 {
   if (swap_mode == SWAP_OFF)
     return 0;
-  /* The metadata is charged to mem_limit: it never outgrows a quarter of
-   * it (the pages hold at least 32 bytes an object, the metadata 24).
-   */
-  uint64_t metadata = blocks * HEAP_METADATA_PER_BLOCK;
-  if (metadata > mem_limit / 4)
-    metadata = mem_limit / 4;
-  size_t count = HEAP_BUFFERS + (metadata + HEAP_BUFFER_BYTES - 1) / HEAP_BUFFER_BYTES;
+  size_t count = within (machine_ram_bytes () / HEAP_SHARE_OF_RAM,
+                         HEAP_READY_MIN, HEAP_READY_MAX) / HEAP_BUFFER_BYTES;
   void **buffers = calloc (count, sizeof *buffers);
   if (!buffers)
     return 0;
@@ -438,14 +455,16 @@ swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
 }
 
 /* Stack each serving thread touches on its first request, so that no
- * request faults a new stack page in later: far more than the deepest
- * path (compression contexts and buffers live on the heap).  The reserve
+ * request faults a new stack page in later: three times the deepest
+ * worker measured (16 KiB serving reads, writes, trims and zeroes of
+ * lz4, zstd and packed data; the housekeeper, packing, 28 KiB):
+ * compression contexts and buffers live on the heap.  The reserve
  * keeper makes STACK_READY_BYTES ready below where a new thread waits
  * (swap_mode_ready_stacks): that covers the touch, which starts a few
  * frames deeper (nbdkit's request handling, the plugin's entry).
  */
-#define STACK_TOUCH_BYTES (192 << 10)
-#define STACK_READY_BYTES (256 << 10)
+#define STACK_TOUCH_BYTES (48 << 10)
+#define STACK_READY_BYTES (64 << 10)
 
 __attribute__ ((noinline)) void
 swap_mode_touch_stack (size_t bytes)

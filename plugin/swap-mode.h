@@ -102,13 +102,12 @@ extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,
  * never trimmed; otherwise glibc's mmap and trim thresholds fixed at
  * 128 KiB, so that freed memory goes back.  swap_mode_prepare_heap,
  * after them (the compression contexts took their own heap already): the
- * heap ready for the requests of every thread and the allocator's
- * metadata of a device of blocks blocks (0: it is elsewhere), 8 MiB and
- * the metadata's room touched now, so locked and kept.  Returns the
+ * heap ready for the requests of every thread, a 128th of RAM within
+ * 2 and 8 MiB, touched now, so locked and kept.  Returns the
  * bytes touched.
  */
 extern void swap_mode_heap_settings (void);
-extern size_t swap_mode_prepare_heap (uint64_t blocks, uint64_t mem_limit);
+extern size_t swap_mode_prepare_heap (void);
 
 /* After those, the line saying what was done (reserve_bytes: the
  * populated reserve; prepared_bytes: the table, the contexts and the

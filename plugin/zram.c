@@ -276,15 +276,13 @@ serve_start (void)
     if (swap_mode == SWAP_ON)
       return -1;
   }
-  /* Then the heap for the requests (nbdkit's buffers) and, without a
-   * region, the allocator's metadata: room of its own, not what the
-   * contexts took (zstd's take 4 MiB).
+  /* Then the heap for the requests (nbdkit's buffers): room of its own,
+   * not what the contexts took (zstd's take 4 MiB).  The allocator's
+   * metadata gets its room from the reserve keeper as the data grows
+   * (metadata_make_ready).
    */
   if (!heap_prepared)
-    heap_ready_bytes = swap_mode_prepare_heap (params.store.pool.region ? 0
-                                               : params.store.size
-                                               / STORE_BLOCK_SIZE,
-                                               params.store.pool.mem_limit);
+    heap_ready_bytes = swap_mode_prepare_heap ();
   /* Swap mode: the reserve populated (and locked) before any request,
    * and a full device watched.
    */
@@ -361,7 +359,7 @@ standby_heap_ready (void)
     parts = stats.codec_bytes + stats.table_bytes;
   }
   store_destroy (scratch);
-  size_t bytes = swap_mode_prepare_heap (0, params.store.pool.mem_limit);
+  size_t bytes = swap_mode_prepare_heap ();
   swap_mode_heap_ready (parts);
   return bytes + parts;
 }
