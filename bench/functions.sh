@@ -8,7 +8,7 @@
 # the source tree, and sets BUILD_DIR (build), PLUGIN (the built plugin,
 # as an absolute path) and NBDKIT (the server BUILD_DIR was configured
 # with, else nbdkit on PATH), each unless already set, and defines
-# stat_of and median.
+# stat_of, median and rss_kib.
 export PATH=/usr/bin:/bin:/usr/sbin:/sbin:$PATH
 export LC_ALL=C
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
@@ -23,3 +23,6 @@ stat_of () { awk -F': ' -v k="$1" '$1 == k { print $2 }' "$2"; }
 
 # The median of the numbers given (the lower middle one of an even count).
 median () { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+# rss_kib PID: the process's resident memory (VmRSS), in KiB.
+rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }

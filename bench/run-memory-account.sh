@@ -40,7 +40,6 @@ cleanup () {
 }
 trap cleanup EXIT
 
-rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 # ask COMMAND: the control channel's reply, without its "ok".
 ask () {

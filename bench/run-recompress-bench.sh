@@ -60,7 +60,6 @@ cleanup () {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$server_pid/status"; }
 serve () {
     rm -f "$tmp/sock" "$tmp/ctl"
     "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
@@ -79,10 +78,10 @@ memory () {
     shift 2
     serve "$@"
     local idle loaded seconds=-
-    idle=$(rss_kib)
+    idle=$(rss_kib "$server_pid")
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
     sleep 2
-    loaded=$(rss_kib)
+    loaded=$(rss_kib "$server_pid")
     local after=$loaded
     if [ "$recompress" != no ]; then
         "$ZRAMCTL" idle "$tmp/ctl" all >/dev/null
@@ -95,7 +94,7 @@ memory () {
         seconds=$((SECONDS - start))
         "$ZRAMCTL" compact "$tmp/ctl" >/dev/null
         sleep 2
-        after=$(rss_kib)
+        after=$(rss_kib "$server_pid")
     fi
     if [ -f "$tmp/stats" ]; then
         sleep 1.2               # the next stats write, after the trim

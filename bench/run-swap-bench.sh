@@ -55,7 +55,6 @@ cleanup () {
 }
 trap cleanup EXIT
 
-rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 # serve NAME NBDKIT-ARGS...: start a foreground server on $tmp/sock.
 serve () {

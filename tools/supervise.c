@@ -303,12 +303,21 @@ struct device_activity {
  */
 static struct device_activity device_activity;
 
+/* The device's name in the kernel's files and log: "nbd0" of
+ * "/dev/nbd0".
+ */
+static const char *
+device_kernel_name (const char *device)
+{
+  const char *slash = strrchr (device, '/');
+  return slash ? slash + 1 : device;
+}
+
 static void
 device_activity_init (struct device_activity *activity, const char *device)
 {
-  const char *name = strrchr (device, '/');
   snprintf (activity->stat_path, sizeof activity->stat_path,
-            "/sys/block/%s/stat", name ? name + 1 : device);
+            "/sys/block/%s/stat", device_kernel_name (device));
   activity->answered = activity->waiting = 0;
   activity->last_answer = now ();
 }
@@ -947,10 +956,9 @@ restart_report_finish (struct restart_report *report, const char *dir,
   if (!report->pending)
     return;
   report->pending = false;
-  const char *name = strrchr (device, '/');
-  name = name ? name + 1 : device;
   unsigned resends;
-  double last_resend = kernel_log_resends (name, report->due, &resends);
+  double last_resend = kernel_log_resends (device_kernel_name (device),
+                                           report->due, &resends);
   double answered = report->reconnected;
   char how[160];
   if (!report->waiting)
@@ -1269,8 +1277,7 @@ run_supervise (int argc, char **argv)
                    "the dead-connection timeout");
   double quiet_until = 0, link_dead_handled = 0;
   unsigned restarts = 0;
-  const char *device_name = strrchr (device, '/');
-  device_name = device_name ? device_name + 1 : device;
+  const char *device_name = device_kernel_name (device);
   device_activity_init (&device_activity, device);
   standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
