@@ -34,18 +34,18 @@ block_push_free (struct cell_block *block, _Atomic uint64_t *cell)
 static struct cell_block *
 block_new (struct zs_pool *pool, struct size_class *class)
 {
-  if (!limit_charge (pool, ZS_PAGE_SIZE)) {
+  if (!limit_charge_metadata (pool, ZS_PAGE_SIZE)) {
     errno = ENOSPC;
     return NULL;
   }
   if (!metadata_take (pool, 2 * ZS_PAGE_SIZE)) {
-    limit_discharge (pool, ZS_PAGE_SIZE);
+    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
     return NULL;
   }
   struct cell_block *block = region_memory_alloc (pool->config.region,
                                                 ZS_PAGE_SIZE, ZS_PAGE_SIZE);
   if (!block) {
-    limit_discharge (pool, ZS_PAGE_SIZE);
+    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
     errno = ENOMEM;
     return NULL;
   }
@@ -94,7 +94,7 @@ cell_release (struct zs_pool *pool, struct size_class *class,
     region_memory_free (pool->config.region, block);
     atomic_fetch_sub_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
                                memory_order_relaxed);
-    limit_discharge (pool, ZS_PAGE_SIZE);
+    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
   }
 }
 

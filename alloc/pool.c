@@ -17,6 +17,7 @@ zs_pool_config_init (struct zs_pool_config *config)
   config->compact_before_refusal = true;
   config->reserve_bytes = 0;
   config->resident_only = false;
+  config->limit_pages_only = false;
   config->region = NULL;
 }
 
@@ -203,7 +204,7 @@ static bool
 refill_blocked_by_limit (struct zs_pool *pool)
 {
   uint64_t limit = atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
-  return limit
+  return limit && !pool->config.limit_pages_only
     && account_bytes (atomic_load (&pool->limit_account)) + pool->pages.chunk_bytes > limit;
 }
 
@@ -241,9 +242,9 @@ static enum reservation
 zspage_reserve (struct zs_pool *pool, struct size_class *class)
 {
   uint64_t seen;
-  if (!limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen)
+  if (!limit_add (pool, zspage_charge (pool, class) + LIMIT_TRANSIT, &seen)
       && (!reserve_settle (pool)
-          || !limit_add (pool, zspage_charge (class) + LIMIT_TRANSIT, &seen)))
+          || !limit_add (pool, zspage_charge (pool, class) + LIMIT_TRANSIT, &seen)))
     return account_transit (seen) ? IN_TRANSIT : REFUSED;
 
   uint64_t pages = atomic_fetch_add (&pool->pages_used, class->pages_per_zspage)
@@ -260,7 +261,7 @@ void
 zspage_unreserve (struct zs_pool *pool, struct size_class *class)
 {
   atomic_fetch_sub (&pool->pages_used, class->pages_per_zspage);
-  atomic_fetch_sub (&pool->limit_account, zspage_charge (class) + LIMIT_TRANSIT);
+  atomic_fetch_sub (&pool->limit_account, zspage_charge (pool, class) + LIMIT_TRANSIT);
 }
 
 bool
@@ -274,6 +275,29 @@ void
 limit_discharge (struct zs_pool *pool, uint64_t bytes)
 {
   atomic_fetch_sub (&pool->limit_account, bytes);
+}
+
+bool
+limit_charge_metadata (struct zs_pool *pool, uint64_t bytes)
+{
+  return pool->config.limit_pages_only || limit_charge (pool, bytes);
+}
+
+void
+limit_discharge_metadata (struct zs_pool *pool, uint64_t bytes)
+{
+  if (!pool->config.limit_pages_only)
+    limit_discharge (pool, bytes);
+}
+
+/* Giving up reserve pages makes room under the limit: the limit counts
+ * them, and they are not the only pages a write may take (resident_only,
+ * where the data's room is the limit less the reserve).
+ */
+static bool
+reserve_gives_room (const struct zs_pool *pool)
+{
+  return !pool->pages.resident_only && !pool->config.limit_pages_only;
 }
 
 /* The limit refuses: give up reserve pages to make room (true if any). */
@@ -321,15 +345,23 @@ zs_pool_reserve_refill (struct zs_pool *pool)
    * resident_only, where the reserve is what the data takes.
    */
   uint64_t leave = pool->pages.resident_only ? 0 : pool->pages.chunk_bytes;
+  /* A limit of pages only does not count the reserve (its pages count
+   * once a zspage takes them): nothing to charge, nothing in transit.
+   */
+  bool charged = !pool->config.limit_pages_only;
+  uint64_t charge = pool->pages.chunk_bytes + LIMIT_TRANSIT;
   while (reserve_wanted (pool)
-         && limit_add_within (pool, pool->pages.chunk_bytes + LIMIT_TRANSIT,
-                              -(int64_t) leave, &seen)) {
+         && (!charged
+             || limit_add_within (pool, charge, -(int64_t) leave, &seen))) {
     if (page_source_reserve_add (&pool->pages) == -1) {
-      atomic_fetch_sub (&pool->limit_account, pool->pages.chunk_bytes + LIMIT_TRANSIT);
+      if (charged)
+        atomic_fetch_sub (&pool->limit_account, charge);
       break;
     }
-    atomic_fetch_add (&pool->reserve_charged, pool->pages.chunk_pages);
-    atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
+    if (charged) {
+      atomic_fetch_add (&pool->reserve_charged, pool->pages.chunk_pages);
+      atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
+    }
     atomic_fetch_add (&pool->reserve_refills, 1);
     added += pool->pages.chunk_bytes;
   }
@@ -409,12 +441,12 @@ zs_pool_reserve_low (struct zs_pool *pool)
 int
 zs_pool_charge (struct zs_pool *pool, size_t bytes)
 {
-  if (limit_charge (pool, bytes))
+  if (limit_charge_metadata (pool, bytes))
     return 0;
   /* Not in resident_only: the reserve is the only memory its writes may
    * take, and dropping it is a memory-map call on the write path.
    */
-  while (!pool->pages.resident_only && reserve_give_up_one (pool))
+  while (reserve_gives_room (pool) && reserve_give_up_one (pool))
     if (limit_charge (pool, bytes))
       return 0;
   /* Pending frees may hold what is missing. */
@@ -431,7 +463,7 @@ zs_pool_charge (struct zs_pool *pool, size_t bytes)
 void
 zs_pool_discharge (struct zs_pool *pool, size_t bytes)
 {
-  limit_discharge (pool, bytes);
+  limit_discharge_metadata (pool, bytes);
 }
 
 /* Allocate an object of size bytes in class, whose lock the caller holds
@@ -456,7 +488,7 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
      */
     err = errno;
     pthread_mutex_unlock (class->lock);
-    if (err == ENOSPC && !pool->pages.resident_only
+    if (err == ENOSPC && reserve_gives_room (pool)
         && reserve_give_up_one (pool)) {
       pthread_mutex_lock (class->lock);
       continue;
@@ -498,7 +530,7 @@ object_alloc_locked (struct zs_pool *pool, struct size_class *class,
       atomic_fetch_sub (&pool->limit_account, LIMIT_TRANSIT);
       break;
     }
-    if (reservation == REFUSED && !pool->pages.resident_only
+    if (reservation == REFUSED && reserve_gives_room (pool)
         && page_source_reserve_pages (&pool->pages)) {
       /* The reserve's pages are the data's before they are anything.
        * Not in resident_only: there they are the only pages a write may

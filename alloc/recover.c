@@ -447,10 +447,17 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
     atomic_store (&pool->pages_used_max, pages);
   atomic_store (&pool->metadata_bytes, fixed - sizeof *pool + descriptors
                 + block_bytes);
-  atomic_store (&pool->limit_account, pages * ZS_PAGE_SIZE + descriptors
-                + block_bytes + charged_bytes
-                + reserve_kept * pool->pages.chunk_bytes);
-  atomic_store (&pool->reserve_charged, reserve_kept * pool->pages.chunk_pages);
+  if (pool->config.limit_pages_only) {
+    atomic_store (&pool->limit_account, pages * ZS_PAGE_SIZE);
+    atomic_store (&pool->reserve_charged, 0);
+  }
+  else {
+    atomic_store (&pool->limit_account, pages * ZS_PAGE_SIZE + descriptors
+                  + block_bytes + charged_bytes
+                  + reserve_kept * pool->pages.chunk_bytes);
+    atomic_store (&pool->reserve_charged,
+                  reserve_kept * pool->pages.chunk_pages);
+  }
   atomic_store (&pool->reserve_open, false);
   atomic_store (&pool->metadata_allowance, 0);
   result->zspages = zspages.count;

@@ -142,10 +142,17 @@
  *   charges take it (limit_add), never the discharges, which only lower
  *   the account; it is a leaf (taken with a class lock held, nothing
  *   taken under it).
+ *   With limit_pages_only the account holds the zspages' pages alone, as
+ *   the kernel's zram counts its mem_limit: descriptors, cell blocks and
+ *   the user's charges are counted in the stats only (metadata_bytes,
+ *   the user's own), and the reserve not at all - its pages count once
+ *   a zspage takes them, so giving them up makes no room and is not
+ *   tried, and in resident_only the data's room is the whole limit.
  *
  * THE RESERVE (page-source.h)
  *   zs_pool_reserve_refill maps populated chunks onto the page source's
- *   reserve.  Each is counted against the limit and put in transit in one
+ *   reserve.  Each is counted against the limit (unless it counts pages
+ *   only) and put in transit in one
  *   compare-and-swap before it is mapped, counted in reserve_charged
  *   (pages) once it is on the stack, then taken out of transit: a refusal
  *   meanwhile waits for it like for a zspage.  The page source counts the
@@ -387,19 +394,25 @@ zspage_descriptor_bytes (const struct size_class *class)
   return (bytes + ZSPAGE_ALIGN - 1) / ZSPAGE_ALIGN * ZSPAGE_ALIGN;
 }
 
-/* What a zspage of the class counts against the limit. */
+/* What a zspage of the class counts against the limit: its pages, and
+ * its descriptor unless the limit counts pages only.
+ */
 static inline uint64_t
-zspage_charge (const struct size_class *class)
+zspage_charge (const struct zs_pool *pool, const struct size_class *class)
 {
   return (uint64_t) class->pages_per_zspage * ZS_PAGE_SIZE
-    + zspage_descriptor_bytes (class);
+    + (pool->config.limit_pages_only ? 0 : zspage_descriptor_bytes (class));
 }
 
 /* pool.c: count bytes against the limit (false: it would be exceeded),
- * and give them back.
+ * and give them back; the _metadata pair, for what is not a zspage's
+ * page (cells, the user's charges), does nothing when the limit counts
+ * pages only.
  */
 extern bool limit_charge (struct zs_pool *pool, uint64_t bytes);
 extern void limit_discharge (struct zs_pool *pool, uint64_t bytes);
+extern bool limit_charge_metadata (struct zs_pool *pool, uint64_t bytes);
+extern void limit_discharge_metadata (struct zs_pool *pool, uint64_t bytes);
 
 /* size-class.c */
 extern int size_classes_init (struct zs_pool *pool);

@@ -77,7 +77,15 @@ struct zs_pool_config {
   unsigned chain_pages;           /* zspage chain limit, 1..16, default 8 */
   uint64_t mem_limit;             /* bytes the pool may hold: pages, their
                                      descriptors, handle cells, charges
-                                     (zs_pool_charge); 0 = no limit */
+                                     (zs_pool_charge), the reserve; or,
+                                     limit_pages_only, the zspages' pages
+                                     alone; 0 = no limit */
+  bool limit_pages_only;          /* mem_limit counts the zspages' pages
+                                     only, as the kernel's zram counts
+                                     its mem_limit (zs_get_total_pages):
+                                     the rest is counted in the stats
+                                     but refused nothing (MEMORY LIMIT
+                                     in zsalloc-internal.h) */
   enum zs_lock_mode lock_mode;
   enum zs_free_mode free_mode;
   bool compact_before_refusal;    /* zs_malloc compacts once before it
@@ -302,7 +310,8 @@ extern void zs_pool_reserve_release (struct zs_pool *pool);
 
 /* Count bytes the caller holds for what it stores (its own metadata)
  * against the pool's memory limit: 0, or -1 with errno ENOSPC (after
- * draining deferred frees).  zs_pool_discharge gives them back.
+ * draining deferred frees).  zs_pool_discharge gives them back.  With
+ * limit_pages_only the limit does not count them: always 0.
  */
 extern int zs_pool_charge (struct zs_pool *pool, size_t bytes);
 extern void zs_pool_discharge (struct zs_pool *pool, size_t bytes);

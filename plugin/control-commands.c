@@ -83,6 +83,8 @@ command_info (struct client *client, int argc, char **argv)
   fprintf (client->out, "algorithm %s\n", client->info->algorithm);
   fprintf (client->out, "level %d\n", client->info->level);
   fprintf (client->out, "mem_limit %" PRIu64 "\n", s.mem_limit);
+  fprintf (client->out, "limit_counts %s\n",
+           client->info->limit_pages_only ? "pages" : "store");
   fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
   return 0;
 }

@@ -50,6 +50,8 @@
 #ifndef ZRAM_CONTROL_H
 #define ZRAM_CONTROL_H
 
+#include <stdbool.h>
+
 #include "block-store.h"
 
 /* What `info` reports: fixed at startup. */
@@ -57,6 +59,9 @@ struct control_info {
   uint64_t disksize;
   const char *algorithm;
   int level;
+  bool limit_pages_only;        /* mem_limit=: the limit counts the
+                                   compressed pages (as zram's);
+                                   mem_budget=: all the store holds */
 };
 
 /* In .get_ready: make the socket (errors reach the user before nbdkit

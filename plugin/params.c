@@ -72,7 +72,12 @@ static const struct param params_table[PARAM_COUNT] = {
   [P_LEVEL] = { "level", KIND_INT, "N",
     "lz4 acceleration 1..65537, zstd level (default 1).", AT (store.level) },
   [P_MEM_LIMIT] = { "mem_limit", KIND_SIZE, "SIZE",
-    "Most memory the compressed data may use (0 = none).",
+    "Most memory the compressed pages may use, as\n"
+    "zram's mem_limit (0 = none).",
+    AT (store.pool.mem_limit) },
+  [P_MEM_BUDGET] = { "mem_budget", KIND_SIZE, "SIZE",
+    "Instead of mem_limit: most memory the store may\n"
+    "use, its table and metadata included (0 = none).",
     AT (store.pool.mem_limit) },
   [P_STATS] = { "stats", KIND_PATH, "PATH",
     "Write zram-style statistics to PATH every second.", AT (stats_path),
@@ -510,8 +515,8 @@ writeback_complete (struct zram_params *params)
       return -1;
     }
   if (params->policy.writeback_watermark && !params->store.pool.mem_limit) {
-    nbdkit_error ("writeback_watermark: needs mem_limit= (it is a percentage "
-                  "of it)");
+    nbdkit_error ("writeback_watermark: needs mem_limit= or mem_budget= (it "
+                  "is a percentage of it)");
     return -1;
   }
   return 0;
@@ -539,8 +544,9 @@ swap_complete (struct zram_params *params)
       / RESERVE_UNIT * RESERVE_UNIT;
     if (pool->reserve_bytes > pool->mem_limit / 2) {
       nbdkit_error ("swap_reserve: %" PRIu64 " bytes (in whole 2 MiB units) "
-                    "is more than half of mem_limit (%" PRIu64 " bytes)",
-                    pool->reserve_bytes, pool->mem_limit);
+                    "is more than half of %s (%" PRIu64 " bytes)",
+                    pool->reserve_bytes, params_limit_key (params),
+                    pool->mem_limit);
       return -1;
     }
   }
@@ -548,6 +554,12 @@ swap_complete (struct zram_params *params)
     pool->reserve_bytes = swap_mode_default_reserve (pool->mem_limit,
                                                      RESERVE_UNIT);
   return 0;
+}
+
+const char *
+params_limit_key (const struct zram_params *params)
+{
+  return params->given[P_MEM_BUDGET] ? "mem_budget" : "mem_limit";
 }
 
 int
@@ -559,6 +571,16 @@ params_complete (struct zram_params *params)
     nbdkit_error ("size: you must give the device size, e.g. 'nbdkit zram 8G'");
     return -1;
   }
+  /* mem_limit counts the pool's pages, as zram's does; mem_budget all
+   * the store holds (zsalloc.h: limit_pages_only).  One limit: two
+   * would make a write's refusal depend on which was reached first.
+   */
+  if (params->given[P_MEM_LIMIT] && params->given[P_MEM_BUDGET]) {
+    nbdkit_error ("mem_budget: give mem_limit (the compressed pages, as "
+                  "zram's) or mem_budget (all the store holds), not both");
+    return -1;
+  }
+  store->pool.limit_pages_only = !params->given[P_MEM_BUDGET];
   if (check_output_file ("stats", params->stats_path) == -1
       || check_output_file ("metrics", params->metrics_path) == -1
       || recomp_complete (params) == -1

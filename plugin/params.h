@@ -18,7 +18,7 @@
 
 /* Every parameter, in the order --help lists them. */
 enum param_id {
-  P_SIZE, P_COMP, P_LEVEL, P_MEM_LIMIT, P_STATS, P_METRICS, P_NAME, P_CTL,
+  P_SIZE, P_COMP, P_LEVEL, P_MEM_LIMIT, P_MEM_BUDGET, P_STATS, P_METRICS, P_NAME, P_CTL,
   P_RECOMP_ALGORITHM, P_IDLE_AFTER, P_RECOMPRESS_AFTER, P_PACK_AFTER,
   P_PACK_LEVEL, P_PACK_BLOCKS, P_DECODE_CACHE, P_WRITE_BATCH,
   P_BACKING, P_BACKING_DIRECT, P_BACKING_TIMEOUT, P_BACKING_SYNC,
@@ -45,6 +45,11 @@ struct zram_params {
   unsigned backing_timeout;     /* seconds an NBD backing request may take */
   unsigned compact_threshold;   /* percent of the pool's pages */
 };
+
+/* The memory limit's key as given: "mem_budget" or "mem_limit" (also
+ * when none was given), for messages.
+ */
+extern const char *params_limit_key (const struct zram_params *params);
 
 /* The defaults (.load). */
 extern void params_init (struct zram_params *params);

@@ -83,8 +83,9 @@ int
 swap_mode_check_config (uint64_t mem_limit)
 {
   if (swap_mode != SWAP_OFF && mem_limit == 0) {
-    nbdkit_error ("swap=%s needs mem_limit=SIZE: a swap device whose memory "
-                  "can grow without bound takes the host down with it",
+    nbdkit_error ("swap=%s needs mem_limit=SIZE (or mem_budget=SIZE): a swap "
+                  "device whose memory can grow without bound takes the "
+                  "host down with it",
                   mode_names[swap_mode]);
     return -1;
   }

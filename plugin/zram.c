@@ -324,6 +324,7 @@ serve_start (void)
     .disksize = params.store.size,
     .algorithm = codec_name (params.store.algorithm),
     .level = params.store.level,
+    .limit_pages_only = params.store.pool.limit_pages_only,
   };
   if (control_start (store, &info) == -1) {
     nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));

@@ -126,6 +126,9 @@ struct block_store {
   uint64_t blocks;
   struct region *region;          /* where it lives; NULL: the C heap */
   struct zs_pool *pool;
+  bool limit_pages_only;          /* how the pool counts mem_limit
+                                     (zs_pool_config): a new owner must
+                                     count it the same way */
   /* codecs[0] compresses every write; codecs[1..recomp_count], the
    * recompression algorithms by priority, only recompress.  A block's
    * priority bits say which one decodes it.

@@ -158,6 +158,7 @@ store_create (const struct store_config *config)
   memset (store, 0, sizeof *store);
   store->region = region;
   store->size = config->size;
+  store->limit_pages_only = config->pool.limit_pages_only;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
   store->created_ns = monotonic_ns ();
   store->pool = zs_pool_create (&config->pool);
@@ -239,6 +240,12 @@ store_config_mismatch (struct region *region, const struct store_config *config)
     return "the region holds no store of this build's layout";
   if (store->size != config->size)
     return "the stored device has another size";
+  if (store->limit_pages_only != config->pool.limit_pages_only)
+    return store->limit_pages_only
+      ? "the stored device counts its memory limit in compressed pages "
+        "(mem_limit=): give mem_limit= again, not mem_budget="
+      : "the stored device counts its memory limit in all the store holds "
+        "(mem_budget=): give mem_budget= again, not mem_limit=";
   if (store->algorithms[0] != config->algorithm
       || store->recomp_count != config->recomp_count)
     return "the stored blocks were compressed with another algorithm";

@@ -48,6 +48,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # name ram_mib data fill_mib touch_mib mem_limit size comp expect extra-env
 cells=(
     "r256-7.5     256  7.5  288  144  96M  1G lz4  recover ZRAM_VM_TOOL_CASES=1 ZRAM_VM_TOOL_RESTARTABLE=1"
+    "r256-2.5x    256  7.5  320  160  96M  1G lz4  ok      -"
     "r384-7.5     384  7.5  480  192  160M 1G zstd ok      -"
     "r1024-7.5    1024 7.5  1152 576  460M 4G lz4  ok      ZRAM_VM_TIMEOUT=2400"
     "r256-1.5     256  1.5  288  144  96M  1G lz4  recover -"

@@ -492,6 +492,89 @@ malloc_refilling (struct zs_pool *pool, size_t size, unsigned *refusals)
   return handle;
 }
 
+/* Pages of PAGE-sized objects (one page each) a resident_only pool
+ * with a reserve stores before ENOSPC, its limit counting pages only or
+ * everything; the handles freed again.
+ */
+static size_t
+fill_to_limit (bool pages_only, uint64_t limit, uint64_t reserve)
+{
+  struct zs_pool_config config;
+  zs_pool_config_init (&config);
+  config.mem_limit = limit;
+  config.limit_pages_only = pages_only;
+  config.free_mode = ZS_FREE_IMMEDIATE;
+  config.reserve_bytes = reserve;
+  config.resident_only = true;
+  struct zs_pool *pool = zs_pool_create (&config);
+  assert_non_null (pool);
+  zs_pool_metadata_ready (pool, 16 << 20);
+  struct zs_pool_stats st;
+
+  assert_int_equal (zs_pool_reserve_refill (pool), reserve);
+  get_stats (pool, &st);
+  /* The reserve counts under the limit only when it counts everything. */
+  assert_int_equal (st.limit_used, pages_only ? 0 : reserve);
+  /* So do the user's charges: never refused when it counts pages. */
+  assert_int_equal (zs_pool_charge (pool, 2 * limit), pages_only ? 0 : -1);
+  get_stats (pool, &st);
+  assert_int_equal (st.limit_used, pages_only ? 0 : reserve);
+  if (pages_only)
+    zs_pool_discharge (pool, 2 * limit);
+
+  size_t room = limit / PAGE * 2;
+  zs_handle_t *h = calloc (room, sizeof *h);
+  assert_non_null (h);
+  size_t n = 0;
+  unsigned misses = 0;
+  for (;;) {
+    errno = 0;
+    zs_handle_t x = zs_malloc (pool, PAGE);
+    if (x) {
+      assert_true (n < room);
+      write_pattern (pool, x, PAGE, n);
+      h[n++] = x;
+      continue;
+    }
+    if (errno == EAGAIN && misses++ < room) {
+      zs_pool_reserve_refill (pool);
+      continue;
+    }
+    assert_int_equal (errno, ENOSPC);
+    break;
+  }
+  get_stats (pool, &st);
+  assert_true (st.limit_used <= limit);
+  if (pages_only)
+    assert_int_equal (st.limit_used, st.pages_used * PAGE);
+  for (size_t i = 0; i < n; i++) {
+    assert_true (object_ok (pool, h[i], PAGE, i));
+    zs_free (pool, h[i]);
+  }
+  free (h);
+  zs_pool_destroy (pool);
+  return n;
+}
+
+/* limit_pages_only: the limit counts the zspages' pages as the kernel's
+ * zram counts its mem_limit - the data fills all of it, where a limit
+ * counting everything leaves it less the metadata and what is left of
+ * the reserve once the limit stops its refills.
+ */
+static void
+test_limit_pages_only (void **state)
+{
+  (void) state;
+  enum { LIMIT = 4 << 20, RESERVE = 2 << 20 };
+  size_t pages = fill_to_limit (true, LIMIT, RESERVE);
+  size_t everything = fill_to_limit (false, LIMIT, RESERVE);
+  print_message ("limit of %d pages: %zu stored counting pages only, %zu "
+                 "counting everything (a reserve of %d pages)\n",
+                 LIMIT / PAGE, pages, everything, RESERVE / PAGE);
+  assert_int_equal (pages, LIMIT / PAGE);
+  assert_true (everything < pages);
+}
+
 static void
 test_resident_only (void **state)
 {
@@ -770,6 +853,7 @@ main (void)
     cmocka_unit_test (test_reserve),
     cmocka_unit_test (test_reserve_edges),
     cmocka_unit_test (test_resident_only),
+    cmocka_unit_test (test_limit_pages_only),
     cmocka_unit_test (test_resident_only_open_reserve),
   };
 

@@ -137,15 +137,15 @@ EOF
     [ "$failed_reads" = 0 ] || fail "stats: failed_reads $failed_reads"
 done
 
-# The block table counts against mem_limit and shrinks: 16,384 NO_HOLE
+# The block table counts against mem_budget and shrinks: 16,384 NO_HOLE
 # zeroes of single blocks 2 MiB apart (each wanting a table leaf) on a
-# 1 TiB device with mem_limit=1M all succeed and keep the table within
-# the limit; trimmed, the table goes within a couple of seconds (the
+# 1 TiB device with mem_budget=1M all succeed and keep the table within
+# the budget; trimmed, the table goes within a couple of seconds (the
 # housekeeper reclaims it); data spread the same way and trimmed too.
 echo "== test-plugin-limit: block table"
 stats="$tmp/stats-table"
 export STATS="$stats"
-zram_nbdsh 1T mem_limit=1M stats="$stats" <<'EOF'
+zram_nbdsh 1T mem_budget=1M stats="$stats" <<'EOF'
 import errno, os, sys, time, nbd
 
 M = 1024 * 1024
@@ -188,6 +188,47 @@ assert n > 8, "only %d blocks stored" % n
 for i in range(n):
     assert h.pread(4096, i * 2 * M) == data
 trim_spread(n)
+EOF
+
+# mem_limit counts the compressed pages only, as zram's does: a block
+# table of 8 MiB (1,024 NO_HOLE zeroes 2 MiB apart) beside mem_limit=2M
+# refuses nothing and is not in limit_used; random blocks then fill the
+# whole limit (the pages, nothing else: limit_used is mem_used_total),
+# and the next one is refused with ENOSPC.  (Under mem_budget=2M the
+# table alone would not fit: the zeroes would stay holes.)
+echo "== test-plugin-limit: mem_limit counts the compressed pages only"
+stats="$tmp/stats-pages"
+export STATS="$stats"
+zram_nbdsh 1T mem_limit=2M stats="$stats" <<'EOF'
+import errno, os, sys, nbd
+
+M = 1024 * 1024
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from stats_file import next_stat
+def stat(name):
+    return next_stat(os.environ["STATS"], name)
+
+for i in range(1024):
+    h.zero(4096, i * 2 * M, nbd.CMD_FLAG_NO_HOLE)
+table, used = stat("table_bytes"), stat("limit_used")
+print("1024 zeroes: table %d bytes, limit_used %d" % (table, used))
+assert table >= 4 * M, "table %d bytes: the zeroes were left holes" % table
+assert used == 0, "limit_used %d with no data stored" % used
+n = 0
+try:
+    while n < 4096:
+        h.pwrite(os.urandom(4096), n * 2 * M + 4096)
+        n += 1
+except nbd.Error as e:
+    assert e.errnum == errno.ENOSPC, e
+used, pages = stat("limit_used"), stat("mem_used_total")
+print("%d random blocks stored before ENOSPC: limit_used %d, mem_used_total %d"
+      % (n, used, pages))
+assert n < 4096, "no write refused past mem_limit=2M"
+assert used == pages <= 2 * M, "limit_used %d, pages %d" % (used, pages)
+assert n * 4096 >= 2 * M * 9 // 10, "only %d blocks in a 2M limit" % n
+for i in range(0, n, 37):
+    assert h.pread(4096, i * 2 * M) == bytes(4096)
 EOF
 
 # A burst of refused writes is logged 10 lines a second at most, then

@@ -54,6 +54,8 @@ bad level 1M level=
 bad mem_limit 1M mem_limit=junk
 bad mem_limit 1M mem_limit=-1
 bad mem_limit 1M mem_limit=
+bad mem_budget 1M mem_budget=junk
+bad mem_budget 1M mem_limit=64M mem_budget=64M   # one limit, not both
 bad chain 1M chain=0
 bad chain 1M chain=17
 bad chain 1M chain=-1
@@ -102,6 +104,7 @@ good 1048576 1M comp=zstd level=22
 good 1048576 1M comp=zstd level=-5
 good 1048576 1024K comp=zstd level=1 stats="$tmp/stats"
 good 4096 4k mem_limit=4k
+good 1048576 1M mem_budget=8M
 good 1048576 1M compact=off
 good 1048576 1M compact=auto compact_threshold=0
 good 1048576 1M compact_threshold=100

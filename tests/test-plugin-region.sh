@@ -97,15 +97,15 @@ grep -q "owned by another process" "$tmp/second.err" ||
 kill "$(cat "$tmp/pid1")"
 while [ -e "/proc/$(cat "$tmp/pid1")" ]; do sleep 0.1; done
 echo "ok: a second server for a region in use: refused"
-for other in "16M" "8M comp=zstd"; do
+for other in "16M" "8M comp=zstd" "8M mem_budget=64M"; do
     # shellcheck disable=SC2086
     if zram_nbdkit -U - "$PLUGIN" $other region="$region" --run true 2>"$tmp/other.err"; then
         fail "a server for another device ($other) took the region"
     fi
-    grep -Eq "another device|another size|another algorithm" "$tmp/other.err" ||
+    grep -Eq "another device|another size|another algorithm|give mem_limit= again" "$tmp/other.err" ||
         fail "other device: $(cat "$tmp/other.err")"
 done
-echo "ok: servers for another size or algorithm: refused"
+echo "ok: servers for another size, algorithm or kind of limit: refused"
 # A server that cannot start (its socket is taken) leaves it clean.
 : > "$tmp/taken.sock"
 zram_nbdkit -U "$tmp/taken.sock" "$PLUGIN" 8M region="$region" 2>/dev/null &&
