@@ -100,11 +100,11 @@ extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,
  * the mode.  swap_mode_heap_settings, before the store's process parts
  * are made: swap=on|try: one arena, requests up to 2 MiB from the heap,
  * never trimmed; otherwise glibc's mmap and trim thresholds fixed at
- * 128 KiB, so that freed memory goes back.  swap_mode_prepare_heap,
- * after them (the compression contexts took their own heap already): the
- * heap ready for the requests of every thread, a 128th of RAM within
- * 2 and 8 MiB, touched now, so locked and kept.  Returns the
- * bytes touched.
+ * 128 KiB, so that freed memory goes back, and an arena per CPU.
+ * swap_mode_prepare_heap, after them (the compression contexts took
+ * their own heap already): the heap ready for the requests of every
+ * thread, a 128th of RAM within 2 and 8 MiB, touched now, so locked and
+ * kept.  Returns the bytes touched.
  */
 extern void swap_mode_heap_settings (void);
 extern size_t swap_mode_prepare_heap (void);
