@@ -261,6 +261,13 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
   integer_metric (fp, "nbdkit_zram_process_resident_bytes", GAUGE,
                   "Resident memory of the server process.",
                   sample->process_rss);
+  integer_metric (fp, "nbdkit_zram_process_resident_file_bytes", GAUGE,
+                  "Of it, mapped files: nbdkit, the plugin, the libraries.",
+                  sample->process_rss_files);
+  number_metric (fp, "nbdkit_zram_process_resident_beyond_store_bytes",
+                 "Of it, neither files nor what the store counts: "
+                 "buffers, free heap, stacks.",
+                 (double) sample->process_rss_beyond_store);
   integer_metric (fp, "nbdkit_zram_swap_mode", GAUGE,
                   "Swap mode: 0 off, 1 on, 2 try.", sample->swap.mode_number);
   integer_metric (fp, "nbdkit_zram_swap_locked_bytes", GAUGE,

@@ -142,6 +142,9 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   if (s.writeback_limit_left != UINT64_MAX)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);
   fprintf (fp, "process_rss: %" PRIu64 "\n", sample->process_rss);
+  fprintf (fp, "process_rss_files: %" PRIu64 "\n", sample->process_rss_files);
+  fprintf (fp, "process_rss_beyond_store: %" PRId64 "\n",
+           sample->process_rss_beyond_store);
   swap_mode_print (&sample->swap, fp);
   swap_full_print (&sample->swap_full, fp);
   handover_print (&sample->handover, fp);

@@ -19,6 +19,25 @@ process_rss_bytes (void)
   return n == 2 ? (uint64_t) pages_resident * sysconf (_SC_PAGESIZE) : 0;
 }
 
+/* RssFile of /proc/self/status, in bytes (0 when unknown).  Not statm's
+ * shared pages: those include shared memory, where region= keeps the
+ * pool.
+ */
+static uint64_t
+process_rss_files_bytes (void)
+{
+  FILE *fp = fopen ("/proc/self/status", "re");
+  if (!fp)
+    return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (fgets (line, sizeof line, fp))
+    if (sscanf (line, "RssFile: %llu kB", &kib) == 1)
+      break;
+  fclose (fp);
+  return (uint64_t) kib * 1024;
+}
+
 static double
 ratio (uint64_t numerator, uint64_t denominator)
 {
@@ -35,6 +54,10 @@ stats_sample_take (struct block_store *store, bool with_classes,
   sample->number = atomic_fetch_add (&samples, 1) + 1;
   store_stats (store, &sample->store);
   sample->process_rss = process_rss_bytes ();
+  sample->process_rss_files = process_rss_files_bytes ();
+  sample->process_rss_beyond_store = (int64_t) sample->process_rss
+    - (int64_t) sample->process_rss_files
+    - (int64_t) store_stats_memory (&sample->store);
   sample->compression_ratio = ratio (sample->store.orig_data_size,
                                      sample->store.compr_data_size);
   sample->memory_ratio = ratio (sample->store.orig_data_size,

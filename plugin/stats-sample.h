@@ -22,6 +22,13 @@ struct stats_sample {
                                      (the stats file's "sample") */
   struct store_stats store;
   uint64_t process_rss;           /* bytes resident */
+  uint64_t process_rss_files;     /* of them, mapped files: nbdkit, the
+                                     plugin, the libraries (RssFile) */
+  int64_t process_rss_beyond_store; /* of them, neither files nor what the
+                                     store counts (store_stats_memory):
+                                     nbdkit's and the requests' buffers,
+                                     the C library's free heap, stacks -
+                                     the `memory` command says which */
   /* Bytes stored over what the objects take (compression) and over what
    * the pool's pages take (memory: zram users quote it as "memory
    * saved"); 0 while nothing is stored.

@@ -516,6 +516,13 @@ store_flush (struct block_store *store)
   zs_pool_flush (store->pool);
 }
 
+uint64_t
+store_stats_memory (const struct store_stats *stats)
+{
+  return stats->mem_used_total + stats->reserve_bytes + stats->table_bytes
+    + stats->metadata_bytes + stats->codec_bytes + stats->decode_cache_bytes;
+}
+
 void
 store_stats (struct block_store *store, struct store_stats *stats)
 {

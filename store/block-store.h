@@ -597,6 +597,12 @@ extern int store_keep_resident (struct block_store *store, unsigned threads);
 /* Exact statistics (drains deferred frees first). */
 extern void store_stats (struct block_store *store, struct store_stats *stats);
 
+/* The memory the store counts of its own in stats, wherever it lives:
+ * the pool's pages, the reserve, the table, the allocator's metadata,
+ * the compression contexts and write buffers, the decode cache.
+ */
+extern uint64_t store_stats_memory (const struct store_stats *stats);
+
 extern size_t store_raw_threshold (const struct block_store *store);
 
 #endif /* ZRAM_BLOCK_STORE_H */

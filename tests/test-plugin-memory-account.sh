@@ -5,7 +5,8 @@
 # the total is the process's RSS (/proc/PID/status, within what a moment
 # apart allows), there is a stack for every thread, the mapped files are
 # counted, and the pool's pages are in the anonymous mappings - or, with
-# region=, in the region's segment.
+# region=, in the region's segment.  The stats file's two figures of the
+# same (process_rss_files, process_rss_beyond_store) agree with it.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -51,6 +52,23 @@ if where != "region":
 own = m["resident"] - m["resident_files"] - m["resident_other"]
 counted = sum(m[k] for k in m if k.startswith("store_"))
 assert m["not_counted_by_store"] == own - counted, m
+# The stats give the same account in two figures: files, and what is
+# neither files nor the store's (a moment apart from `memory`: within
+# 2 MiB), and they add up with the store's own fields to process_rss.
+stats = {}
+for line in Ctl(ctl_path).ok("stats"):
+    if ": " in line:
+        key, value = line.split(": ", 1)
+        stats[key] = value
+files, beyond = int(stats["process_rss_files"]), int(stats["process_rss_beyond_store"])
+store = sum(int(stats[k]) for k in ("mem_used_total", "reserve_bytes", "table_bytes",
+                                     "metadata_bytes", "codec_bytes", "decode_cache_bytes"))
+print(where, "stats: files %d, beyond the store %d, store %d, RSS %s"
+      % (files, beyond, store, stats["process_rss"]))
+assert files + beyond + store == int(stats["process_rss"]), stats
+assert abs(files - m["resident_files"]) < 2 << 20, (files, m)
+beyond_memory = m["not_counted_by_store"] + m["resident_other"]
+assert abs(beyond - beyond_memory) < 2 << 20, (beyond, beyond_memory)
 h.shutdown()
 EOF
 

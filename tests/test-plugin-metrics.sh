@@ -144,6 +144,8 @@ STATS_TO_METRIC = {
     "backing_errors_io": ("nbdkit_zram_backing_errors_io", 1),
     "writeback_limit": ("nbdkit_zram_writeback_limit_bytes", 1),
     "process_rss": ("nbdkit_zram_process_resident_bytes", 1),
+    "process_rss_files": ("nbdkit_zram_process_resident_file_bytes", 1),
+    "process_rss_beyond_store": ("nbdkit_zram_process_resident_beyond_store_bytes", 1),
     "swap_mode": ("nbdkit_zram_swap_mode", None),
     "swap_locked_bytes": ("nbdkit_zram_swap_locked_bytes", 1),
     "swap_locked_mappings_bytes": ("nbdkit_zram_swap_locked_mappings_bytes", 1),
