@@ -26,3 +26,34 @@ median () { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int
 
 # rss_kib PID: the process's resident memory (VmRSS), in KiB.
 rss_kib () { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+
+# bench_tmp: $tmp, a new folder removed at exit, after the server that
+# serve started (server_pid) is killed.
+bench_tmp () {
+    tmp=$(mktemp -d)
+    server_pid=
+    trap bench_cleanup EXIT
+}
+bench_cleanup () {
+    [ -z "${server_pid:-}" ] || kill "$server_pid" 2>/dev/null || :
+    rm -rf "$tmp"
+}
+
+# serve NBDKIT-ARGS...: a foreground server on $tmp/sock (server_pid),
+# its messages in $tmp/server.log; returns once the socket is there
+# (die, the script's own, when it is not within 10 s).  stop ends it.
+serve () {
+    rm -f "$tmp/sock"
+    "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
+    server_pid=$!
+    for _ in $(seq 100); do
+        [ -S "$tmp/sock" ] && break
+        sleep 0.1
+    done
+    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
+}
+stop () {
+    kill "$server_pid"
+    wait "$server_pid" 2>/dev/null || :
+    server_pid=
+}

@@ -32,13 +32,7 @@ done
 image_bytes=$(stat -c %s "$IMAGE")
 size=$(( (image_bytes + (1 << 20) - 1) >> 20 ))M
 
-tmp=$(mktemp -d)
-server_pid=
-cleanup () {
-    [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || :
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_tmp
 
 
 # ask COMMAND: the control channel's reply, without its "ok".
@@ -61,21 +55,6 @@ print(text[:-3], end="")
 EOF
 }
 
-serve () {
-    rm -f "$tmp/sock"
-    "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
-    server_pid=$!
-    for _ in $(seq 100); do
-        [ -S "$tmp/sock" ] && break
-        sleep 0.1
-    done
-    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
-}
-stop () {
-    kill "$server_pid"
-    wait "$server_pid" 2>/dev/null || :
-    server_pid=
-}
 
 : > "$tmp/results"
 for round in $(seq "$REPEATS"); do

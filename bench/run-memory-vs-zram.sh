@@ -54,19 +54,15 @@ if [ -z "$kernel" ]; then
         [ -r "$k" ] && kernel=$k
     done
 fi
-[ -n "$kernel" ] && [ -r "$kernel" ] || die "no readable kernel image /boot/vmlinuz-*"
+if [ -z "$kernel" ] || ! [ -r "$kernel" ]; then
+    die "no readable kernel image /boot/vmlinuz-*"
+fi
 modules=${ZRAM_VM_MODULES:-/lib/modules/${kernel##*/vmlinuz-}}
 [ -r "$modules/modules.dep" ] || die "no modules for $kernel ($modules)"
 busybox=${ZRAM_VM_BUSYBOX:-$(command -v busybox || :)}
 [ -n "$busybox" ] || die "busybox is not installed (busybox-static)"
 
-tmp=$(mktemp -d)
-server_pid=
-cleanup () {
-    [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || :
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_tmp
 
 # ---- the guest: the image into the kernel's zram ---------------------------
 cat > "$tmp/init" <<EOF
@@ -127,12 +123,8 @@ for line in Ctl(sys.argv[1]).ok(sys.argv[2]):
 PYEOF
 }
 ours () {
-    rm -f "$tmp/sock" "$tmp/ctl"
-    "$NBDKIT" -f -U "$tmp/sock" "$PLUGIN" "${image_mib}M" comp="$COMP" level="$LEVEL" \
-        ctl="$tmp/ctl" 2>>"$tmp/server.log" &
-    server_pid=$!
-    for _ in $(seq 100); do [ -S "$tmp/ctl" ] && [ -S "$tmp/sock" ] && break; sleep 0.1; done
-    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
+    rm -f "$tmp/ctl"
+    serve "$PLUGIN" "${image_mib}M" comp="$COMP" level="$LEVEL" ctl="$tmp/ctl"
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
     ask "idle all" > /dev/null
     ask "pack type=idle" > /dev/null
@@ -143,9 +135,7 @@ ours () {
     used=$(ask stats | awk -F': ' '$1 == "mem_used_total" { print $2 }')
     echo "zram-plugin $compr $used $(( $(rss_kib "$server_pid") * 1024 ))" >> "$tmp/results"
     ask memory > "$tmp/memory"
-    kill "$server_pid"
-    wait "$server_pid" 2>/dev/null || :
-    server_pid=
+    stop
 }
 
 : > "$tmp/results"

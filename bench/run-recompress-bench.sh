@@ -53,30 +53,22 @@ done
 [ -f "$IMAGE" ] || bench/make-memory-image.sh "$IMAGE" "$IMAGE_MIB" >&2 ||
     die "make-memory-image.sh failed"
 
-tmp=$(mktemp -d)
-server_pid=
-cleanup () {
-    [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || :
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-serve () {
-    rm -f "$tmp/sock" "$tmp/ctl"
-    "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
-    server_pid=$!
-    for _ in $(seq 100); do [ -S "$tmp/sock" ] && break; sleep 0.1; done
-    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
+bench_tmp
+# serve_answering NBDKIT-ARGS...: serve (functions.sh), and once it
+# has answered, a second for its housekeeper's first round.
+serve_answering () {
+    rm -f "$tmp/ctl"
+    serve "$@"
     nbdinfo --size "nbd+unix:///?socket=$tmp/sock" >/dev/null
     sleep 1
 }
-stop () { kill "$server_pid"; wait "$server_pid" 2>/dev/null || :; server_pid=; }
 image_bytes=$(stat -c %s "$IMAGE")
 
 # memory NAME RECOMPRESS(yes|no) SERVER-ARGS...
 memory () {
     local name="$1" recompress="$2"
     shift 2
-    serve "$@"
+    serve_answering "$@"
     local idle loaded seconds=-
     idle=$(rss_kib "$server_pid")
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
@@ -195,7 +187,7 @@ if [[ " $PARTS " = *" read "* ]]; then
     : > "$tmp/reads"
     for round in $(seq "$REPEATS"); do
         for mode in packed unpacked; do
-            serve "$PLUGIN" "$SIZE" comp=lz4 ctl="$tmp/ctl"
+            serve_answering "$PLUGIN" "$SIZE" comp=lz4 ctl="$tmp/ctl"
             nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
             if [ "$mode" = packed ]; then
                 "$ZRAMCTL" idle "$tmp/ctl" all >/dev/null
@@ -243,7 +235,7 @@ for round in $(seq "$REPEATS"); do
             recompress) args+=(idle_after=1 recompress_after=2) ;;
             pack) args+=(idle_after=1 pack_after=2); counter=packed_blocks ;;
         esac
-        serve "${args[@]}"
+        serve_answering "${args[@]}"
         nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
         sleep 2
         before=$(awk -F': ' "/^$counter:/ { print \$2 }" "$tmp/stats")

@@ -47,31 +47,9 @@ swap_mode=on
 effective=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
 (( (16#$effective >> 24) & 1 )) || swap_mode=try
 
-tmp=$(mktemp -d)
-server_pid=
-cleanup () {
-    [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || :
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_tmp
 
 
-# serve NAME NBDKIT-ARGS...: start a foreground server on $tmp/sock.
-serve () {
-    rm -f "$tmp/sock"
-    "$NBDKIT" -f -U "$tmp/sock" "$@" 2>>"$tmp/server.log" &
-    server_pid=$!
-    for _ in $(seq 100); do
-        [ -S "$tmp/sock" ] && break
-        sleep 0.1
-    done
-    [ -S "$tmp/sock" ] || die "the server did not start: $(tail -3 "$tmp/server.log")"
-}
-stop () {
-    kill "$server_pid"
-    wait "$server_pid" 2>/dev/null || :
-    server_pid=
-}
 uri () { echo "nbd+unix:///?socket=$tmp/sock"; }
 
 # measure NAME FULL(yes|no) ARGS...: one run, appends "NAME idle loaded
