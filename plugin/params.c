@@ -522,6 +522,15 @@ writeback_complete (struct zram_params *params)
   return 0;
 }
 
+/* The memory limit's key as given, for messages: "mem_budget", or
+ * "mem_limit" (also when none was given).
+ */
+static const char *
+limit_key (const struct zram_params *params)
+{
+  return params->given[P_MEM_BUDGET] ? "mem_budget" : "mem_limit";
+}
+
 /* Swap mode: its parameters, and the reserve in whole units. */
 static int
 swap_complete (struct zram_params *params)
@@ -545,7 +554,7 @@ swap_complete (struct zram_params *params)
     if (pool->reserve_bytes > pool->mem_limit / 2) {
       nbdkit_error ("swap_reserve: %" PRIu64 " bytes (in whole 2 MiB units) "
                     "is more than half of %s (%" PRIu64 " bytes)",
-                    pool->reserve_bytes, params_limit_key (params),
+                    pool->reserve_bytes, limit_key (params),
                     pool->mem_limit);
       return -1;
     }
@@ -554,12 +563,6 @@ swap_complete (struct zram_params *params)
     pool->reserve_bytes = swap_mode_default_reserve (pool->mem_limit,
                                                      RESERVE_UNIT);
   return 0;
-}
-
-const char *
-params_limit_key (const struct zram_params *params)
-{
-  return params->given[P_MEM_BUDGET] ? "mem_budget" : "mem_limit";
 }
 
 int

@@ -46,11 +46,6 @@ struct zram_params {
   unsigned compact_threshold;   /* percent of the pool's pages */
 };
 
-/* The memory limit's key as given: "mem_budget" or "mem_limit" (also
- * when none was given), for messages.
- */
-extern const char *params_limit_key (const struct zram_params *params);
-
 /* The defaults (.load). */
 extern void params_init (struct zram_params *params);
 /* key=value (.config): 0, or -1 after nbdkit_error naming the key. */

@@ -19,23 +19,14 @@ process_rss_bytes (void)
   return n == 2 ? (uint64_t) pages_resident * sysconf (_SC_PAGESIZE) : 0;
 }
 
-/* RssFile of /proc/self/status, in bytes (0 when unknown).  Not statm's
- * shared pages: those include shared memory, where region= keeps the
- * pool.
+/* RssFile, in bytes (0 when unknown).  Not statm's shared pages: those
+ * include shared memory, where region= keeps the pool.
  */
 static uint64_t
 process_rss_files_bytes (void)
 {
-  FILE *fp = fopen ("/proc/self/status", "re");
-  if (!fp)
-    return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (fgets (line, sizeof line, fp))
-    if (sscanf (line, "RssFile: %llu kB", &kib) == 1)
-      break;
-  fclose (fp);
-  return (uint64_t) kib * 1024;
+  int64_t kib = self_status_number ("RssFile", 10);
+  return kib > 0 ? (uint64_t) kib * 1024 : 0;
 }
 
 static double

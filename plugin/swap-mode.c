@@ -92,9 +92,8 @@ swap_mode_check_config (uint64_t mem_limit)
   return 0;
 }
 
-/* A number from a "Name:   value" line of /proc/self/status, or -1. */
-static int64_t
-status_field (const char *name, int base)
+int64_t
+self_status_number (const char *name, int base)
 {
   FILE *fp = fopen ("/proc/self/status", "r");
   if (!fp)
@@ -128,7 +127,7 @@ sysctl_number (const char *path)
 static bool
 has_capability (int bit)
 {
-  int64_t effective = status_field ("CapEff", 16);
+  int64_t effective = self_status_number ("CapEff", 16);
   return effective != -1 && (effective >> bit & 1);
 }
 
@@ -259,7 +258,7 @@ swap_mode_lock (void)
     /* nbdkit --swap locked everything, future mappings in full: keep the
      * lock, but only on the pages touched.
      */
-    if (status_field ("VmLck", 10) > 0
+    if (self_status_number ("VmLck", 10) > 0
         && mlockall (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == 0)
       nbdkit_debug ("zram: memory is locked (nbdkit --swap): "
                     "now locked as it is touched (MCL_ONFAULT)");
@@ -792,7 +791,7 @@ void
 swap_mode_status (struct swap_mode_status *status)
 {
   int64_t locked_kib = resident_locked_kib ();
-  int64_t mapped_kib = status_field ("VmLck", 10);
+  int64_t mapped_kib = self_status_number ("VmLck", 10);
   status->mode = mode_names[swap_mode];
   status->mode_number = swap_mode;
   status->locked_bytes = locked_kib < 0 ? 0 : locked_kib * 1024;

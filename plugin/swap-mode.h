@@ -87,6 +87,11 @@ extern int swap_mode_lock (void);
  */
 extern int64_t meminfo_kib (const char *text, const char *key);
 
+/* The number of a "Name:   value" line of /proc/self/status, read in
+ * base, or -1 (no such line, or no file).
+ */
+extern int64_t self_status_number (const char *name, int base);
+
 /* Touch bytes of the calling thread's stack below its caller, so that
  * they are resident (and, under mlockall, locked) before they are needed.
  */
