@@ -492,12 +492,11 @@ malloc_refilling (struct zs_pool *pool, size_t size, unsigned *refusals)
   return handle;
 }
 
-/* Pages of PAGE-sized objects (one page each) a resident_only pool
- * with a reserve stores before ENOSPC, its limit counting pages only or
- * everything; the handles freed again.
+/* A resident_only pool with a reserve, frees immediate, its limit
+ * counting everything or (pages_only) the zspages' pages alone.
  */
-static size_t
-fill_to_limit (bool pages_only, uint64_t limit, uint64_t reserve)
+static struct zs_pool *
+make_resident_pool (uint64_t limit, uint64_t reserve, bool pages_only)
 {
   struct zs_pool_config config;
   zs_pool_config_init (&config);
@@ -508,6 +507,17 @@ fill_to_limit (bool pages_only, uint64_t limit, uint64_t reserve)
   config.resident_only = true;
   struct zs_pool *pool = zs_pool_create (&config);
   assert_non_null (pool);
+  return pool;
+}
+
+/* Pages of PAGE-sized objects (one page each) a resident_only pool
+ * with a reserve stores before ENOSPC, its limit counting pages only or
+ * everything; the handles freed again.
+ */
+static size_t
+fill_to_limit (bool pages_only, uint64_t limit, uint64_t reserve)
+{
+  struct zs_pool *pool = make_resident_pool (limit, reserve, pages_only);
   zs_pool_metadata_ready (pool, 16 << 20);
   struct zs_pool_stats st;
 
@@ -580,14 +590,7 @@ test_resident_only (void **state)
 {
   (void) state;
   enum { LIMIT = 64 << 20, RESERVE = 4 << 20, SIZES = (PAGE - 32) / 16 + 1 };
-  struct zs_pool_config config;
-  zs_pool_config_init (&config);
-  config.mem_limit = LIMIT;
-  config.free_mode = ZS_FREE_IMMEDIATE;
-  config.reserve_bytes = RESERVE;
-  config.resident_only = true;
-  struct zs_pool *pool = zs_pool_create (&config);
-  assert_non_null (pool);
+  struct zs_pool *pool = make_resident_pool (LIMIT, RESERVE, false);
   struct zs_pool_stats st;
 
   /* No heap said ready for metadata yet: refused at once, for that. */
@@ -701,10 +704,7 @@ test_resident_only (void **state)
    * ENOSPC (a full device), never "not ready" for ever; the reserve's
    * chunk is not given up to make room (it is what writes take).
    */
-  config.mem_limit = 6 << 20;
-  config.reserve_bytes = 2 << 20;
-  pool = zs_pool_create (&config);
-  assert_non_null (pool);
+  pool = make_resident_pool (6 << 20, 2 << 20, false);
   zs_pool_metadata_ready (pool, 16 << 20);
   enum { FILL_MAX = 4096 };
   zs_handle_t *fill = calloc (FILL_MAX, sizeof *fill);
@@ -773,14 +773,7 @@ test_resident_only_open_reserve (void **state)
    */
   enum { LIMIT = 6 << 20, RESERVE = 2 << 20, FILL_MAX = 4096,
          SIZE = PAGE * 2 / 3 };
-  struct zs_pool_config config;
-  zs_pool_config_init (&config);
-  config.mem_limit = LIMIT;
-  config.free_mode = ZS_FREE_IMMEDIATE;
-  config.reserve_bytes = RESERVE;
-  config.resident_only = true;
-  struct zs_pool *pool = zs_pool_create (&config);
-  assert_non_null (pool);
+  struct zs_pool *pool = make_resident_pool (LIMIT, RESERVE, false);
   zs_pool_metadata_ready (pool, 16 << 20);
   zs_handle_t *fill = calloc (FILL_MAX, sizeof *fill);
   assert_non_null (fill);
