@@ -3,8 +3,9 @@
  *
  * Each class owns its cells, so they are allocated and freed under the
  * class lock that the caller already holds for the object: no extra lock.
- * Cells are carved from page-sized, page-aligned blocks, so a cell finds
- * its block by masking its address.  Each block threads a list through
+ * Cells are carved from blocks of CELL_BLOCK_BYTES aligned to their size
+ * (zsalloc-internal.h says why that size), so a cell finds its block by
+ * masking its address.  Each block threads a list through
  * its free cells and counts them; the class lists the blocks that have a
  * free cell.  A block whose cells are all free again is given back (but
  * the class keeps one, if it has no other block with room, so that a
@@ -34,18 +35,19 @@ block_push_free (struct cell_block *block, _Atomic uint64_t *cell)
 static struct cell_block *
 block_new (struct zs_pool *pool, struct size_class *class)
 {
-  if (!limit_charge_metadata (pool, ZS_PAGE_SIZE)) {
+  if (!limit_charge_metadata (pool, CELL_BLOCK_BYTES)) {
     errno = ENOSPC;
     return NULL;
   }
-  if (!metadata_take (pool, 2 * ZS_PAGE_SIZE)) {
-    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
+  if (!metadata_take (pool, 2 * CELL_BLOCK_BYTES)) {
+    limit_discharge_metadata (pool, CELL_BLOCK_BYTES);
     return NULL;
   }
   struct cell_block *block = region_memory_alloc (pool->config.region,
-                                                ZS_PAGE_SIZE, ZS_PAGE_SIZE);
+                                                  CELL_BLOCK_BYTES,
+                                                  CELL_BLOCK_BYTES);
   if (!block) {
-    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
+    limit_discharge_metadata (pool, CELL_BLOCK_BYTES);
     errno = ENOMEM;
     return NULL;
   }
@@ -56,7 +58,7 @@ block_new (struct zs_pool *pool, struct size_class *class)
   DLIST_PUSH (class->cell_blocks_with_room, block, prev, next);
   DLIST_PUSH (class->cell_blocks, block, all_prev, all_next);
   class->cell_blocks_count++;
-  atomic_fetch_add_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
+  atomic_fetch_add_explicit (&pool->metadata_bytes, CELL_BLOCK_BYTES,
                              memory_order_relaxed);
   return block;
 }
@@ -92,9 +94,9 @@ cell_release (struct zs_pool *pool, struct size_class *class,
     DLIST_REMOVE (class->cell_blocks, block, all_prev, all_next);
     class->cell_blocks_count--;
     region_memory_free (pool->config.region, block);
-    atomic_fetch_sub_explicit (&pool->metadata_bytes, ZS_PAGE_SIZE,
+    atomic_fetch_sub_explicit (&pool->metadata_bytes, CELL_BLOCK_BYTES,
                                memory_order_relaxed);
-    limit_discharge_metadata (pool, ZS_PAGE_SIZE);
+    limit_discharge_metadata (pool, CELL_BLOCK_BYTES);
   }
 }
 

@@ -133,7 +133,7 @@ zs_recover_handle (struct zs_recovery *recovery, zs_handle_t handle)
     goto refuse;
   struct size_class *class = class_for_size (pool, cell_object_size (location));
   unsigned index = cell_object_index (location);
-  size_t in_block = handle % ZS_PAGE_SIZE;
+  size_t in_block = handle % CELL_BLOCK_BYTES;
   if (index >= class->objs_per_zspage
       || in_block < offsetof (struct cell_block, cells)
       || !region_contains (region, zspage, zspage_descriptor_bytes (class))
@@ -346,7 +346,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
       goto out;
     if (fresh)
       zspage_met->class = class;
-    uintptr_t block = handle & ~(uintptr_t) (ZS_PAGE_SIZE - 1);
+    uintptr_t block = handle & ~(uintptr_t) (CELL_BLOCK_BYTES - 1);
     struct met *block_met = met_find (&blocks, (const void *) block, &fresh);
     if (!block_met)
       goto out;
@@ -416,7 +416,8 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   recovery_step ("allocator: zspages listed");
   for (size_t i = 0; i < blocks.capacity; i++)
     if (blocks.slots[i].key) {
-      if (!claim (recovery, blocks.slots[i].key, ZS_PAGE_SIZE, ZS_PAGE_SIZE)) {
+      if (!claim (recovery, blocks.slots[i].key, CELL_BLOCK_BYTES,
+                  CELL_BLOCK_BYTES)) {
         errno = EINVAL;
         goto out;
       }
@@ -441,7 +442,7 @@ zs_recover_end (struct zs_recovery *recovery, uint64_t charged_bytes,
   recovery_step ("allocator: reserve kept");
 
   /* The counters, and the limit account: what is held now. */
-  uint64_t block_bytes = (uint64_t) blocks.count * ZS_PAGE_SIZE;
+  uint64_t block_bytes = (uint64_t) blocks.count * CELL_BLOCK_BYTES;
   atomic_store (&pool->pages_used, pages);
   if (atomic_load (&pool->pages_used_max) < pages)
     atomic_store (&pool->pages_used_max, pages);
