@@ -382,15 +382,17 @@ swap_mode_heap_settings (void)
   if (swap_mode == SWAP_OFF) {
     mallopt (M_MMAP_THRESHOLD, PLAIN_MMAP_THRESHOLD);
     mallopt (M_TRIM_THRESHOLD, PLAIN_TRIM_THRESHOLD);
-    /* An arena per CPU, not glibc's eight: each of nbdkit's 16 workers
-     * got one of its own, and after a copy each held 200-500 KiB of
-     * freed request buffers that malloc_trim cannot give back whole
-     * (5 MiB on 2 CPUs).  With 2 arenas: 1 MiB less after a 256 MiB
-     * image, random 4 KiB IOPS the same (run-plugin-bench.sh, within
-     * the runs' spread).
+    /* An arena for two CPUs, not glibc's eight a CPU: each of
+     * nbdkit's 16 workers got one of its own, and after a copy each held
+     * 200-500 KiB of freed request buffers and allocator metadata that
+     * malloc_trim cannot give back whole (5 MiB on 2 CPUs; 2 MiB with an
+     * arena a CPU).  On 2 CPUs, one arena: 0.9 MiB less again after
+     * idle all and pack of a 256 MiB image, random 4 KiB IOPS the same
+     * (run-plugin-bench.sh, three rounds alternating with an arena a
+     * CPU); on more CPUs, the same two CPUs a lock as measured.
      */
     long cpus = sysconf (_SC_NPROCESSORS_ONLN);
-    mallopt (M_ARENA_MAX, cpus > 1 ? (int) cpus : 1);
+    mallopt (M_ARENA_MAX, cpus > 2 ? (int) (cpus / 2) : 1);
     return;
   }
   /* One arena: the pages touched by swap_mode_prepare_heap serve every
