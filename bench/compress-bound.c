@@ -1,0 +1,161 @@
+/* compress-bound: how small zstd can make a memory image in units of a
+ * given size, and what decoding costs: the floor under any all-in RSS
+ * target for packed data (bench/README.md, "How far packing can go").
+ *
+ *   compress-bound IMAGE [UNIT_KIB:LEVEL ...]
+ *
+ * The image is cut into 4096-byte pages.  Pages that are one repeated
+ * 8-byte word take no memory in zram or here (same-filled) and are left
+ * out; the others are taken in order, UNIT_KIB at a time, and each unit
+ * is compressed alone at LEVEL (one zstd frame, as a packed unit or
+ * one page of nbdkit memory allocator=zstd is).  A unit that does not
+ * shrink counts its plain size (stored raw).  For each row: the sum of
+ * the units' compressed bytes, and the mean time to decode one unit
+ * whole, per 4 KiB page of it (what a random read of a packed page pays
+ * at most, on top of the request itself).
+ *
+ * Rows by default: 4:3 (zram's zstd, one page at a time), 32:3 (nbdkit
+ * memory allocator=zstd), 64:6 (packing's defaults), then larger units
+ * and higher levels.
+ */
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zstd.h>
+
+#define PAGE 4096
+
+static bool
+same_filled (const unsigned char *page)
+{
+  uint64_t word, other;
+  memcpy (&word, page, sizeof word);
+  for (size_t at = sizeof word; at < PAGE; at += sizeof word) {
+    memcpy (&other, page + at, sizeof other);
+    if (other != word)
+      return false;
+  }
+  return true;
+}
+
+static double
+now_seconds (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One row: units of unit_pages pages at level. */
+static void
+row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
+{
+  size_t unit_bytes = unit_pages * PAGE;
+  size_t capacity = ZSTD_compressBound (unit_bytes);
+  unsigned char *compressed = malloc (capacity);
+  unsigned char *plain = malloc (unit_bytes);
+  ZSTD_CCtx *cctx = ZSTD_createCCtx ();
+  ZSTD_DCtx *dctx = ZSTD_createDCtx ();
+  if (!compressed || !plain || !cctx || !dctx) {
+    fprintf (stderr, "compress-bound: out of memory\n");
+    exit (1);
+  }
+  uint64_t total = 0, raw = 0, units = 0;
+  double decode_seconds = 0;
+  for (size_t first = 0; first < count; first += unit_pages) {
+    size_t n = count - first < unit_pages ? count - first : unit_pages;
+    size_t length = n * PAGE;
+    size_t r = ZSTD_compressCCtx (cctx, compressed, capacity,
+                                  pages + first * PAGE, length, level);
+    if (ZSTD_isError (r)) {
+      fprintf (stderr, "compress-bound: %s\n", ZSTD_getErrorName (r));
+      exit (1);
+    }
+    units++;
+    if (r >= length) {
+      total += length;
+      raw += length;
+      continue;
+    }
+    total += r;
+    double start = now_seconds ();
+    size_t out = ZSTD_decompressDCtx (dctx, plain, unit_bytes, compressed, r);
+    decode_seconds += now_seconds () - start;
+    if (ZSTD_isError (out) || out != length
+        || memcmp (plain, pages + first * PAGE, length) != 0) {
+      fprintf (stderr, "compress-bound: a unit did not decode back\n");
+      exit (1);
+    }
+  }
+  printf ("| %4zu KiB | %2d | %9.2f MiB | %6.2f MiB | %8.2f us |\n",
+          unit_bytes / 1024, level, total / 1048576.0, raw / 1048576.0,
+          units ? decode_seconds * 1e6 / units / unit_pages : 0.0);
+  ZSTD_freeCCtx (cctx);
+  ZSTD_freeDCtx (dctx);
+  free (compressed);
+  free (plain);
+}
+
+int
+main (int argc, char *argv[])
+{
+  if (argc < 2) {
+    fprintf (stderr, "usage: compress-bound IMAGE [UNIT_KIB:LEVEL ...]\n");
+    return 2;
+  }
+  FILE *fp = fopen (argv[1], "rb");
+  if (!fp) {
+    perror (argv[1]);
+    return 1;
+  }
+  unsigned char page[PAGE];
+  unsigned char *pages = NULL;
+  size_t count = 0, capacity = 0, same = 0;
+  while (fread (page, 1, PAGE, fp) == PAGE) {
+    if (same_filled (page)) {
+      same++;
+      continue;
+    }
+    if (count == capacity) {
+      capacity = capacity ? capacity * 2 : 4096;
+      pages = realloc (pages, capacity * PAGE);
+      if (!pages) {
+        fprintf (stderr, "compress-bound: out of memory\n");
+        return 1;
+      }
+    }
+    memcpy (pages + count * PAGE, page, PAGE);
+    count++;
+  }
+  fclose (fp);
+  printf ("%s: %zu pages stored, %zu same-filled left out\n\n",
+          argv[1], count, same);
+  printf ("| unit | level | compressed | of it raw | decode per page |\n");
+  printf ("|---:|---:|---:|---:|---:|\n");
+
+  static const char *const defaults[] = {
+    "4:3", "32:3", "64:6", "64:9", "128:6", "256:6", "256:19", "1024:19",
+  };
+  int rows = argc > 2 ? argc - 2 : (int) (sizeof defaults / sizeof *defaults);
+  for (int i = 0; i < rows; i++) {
+    const char *spec = argc > 2 ? argv[i + 2] : defaults[i];
+    unsigned kib;
+    int level;
+    if (sscanf (spec, "%u:%d", &kib, &level) != 2 || kib < 4 || kib % 4
+        || level < 1 || level > ZSTD_maxCLevel ()) {
+      fprintf (stderr, "compress-bound: '%s' is not UNIT_KIB:LEVEL "
+               "(UNIT_KIB a multiple of 4, LEVEL 1..%d)\n", spec,
+               ZSTD_maxCLevel ());
+      return 2;
+    }
+    row (pages, count, kib / 4, level);
+  }
+  free (pages);
+  return 0;
+}
