@@ -42,9 +42,11 @@ unit_dissolve (struct block_store *store, struct pack_unit *unit,
                const unsigned char *plain, bool *complete)
 {
   unsigned moved = 0;
+  uint64_t blocks[STORE_PACK_MAX];
+  unit_blocks_get (unit, blocks);
   *complete = true;
   for (unsigned i = 0; i < unit->count; i++) {
-    uint64_t block = unit_blocks (unit)[i];
+    uint64_t block = blocks[i];
     unsigned char decoded[STORE_BLOCK_SIZE];
     struct block_content old, content;
     struct block_entry *entry = entry_claim (store, block, dissolve_wanted,
@@ -152,8 +154,10 @@ unit_create (struct block_store *store, const struct pack_member *members,
   unit->id = atomic_fetch_add (&store->unit_ids, 1) + 1;
   unit->parts = parts;
   atomic_init (&unit->live, 1);
+  uint64_t blocks[STORE_PACK_MAX];
   for (unsigned i = 0; i < count; i++)
-    unit_blocks (unit)[i] = members[i].block;
+    blocks[i] = members[i].block;
+  unit_blocks_set (unit, blocks);
   for (unsigned i = 0; i < parts; i++) {
     size_t at = (size_t) i * STORE_PACK_PART;
     size_t part = length - at < STORE_PACK_PART ? length - at : STORE_PACK_PART;
@@ -180,18 +184,29 @@ unit_create (struct block_store *store, const struct pack_member *members,
  * no lock held, then each moves in if its claim holds.  A unit that not
  * every block moved into is kept only if it takes less than the blocks
  * that did took; else they are put back (stored alone) and it goes.
- * Adds to result what was really packed.
+ * Adds to result what was really packed; *used: how many of the blocks
+ * were tried (fewer than n when one lies too far from the one before).
  */
 static int
-pack_group (struct pack_run *run, const uint64_t *blocks, unsigned n)
+pack_group (struct pack_run *run, const uint64_t *blocks, unsigned n,
+            unsigned *used)
 {
   struct block_store *store = run->store;
   struct pack_member members[STORE_PACK_MAX];
   unsigned count = 0;
   size_t before = 0;
+  *used = n;
 
   for (unsigned i = 0; i < n; i++) {
     struct block_content old;
+    /* A unit keeps its blocks as gaps of 16 bits: one too far from the
+     * last ends the group (the next group starts with it).
+     */
+    if (count > 0
+        && blocks[i] - members[count - 1].block > UNIT_BLOCK_GAP_MAX) {
+      *used = i;
+      break;
+    }
     if (!entry_claim (store, blocks[i], pack_candidate, run, &old))
       continue;
     size_t bytes = zs_object_size (store->pool, old.value);
@@ -283,7 +298,14 @@ pack_more (void *opaque, unsigned *group)
 static int
 pack_some (void *opaque, const uint64_t *blocks, unsigned n)
 {
-  return pack_group (opaque, blocks, n);
+  int r = 0;
+  while (n > 0 && r == 0) {
+    unsigned used;
+    r = pack_group (opaque, blocks, n, &used);
+    blocks += used;
+    n -= used;
+  }
+  return r;
 }
 
 int

@@ -641,6 +641,59 @@ test_dissolve_budget_and_retry (void **state)
   store_destroy (store);
 }
 
+/* A unit keeps its blocks as 16-bit gaps: blocks further apart than
+ * UNIT_BLOCK_GAP_MAX go into different units, and every block of each is
+ * found again when it dissolves.
+ */
+static void
+test_pack_far_apart (void **state)
+{
+  (void) state;
+  enum { FAR = UNIT_BLOCK_GAP_MAX };
+  const uint64_t at[] = { 0, 1, 1 + FAR, 2 + FAR, 3 + 2 * FAR, 4 + 2 * FAR,
+                          5 + 2 * FAR };
+  enum { COUNT = sizeof at / sizeof at[0] };
+  const uint64_t blocks = at[COUNT - 1] + 2;
+  struct block_store *store = make_packing_store (blocks, 0);
+  unsigned char buf[BS], back[BS];
+  for (unsigned i = 0; i < COUNT; i++) {
+    text_fill (buf, at[i], 1);
+    assert_int_equal (store_write (store, buf, BS, at[i] * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  /* 0, 1 and 1 + FAR, 2 + FAR (a gap of FAR, the most a unit keeps);
+   * 3 + 2 * FAR is FAR + 1 further: a unit of its own with the rest.
+   */
+  print_message ("far apart: %" PRIu64 " units, %" PRIu64 " blocks\n",
+                 result.units, result.blocks);
+  assert_int_equal (result.units, 2);
+  assert_int_equal (result.blocks, COUNT);
+  for (unsigned i = 0; i < COUNT; i++) {
+    text_fill (buf, at[i], 1);
+    assert_int_equal (store_read (store, back, BS, at[i] * BS), 0);
+    assert_memory_equal (back, buf, BS);
+  }
+  /* A block from each unit trimmed, the rest dissolved: each found. */
+  assert_int_equal (store_trim (store, BS, at[1] * BS), 0);
+  assert_int_equal (store_trim (store, BS, at[5] * BS), 0);
+  assert_int_equal (store_pack_dissolve (store, 100, NULL, NULL), 2);
+  struct store_stats stats;
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_units, 0);
+  assert_int_equal (stats.packed_blocks, 0);
+  for (unsigned i = 0; i < COUNT; i++) {
+    if (i == 1 || i == 5)
+      memset (buf, 0, BS);
+    else
+      text_fill (buf, at[i], 1);
+    assert_int_equal (store_read (store, back, BS, at[i] * BS), 0);
+    assert_memory_equal (back, buf, BS);
+  }
+  store_destroy (store);
+}
+
 /* A unit of pack_blocks outside 2..STORE_PACK_MAX is refused. */
 static void
 test_pack_blocks_bounds (void **state)
@@ -675,6 +728,7 @@ main (void)
     cmocka_unit_test (test_pack_unit_kept_only_if_worth_it),
     cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
+    cmocka_unit_test (test_pack_far_apart),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
