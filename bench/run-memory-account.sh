@@ -11,7 +11,8 @@
 #
 # Environment: BUILD_DIR (build), NBDKIT, PLUGIN, IMAGE (a memory image;
 # made with make-memory-image.sh if missing), IMAGE_MIB (256), REPEATS
-# (3), COMP (zstd), PACK (1: `idle all` + `pack type=idle` first; 0: not).
+# (3), COMP (zstd), PACK (1: `idle all` + `pack type=idle` first; 0: not),
+# PLUGIN_ARGS (more parameters for our server, e.g. "chain=4").
 set -euo pipefail
 # shellcheck source=bench/functions.sh
 source "$(dirname "$(readlink -f "$0")")/functions.sh"
@@ -21,6 +22,7 @@ IMAGE=${IMAGE:-${TMPDIR:-/tmp}/nbdkit-zram-memimage-${IMAGE_MIB}M.img}
 REPEATS=${REPEATS:-3}
 COMP=${COMP:-zstd}
 PACK=${PACK:-1}
+PLUGIN_ARGS=${PLUGIN_ARGS:-}
 
 die () { echo "run-memory-account: $*" >&2; exit 1; }
 [ -f "$PLUGIN" ] || die "no plugin at $PLUGIN: build first"
@@ -59,7 +61,8 @@ EOF
 : > "$tmp/results"
 for round in $(seq "$REPEATS"); do
     echo "run-memory-account: round $round of $REPEATS" >&2
-    serve "$PLUGIN" "$size" comp="$COMP" ctl="$tmp/ctl"
+    # shellcheck disable=SC2086 # PLUGIN_ARGS: words
+    serve "$PLUGIN" "$size" comp="$COMP" ctl="$tmp/ctl" $PLUGIN_ARGS
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
     if [ "$PACK" = 1 ]; then
         ask "idle all" > /dev/null

@@ -111,6 +111,9 @@
 #   ZRAM_VM_HOST_STALL   seconds without a line from the guest before this
 #                        script sends sysrq itself (default 240)
 #   ZRAM_VM_EXTRA        more plugin parameters
+#   ZRAM_VM_HEARTBEAT_S  seconds between the watchdog's progress lines,
+#                        each with the server's mm_stat as last read
+#                        (default 30)
 #   ZRAM_VM_NBD_CLIENT_EXTRA  more nbd-client arguments (e.g. -nonetlink)
 #   ZRAM_VM_APPEND       more kernel command line
 #   ZRAM_VM_LOG          keep the guest's console log at this path
@@ -238,7 +241,7 @@ RT_PRIO='$RT'
 MIN_FREE_KB='$MIN_FREE_KB'
 STALL_S='$STALL'
 DEADLINE_S='$((VM_TIMEOUT - 120))'
-HEARTBEAT_S=30
+HEARTBEAT_S='${ZRAM_VM_HEARTBEAT_S:-30}'
 NBDKIT_EXTRA='${ZRAM_VM_EXTRA:-}'
 NBD_CLIENT_EXTRA='${ZRAM_VM_NBD_CLIENT_EXTRA:-}'
 DATA='$DATA'

@@ -55,6 +55,30 @@ static int stats_latest = -1;
 static long stats_when;
 static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* With the heartbeat: the server's mm_stat line as last read (orig,
+ * compr, mem_used, limit, mem_used_max, ...), to follow the pool against
+ * the swap in use over a run.
+ */
+static void
+mm_stat_print (long t)
+{
+  char line[256] = "";
+  pthread_mutex_lock (&stats_lock);
+  if (stats_latest >= 0) {
+    const char *at = strstr (stats[stats_latest], "mm_stat ");
+    if (at) {
+      size_t n = strcspn (at, "\n");
+      if (n >= sizeof line)
+        n = sizeof line - 1;
+      memcpy (line, at, n);
+      line[n] = '\0';
+    }
+  }
+  pthread_mutex_unlock (&stats_lock);
+  if (line[0])
+    printf ("ZRAM-VM: wd t=%lds %s\n", t, line);
+}
+
 static void *
 stats_reader (void *arg)
 {
@@ -282,6 +306,7 @@ main (int argc, char **argv)
       printf ("ZRAM-VM: wd t=%lds%s swap_used_kib=%lld nbdkit=%s\n",
               now - start, sig, used, alive ? "yes" : "no");
       supervisor_log_print ();
+      mm_stat_print (now - start);
     }
     if (now - last_change >= stall) {
       snprintf (line, sizeof line, "no progress for %ld s",
