@@ -5,6 +5,7 @@
  */
 
 #include "store-fixture.h"
+#include "zsalloc-internal.h"     /* CELL_BLOCK_BYTES */
 
 /* A batched write that memory cannot hold in full (seed 004's path at
  * mem_limit): the request fails with ENOSPC, each block holds its old
@@ -277,7 +278,7 @@ test_decode_cache_freed_with_units (void **state)
   store_flush (store);
   store_stats (store, &stats);
   /* What is left: the table, the space map, the reserve, and the
-   * allocator's handle cells (one 4 KiB block kept per size class used).
+   * allocator's handle cells (one block kept per size class used).
    */
   uint64_t rest = stats.table_bytes + stats.backing_map_bytes
     + stats.reserve_bytes;
@@ -292,9 +293,9 @@ test_decode_cache_freed_with_units (void **state)
   assert_int_equal (stats.compr_data_size, 0);
   assert_int_equal (stats.mem_used_total, 0);
   assert_true (stats.limit_used >= rest);
-  assert_int_equal ((stats.limit_used - rest) % 4096, 0);
+  assert_int_equal ((stats.limit_used - rest) % CELL_BLOCK_BYTES, 0);
   assert_true (stats.limit_used - rest
-               <= (uint64_t) store_class_count (store) * 4096);
+               <= (uint64_t) store_class_count (store) * CELL_BLOCK_BYTES);
   /* The reporter's mem_limit=1M, and the least limit there is. */
   assert_int_equal (store_set_mem_limit (store, 1 << 20, NULL), 0);
   assert_int_equal (store_set_mem_limit (store, stats.limit_used, NULL), 0);
