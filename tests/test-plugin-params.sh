@@ -117,6 +117,33 @@ good 1048576 1M decode_cache=64M pack_blocks=64
 good 1048576 1M backing="$tmp/backing" writeback_limit=0
 [ -s "$tmp/stats" ] || fail "stats=$tmp/stats: no file written"
 
+# A remote backing store needs libnbd, loaded only then: a library that
+# is not one, or one without the functions used, fails the start with a
+# message naming backing and what is wrong with the library, never a
+# crash at the first call.  (LD_LIBRARY_PATH comes first in the search.)
+# libnbd WHY DIR: bad backing with DIR's libnbd.so.0, the error saying WHY.
+libnbd ()
+{
+    local why="$1" dir="$2" before=$errors
+    LD_LIBRARY_PATH="$dir" bad backing 1M \
+        backing="nbd+unix:///?socket=$tmp/no-such-socket"
+    if [ "$errors" = "$before" ] &&
+       ! grep -q "error:.*backing.*$why" "$NBDKIT_STDERR"; then
+        echo "FAIL: backing with $dir/libnbd.so.0: the error does not say '$why':" >&2
+        sed 's/^/    /' "$NBDKIT_STDERR" >&2
+        errors=$((errors + 1))
+    fi
+}
+mkdir "$tmp/not-elf" "$tmp/no-symbols"
+echo "not a library" > "$tmp/not-elf/libnbd.so.0"
+libnbd "cannot load libnbd.so.0" "$tmp/not-elf"
+echo 'int nbd_something_else;' > "$tmp/no-symbols.c"
+if ${CC:-cc} -shared -fPIC -o "$tmp/no-symbols/libnbd.so.0" "$tmp/no-symbols.c"; then
+    libnbd "libnbd.so.0 has no nbd_create: too old" "$tmp/no-symbols"
+else
+    fail "cannot build a stand-in libnbd.so.0 with ${CC:-cc}"
+fi
+
 # --help lists every parameter (config_help).
 help="$(zram_nbdkit "$PLUGIN" --help)"
 for param in size= comp= lz4 zstd level= mem_limit= stats= chain= lock= class pool \
