@@ -19,47 +19,12 @@
 #include "handover.h"
 #include "memory-account.h"
 #include "metrics.h"
+#include "params.h"
 #include "monotonic.h"
 #include "stats-file.h"
 #include "swap-full.h"
 #include "swap-mode.h"
 
-
-/* A size as nbdkit_parse_size reads it: decimal digits, then at most
- * one suffix, b (bytes), k m g t p e (powers of 1024) or s (512-byte
- * sectors), either case (512M, 4G).  -1 for anything else, or a size
- * past INT64_MAX.  Not nbdkit_parse_size itself: it logs what it cannot
- * read, and a client's text must never reach the server's log (the
- * caller replies the error to the client alone).
- */
-static int64_t
-parse_size (const char *text)
-{
-  static const char suffixes[] = "bkmgtpe";
-  uint64_t number = 0;
-  const char *p = text;
-  if (*p < '0' || *p > '9')
-    return -1;
-  for (; *p >= '0' && *p <= '9'; p++) {
-    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
-      return -1;
-    number = number * 10 + (*p - '0');
-  }
-  uint64_t scale = 1;
-  if (*p) {
-    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
-    if (p[1] || (!suffix && (*p | 0x20) != 's'))
-      return -1;
-    if (suffix)
-      for (const char *k = suffixes; k < suffix; k++)
-        scale *= 1024;
-    else
-      scale = 512;
-  }
-  if (number > (uint64_t) INT64_MAX / scale)
-    return -1;
-  return (int64_t) (number * scale);
-}
 
 static int
 parse_number (const char *text, uint64_t *value)
@@ -163,7 +128,7 @@ static int
 command_mem_limit (struct client *client, int argc, char **argv)
 {
   struct block_store *store = client->store;
-  int64_t limit = parse_size (argv[1]);
+  int64_t limit = params_parse_size (argv[1]);
   if (limit == -1)
     return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
                         argv[1]);
@@ -510,7 +475,7 @@ command_writeback_limit (struct client *client, int argc, char **argv)
   if (argc == 2) {
     if (strcmp (argv[1], "off") == 0)
       limited = false;
-    else if (!*argv[1] || (bytes = parse_size (argv[1])) == -1)
+    else if (!*argv[1] || (bytes = params_parse_size (argv[1])) == -1)
       return reply_error (client, "writeback_limit: '%s' is not a size or off "
                           "(e.g. 512M, 0: nothing more is written back)",
                           argv[1]);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -26,10 +27,10 @@
 #define RESERVE_UNIT ((uint64_t) 2 << 20)
 
 enum param_kind {
-  KIND_SIZE,            /* nbdkit_parse_size into a uint64_t, >= min */
+  KIND_SIZE,            /* params_parse_size into a uint64_t, >= min */
   KIND_UNSIGNED,        /* into an unsigned, min..max */
   KIND_INT,             /* into an int (its range checked elsewhere) */
-  KIND_BOOL,            /* nbdkit_parse_bool into a bool */
+  KIND_BOOL,            /* params_parse_bool into a bool */
   KIND_CHOICE,          /* one of choices, its index into an int (an enum
                            whose values are the indexes) */
   KIND_PATH,            /* made absolute, into a char * */
@@ -228,6 +229,49 @@ choice_index (const char *key, const char *value, const char *const *choices)
 }
 
 /* Parse value by param's kind into its target. */
+int64_t
+params_parse_size (const char *text)
+{
+  static const char suffixes[] = "bkmgtpe";
+  uint64_t number = 0;
+  const char *p = text;
+  if (*p < '0' || *p > '9')
+    return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
+      return -1;
+    number = number * 10 + (*p - '0');
+  }
+  uint64_t scale = 1;
+  if (*p) {
+    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
+    if (p[1] || (!suffix && (*p | 0x20) != 's'))
+      return -1;
+    if (suffix)
+      for (const char *k = suffixes; k < suffix; k++)
+        scale *= 1024;
+    else
+      scale = 512;
+  }
+  if (number > (uint64_t) INT64_MAX / scale)
+    return -1;
+  return (int64_t) (number * scale);
+}
+
+int
+params_parse_bool (const char *text)
+{
+  static const char *const words[2][6] = {
+    { "0", "false", "f", "no", "n", "off" },
+    { "1", "true", "t", "yes", "y", "on" },
+  };
+  for (int value = 0; value < 2; value++)
+    for (size_t i = 0; i < 6; i++)
+      if (strcasecmp (text, words[value][i]) == 0)
+        return value;
+  return -1;
+}
+
 static int
 param_parse (struct zram_params *params, const struct param *param,
              const char *value)
@@ -237,7 +281,7 @@ param_parse (struct zram_params *params, const struct param *param,
   int choice, flag;
   switch (param->kind) {
   case KIND_SIZE:
-    size = nbdkit_parse_size (value);
+    size = params_parse_size (value);
     if (size == -1) {
       nbdkit_error ("%s: '%s' is not a size (e.g. 512M, 8G)", key, value);
       return -1;
@@ -263,8 +307,11 @@ param_parse (struct zram_params *params, const struct param *param,
   case KIND_INT:
     return nbdkit_parse_int (key, value, TARGET (params, param, int));
   case KIND_BOOL:
-    if ((flag = nbdkit_parse_bool (value)) == -1)
+    if ((flag = params_parse_bool (value)) == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean (true|false, yes|no, on|off, "
+                    "1|0)", key, value);
       return -1;
+    }
     *TARGET (params, param, bool) = flag;
     return 0;
   case KIND_CHOICE:
@@ -355,9 +402,12 @@ set_backing (struct zram_params *params, const char *value)
 static int
 set_backing_sync (struct zram_params *params, const char *value)
 {
-  int sync = nbdkit_parse_bool (value);
-  if (sync == -1)
+  int sync = params_parse_bool (value);
+  if (sync == -1) {
+    nbdkit_error ("backing_sync: '%s' is not a boolean (true|false, yes|no, "
+                  "on|off, 1|0)", value);
     return -1;
+  }
   params->store.backing_nosync = !sync;
   return 0;
 }

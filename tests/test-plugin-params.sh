@@ -31,6 +31,27 @@ bad ()
     fi
 }
 
+# bad1 NAME ARGS...: as bad, and the error is one line (nbdkit's own
+# parsers log a line of their own that names nothing).
+bad1 ()
+{
+    local before=$errors
+    bad "$@"
+    local lines
+    lines=$(grep -c "error:" "$NBDKIT_STDERR" || :)
+    if [ "$errors" = "$before" ] && [ "$lines" != 1 ]; then
+        echo "FAIL: nbdkit ${*:2}: $lines error lines, not one:" >&2
+        sed 's/^/    /' "$NBDKIT_STDERR" >&2
+        errors=$((errors + 1))
+    fi
+}
+
+bad1 backing_direct 1M backing_direct=maybe
+bad1 backing_sync 1M backing_sync=perhaps
+bad1 mem_limit 1M mem_limit=1MiB
+bad1 mem_limit 1M mem_limit=1.5M
+bad1 mem_limit 1M mem_limit=8E
+bad1 size 1MB
 bad size                             # missing size
 bad size comp=zstd                   # missing size, other keys given
 bad size size=0
