@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "control-commands.h"
@@ -39,6 +41,16 @@ static const char *const commands[] = {
 #undef COMMAND_NAME
 };
 
+/* How long a server may take to answer (--timeout): by default
+ * QUERY_SECONDS for the commands that only read (a live server answers
+ * them at once), MOVER_SECONDS for those that move data (a writeback of
+ * hundreds of MiB takes tens of seconds); 0: no limit.
+ */
+#define QUERY_SECONDS 10
+#define MOVER_SECONDS 600
+static double timeout_given = -1;       /* -1: the command's default */
+static double timeout_seconds = QUERY_SECONDS;
+
 static void
 usage (FILE *fp)
 {
@@ -47,12 +59,32 @@ usage (FILE *fp)
            "       %s COMMAND SOCKET [ARGUMENT...]\n"
            "       %s metrics SOCKET...\n"
            "       %s plot SOCKET FILE.png [SECONDS [INTERVAL]]\n"
-           "       %s swap on|off|status [OPTION...]\n"
-           "SOCKET is a server's ctl= socket.  COMMAND is one of:", program,
-           program, program, program, program);
+           "       %s swap on|off|status|restart [OPTION...]\n"
+           "       %s nbd|supervise|region ... (the swap tool's helpers)\n"
+           "SOCKET is a server's ctl= socket.  Options: --json, --bytes (the\n"
+           "listing), --timeout SECONDS (how long a server may take to answer:\n"
+           "default %d s, %d s for commands that move data; 0: no limit),\n"
+           "--version.  COMMAND is one of:", program, program, program, program,
+           program, program, QUERY_SECONDS, MOVER_SECONDS);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf (fp, " %s", commands[i]);
   fprintf (fp, "\n(see nbdkit-zramctl(1))\n");
+}
+
+
+static void
+timeout_for (const char *command)
+{
+  static const char *const queries[] = {
+    "info", "mm_stat", "io_stat", "bd_stat", "stats", "metrics", "classes",
+    "memory", "block_state", "help",
+  };
+  timeout_seconds = MOVER_SECONDS;
+  for (size_t i = 0; i < sizeof queries / sizeof queries[0]; i++)
+    if (strcmp (command, queries[i]) == 0)
+      timeout_seconds = QUERY_SECONDS;
+  if (timeout_given >= 0)
+    timeout_seconds = timeout_given;
 }
 
 static int
@@ -63,15 +95,60 @@ control_connect (const char *path)
     fprintf (stderr, "%s: %s: name too long for a socket\n", program, path);
     return -1;
   }
+  struct stat st;
+  if (stat (path, &st) == -1) {
+    fprintf (stderr, "%s: %s: %s\n", program, path, strerror (errno));
+    return -1;
+  }
+  if (!S_ISSOCK (st.st_mode)) {
+    fprintf (stderr, "%s: %s is not an nbdkit-zram control socket (not a "
+             "socket at all)\n", program, path);
+    return -1;
+  }
   strcpy (address.sun_path, path);
   int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1 || connect (fd, (struct sockaddr *) &address, sizeof address) == -1) {
-    fprintf (stderr, "%s: %s: %s\n", program, path, strerror (errno));
-    if (fd != -1)
-      close (fd);
+  if (fd == -1) {
+    fprintf (stderr, "%s: %s\n", program, strerror (errno));
+    return -1;
+  }
+  /* The deadline covers the connect (a listener whose queue is full),
+   * each send and each wait for a reply.
+   */
+  struct timeval limit = {
+    .tv_sec = (time_t) timeout_seconds,
+    .tv_usec = (suseconds_t) ((timeout_seconds - (time_t) timeout_seconds) * 1e6),
+  };
+  if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == -1
+      || setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) == -1
+      || connect (fd, (struct sockaddr *) &address, sizeof address) == -1) {
+    if (errno == ECONNREFUSED)
+      fprintf (stderr, "%s: %s: no server is listening there (%s)\n",
+               program, path, strerror (errno));
+    else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS)
+      fprintf (stderr, "%s: %s: the server did not take the connection "
+               "within %g s\n", program, path, timeout_seconds);
+    else
+      fprintf (stderr, "%s: %s: %s\n", program, path, strerror (errno));
+    close (fd);
     return -1;
   }
   return fd;
+}
+
+/* Whether a reply line can be the control channel's: text, no NUL or
+ * other control characters (an NBD server greets with binary magic).
+ */
+static bool
+reply_line_is_text (const char *line, size_t length)
+{
+  if (length >= 8 && memcmp (line, "NBDMAGIC", 8) == 0)
+    return false;
+  for (size_t i = 0; i < length; i++) {
+    unsigned char c = line[i];
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
+      return false;
+  }
+  return true;
 }
 
 /* Send one command line and read its reply: the lines before "ok" into
@@ -84,7 +161,11 @@ control_command (int fd, const char *path, const char *line, char **lines)
   size_t length = strlen (line);
   if (send (fd, line, length, MSG_NOSIGNAL) != (ssize_t) length
       || send (fd, "\n", 1, MSG_NOSIGNAL) != 1) {
-    fprintf (stderr, "%s: %s: %s\n", program, path, strerror (errno));
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      fprintf (stderr, "%s: %s: the server did not take the command within "
+               "%g s\n", program, path, timeout_seconds);
+    else
+      fprintf (stderr, "%s: %s: %s\n", program, path, strerror (errno));
     return -1;
   }
   FILE *in = fdopen (dup (fd), "r");
@@ -98,7 +179,14 @@ control_command (int fd, const char *path, const char *line, char **lines)
   size_t capacity = 0;
   int r = -1;
   bool ended = false;
-  while (getline (&reply, &capacity, in) != -1) {
+  ssize_t got;
+  while ((got = getline (&reply, &capacity, in)) != -1) {
+    if (!reply_line_is_text (reply, got)) {
+      fprintf (stderr, "%s: %s is not an nbdkit-zram control socket (it "
+               "answered with something else)\n", program, path);
+      ended = true;
+      break;
+    }
     if (strcmp (reply, "ok\n") == 0) {
       r = 0;
       ended = true;
@@ -111,7 +199,11 @@ control_command (int fd, const char *path, const char *line, char **lines)
     }
     fputs (reply, out);
   }
-  if (!ended)
+  if (!ended && ferror (in) && (errno == EAGAIN || errno == EWOULDBLOCK))
+    fprintf (stderr, "%s: %s: no reply within %g s (a stopped server, or "
+             "not an nbdkit-zram control socket; --timeout sets the "
+             "limit)\n", program, path, timeout_seconds);
+  else if (!ended)
     fprintf (stderr, "%s: %s: the server closed the connection\n", program, path);
   free (reply);
   fclose (out);
@@ -201,14 +293,37 @@ server_row_get (const char *path, struct server_row *row)
   return r;
 }
 
+/* A JSON string: quoted, with \" \\ and control characters escaped. */
+static void
+json_string (const char *text)
+{
+  putchar ('"');
+  for (const unsigned char *c = (const unsigned char *) text; *c; c++) {
+    if (*c == '"' || *c == '\\')
+      printf ("\\%c", *c);
+    else if (*c < 0x20 || *c == 0x7f)
+      printf ("\\u%04x", *c);
+    else
+      putchar (*c);
+  }
+  putchar ('"');
+}
+
 static int
 list_servers (int count, char **paths, bool json, bool bytes)
 {
   int failures = 0;
+  /* The NAME column as wide as the longest socket path (the swap tool's
+   * own are 30 characters and more), so that the columns stay aligned.
+   */
+  int width = 24;
+  for (int i = 0; i < count; i++)
+    if ((int) strlen (paths[i]) > width)
+      width = strlen (paths[i]);
   if (json)
     printf ("{\n  \"zram\": [");
   else
-    printf ("%-24s %-9s %8s %8s %8s %8s %6s\n", "NAME", "ALGORITHM",
+    printf ("%-*s %-9s %8s %8s %8s %8s %6s\n", width, "NAME", "ALGORITHM",
             "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO");
   bool first = true;
   for (int i = 0; i < count; i++) {
@@ -217,13 +332,22 @@ list_servers (int count, char **paths, bool json, bool bytes)
       failures++;
       continue;
     }
+    /* No ratio for an empty device: 0.00 would say it stores nothing
+     * well.
+     */
     double ratio = row.total ? (double) row.data / row.total : 0;
     if (json) {
-      printf ("%s\n    {\"name\": \"%s\", \"algorithm\": \"%s\", "
-              "\"disksize\": %" PRIu64 ", \"data\": %" PRIu64 ", "
-              "\"compr\": %" PRIu64 ", \"total\": %" PRIu64 ", "
-              "\"ratio\": %.2f}", first ? "" : ",", row.name, row.algorithm,
-              row.disksize, row.data, row.compr, row.total, ratio);
+      printf ("%s\n    {\"name\": ", first ? "" : ",");
+      json_string (row.name);
+      printf (", \"algorithm\": ");
+      json_string (row.algorithm);
+      printf (", \"disksize\": %" PRIu64 ", \"data\": %" PRIu64 ", "
+              "\"compr\": %" PRIu64 ", \"total\": %" PRIu64 ", ",
+              row.disksize, row.data, row.compr, row.total);
+      if (row.total)
+        printf ("\"ratio\": %.2f}", ratio);
+      else
+        printf ("\"ratio\": null}");
       first = false;
       continue;
     }
@@ -235,8 +359,11 @@ list_servers (int count, char **paths, bool json, bool bytes)
       else
         human_size (values[k], sizes[k], sizeof sizes[k]);
     }
-    printf ("%-24s %-9s %8s %8s %8s %8s %6.2f\n", row.name, row.algorithm,
-            sizes[0], sizes[1], sizes[2], sizes[3], ratio);
+    char ratio_text[16] = "-";
+    if (row.total)
+      snprintf (ratio_text, sizeof ratio_text, "%.2f", ratio);
+    printf ("%-*s %-9s %8s %8s %8s %8s %6s\n", width, row.name, row.algorithm,
+            sizes[0], sizes[1], sizes[2], sizes[3], ratio_text);
   }
   if (json)
     printf ("\n  ]\n}\n");
@@ -454,42 +581,84 @@ run_plot (const char *path, const char *png, double seconds, double interval)
              program, samples, path);
     return EXIT_FAILURE;
   }
-  const char *gnuplot = getenv ("GNUPLOT");
-  FILE *plot = popen (gnuplot && *gnuplot ? gnuplot : "gnuplot", "w");
-  if (!plot) {
-    fprintf (stderr, "%s: plot: cannot run gnuplot: %s\n", program,
-             strerror (errno));
-    return EXIT_FAILURE;
-  }
+  /* The script is fixed text; the names (the picture, the socket, the
+   * samples file) reach gnuplot as its arguments (gnuplot -c: ARG1..3),
+   * never as script text, so a name with quotes or commands in it is
+   * only a name.  gnuplot's own complaints (an empty y range for a
+   * series that stayed 0) are shown only if it fails.
+   */
+  static const char script_text[] =
+    "set terminal pngcairo size 1200,900 noenhanced\n"
+    "set output ARG1\n"
+    "set multiplot layout 2,2 title ARG2\n"
+    "set key top left\nset grid\nset xlabel 'seconds'\nset yrange [0:*]\n"
+    "set ylabel 'MiB'\nset title 'memory used against data stored'\n"
+    "plot ARG3 using 1:($2/1048576) with lines title 'stored', "
+    "'' using 1:($4/1048576) with lines title 'pool (mem_used_total)', "
+    "'' using 1:($5/1048576) with lines title 'process RSS', "
+    "'' using 1:($11 > 0 ? $11/1048576 : 1/0) with lines dt 2 title 'mem_limit'\n"
+    "set ylabel 'stored / used'\nset title 'ratio'\n"
+    "plot ARG3 using 1:6 with lines title 'memory ratio', "
+    "'' using 1:7 with lines title 'compression ratio'\n"
+    "set ylabel 'pages'\nset title 'compaction'\n"
+    "plot ARG3 using 1:8 with lines title 'pages compacted'\n"
+    "set ylabel 'MiB'\nset title 'writeback'\n"
+    "plot ARG3 using 1:($9*4096/1048576) with lines title 'written back (bd_count)', "
+    "'' using 1:($10/1048576) with lines title 'backing store used'\n"
+    "unset multiplot\n";
   /* Columns: 1 seconds, 2 stored, 3 compressed, 4 pool, 5 RSS, 6 memory
    * ratio, 7 compression ratio, 8 pages compacted, 9 blocks written back,
    * 10 backing bytes used, 11 mem_limit.
    */
-  fprintf (plot,
-           "set terminal pngcairo size 1200,900 noenhanced\n"
-           "set output '%s'\n"
-           "set multiplot layout 2,2 title '%s'\n"
-           "set key top left\nset grid\nset xlabel 'seconds'\nset yrange [0:*]\n"
-           "set ylabel 'MiB'\nset title 'memory used against data stored'\n"
-           "plot '%s' using 1:($2/1048576) with lines title 'stored', "
-           "'' using 1:($4/1048576) with lines title 'pool (mem_used_total)', "
-           "'' using 1:($5/1048576) with lines title 'process RSS', "
-           "'' using 1:($11 > 0 ? $11/1048576 : 1/0) with lines dt 2 title 'mem_limit'\n"
-           "set ylabel 'stored / used'\nset title 'ratio'\n"
-           "plot '%s' using 1:6 with lines title 'memory ratio', "
-           "'' using 1:7 with lines title 'compression ratio'\n"
-           "set ylabel 'pages'\nset title 'compaction'\n"
-           "plot '%s' using 1:8 with lines title 'pages compacted'\n"
-           "set ylabel 'MiB'\nset title 'writeback'\n"
-           "plot '%s' using 1:($9*4096/1048576) with lines title 'written back (bd_count)', "
-           "'' using 1:($10/1048576) with lines title 'backing store used'\n"
-           "unset multiplot\n",
-           png, path, data_path, data_path, data_path, data_path);
-  int status = pclose (plot);
-  if (status != 0) {
-    fprintf (stderr, "%s: plot: gnuplot failed (status %d)\n", program, status);
+  const char *tmpdir = getenv ("TMPDIR");
+  char script[4096], errors[4096];
+  snprintf (script, sizeof script, "%s/nbdkit-zramctl-plot-XXXXXX",
+            tmpdir && *tmpdir ? tmpdir : "/tmp");
+  snprintf (errors, sizeof errors, "%s/nbdkit-zramctl-plot-XXXXXX",
+            tmpdir && *tmpdir ? tmpdir : "/tmp");
+  int script_fd = mkstemp (script);
+  int errors_fd = script_fd == -1 ? -1 : mkstemp (errors);
+  if (script_fd == -1 || errors_fd == -1
+      || write (script_fd, script_text, sizeof script_text - 1)
+         != (ssize_t) sizeof script_text - 1) {
+    fprintf (stderr, "%s: plot: a temporary file: %s\n", program,
+             strerror (errno));
+    if (script_fd != -1) {
+      close (script_fd);
+      unlink (script);
+    }
     return EXIT_FAILURE;
   }
+  close (script_fd);
+  unlink (errors);
+  const char *gnuplot = getenv ("GNUPLOT");
+  if (!gnuplot || !*gnuplot)
+    gnuplot = "gnuplot";
+  int status = -1;
+  pid_t child = fork ();
+  if (child == 0) {
+    dup2 (errors_fd, STDERR_FILENO);
+    execlp (gnuplot, gnuplot, "-c", script, png, path, data_path,
+            (char *) NULL);
+    fprintf (stderr, "cannot run %s: %s\n", gnuplot, strerror (errno));
+    _exit (127);
+  }
+  if (child > 0)
+    while (waitpid (child, &status, 0) == -1 && errno == EINTR)
+      ;
+  unlink (script);
+  if (child == -1 || !WIFEXITED (status) || WEXITSTATUS (status) != 0) {
+    fprintf (stderr, "%s: plot: gnuplot failed%s\n", program,
+             child == -1 ? " to start" : ":");
+    char text[4096];
+    ssize_t n;
+    lseek (errors_fd, 0, SEEK_SET);
+    while ((n = read (errors_fd, text, sizeof text)) > 0)
+      fwrite (text, 1, n, stderr);
+    close (errors_fd);
+    return EXIT_FAILURE;
+  }
+  close (errors_fd);
   fprintf (stderr, "%s: plot: %u samples in %s, drawn in %s\n", program,
            samples, data_path, png);
   return EXIT_SUCCESS;
@@ -541,25 +710,99 @@ run_region (int argc, char **argv)
   return EXIT_SUCCESS;
 }
 
+/* The words this program takes besides the control commands. */
+static const char *const own_words[] = {
+  "metrics", "plot", "swap", "nbd", "supervise", "region",
+};
+
+/* Edits (insert, delete, change, swap two neighbours) from a to b. */
+static unsigned
+edit_distance (const char *a, const char *b)
+{
+  size_t m = strlen (a), n = strlen (b);
+  if (m > 32 || n > 32)
+    return 99;
+  unsigned d[33][33];
+  for (size_t i = 0; i <= m; i++)
+    d[i][0] = i;
+  for (size_t j = 0; j <= n; j++)
+    d[0][j] = j;
+  for (size_t i = 1; i <= m; i++)
+    for (size_t j = 1; j <= n; j++) {
+      unsigned best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best)
+        best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best)
+        best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]
+          && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[m][n];
+}
+
+/* A first word that is neither a command nor a path to anything: a
+ * mistyped command, said so with the nearest command (at most two edits
+ * away), rather than tried as a socket.
+ */
+static int
+unknown_command (const char *word)
+{
+  const char *nearest = NULL;
+  unsigned best = 3;
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (edit_distance (word, commands[i]) < best) {
+      best = edit_distance (word, commands[i]);
+      nearest = commands[i];
+    }
+  for (size_t i = 0; i < sizeof own_words / sizeof own_words[0]; i++)
+    if (edit_distance (word, own_words[i]) < best) {
+      best = edit_distance (word, own_words[i]);
+      nearest = own_words[i];
+    }
+  if (nearest)
+    fprintf (stderr, "%s: unknown command '%s' (did you mean %s?)\n",
+             program, word, nearest);
+  else
+    fprintf (stderr, "%s: unknown command '%s', and no such socket (see "
+             "%s --help)\n", program, word, program);
+  return EXIT_FAILURE;
+}
+
 int
 main (int argc, char **argv)
 {
   static const struct option options[] = {
     { "json", no_argument, NULL, 'j' },
     { "bytes", no_argument, NULL, 'b' },
+    { "timeout", required_argument, NULL, 't' },
     { "help", no_argument, NULL, 'h' },
+    { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
   };
   bool json = false, bytes = false;
   int c;
+  char *timeout_end;
   /* "+": options only before the first word, so that a command's own
    * arguments pass through.
    */
-  while ((c = getopt_long (argc, argv, "+jbh", options, NULL)) != -1) {
+  while ((c = getopt_long (argc, argv, "+jbt:hV", options, NULL)) != -1) {
     switch (c) {
     case 'j': json = true; break;
     case 'b': bytes = true; break;
+    case 't':
+      errno = 0;
+      timeout_given = strtod (optarg, &timeout_end);
+      if (errno || timeout_end == optarg || *timeout_end || !(timeout_given >= 0)
+          || timeout_given > 1e6) {
+        fprintf (stderr, "%s: --timeout: '%s' is not a number of seconds "
+                 "(0: no limit)\n", program, optarg);
+        return EXIT_FAILURE;
+      }
+      break;
     case 'h': usage (stdout); return EXIT_SUCCESS;
+    case 'V': printf ("%s %s\n", program, PACKAGE_VERSION); return EXIT_SUCCESS;
     default: usage (stderr); return EXIT_FAILURE;
     }
   }
@@ -575,6 +818,7 @@ main (int argc, char **argv)
     return run_supervise (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "region") == 0)
     return run_region (argc - optind - 1, argv + optind + 1);
+  timeout_for ("info");
   if (strcmp (argv[optind], "metrics") == 0) {
     if (optind + 1 >= argc) {
       fprintf (stderr, "%s: metrics: which servers' sockets?\n", program);
@@ -608,8 +852,12 @@ main (int argc, char **argv)
         fprintf (stderr, "%s: %s: which server's socket?\n", program, argv[optind]);
         return EXIT_FAILURE;
       }
+      timeout_for (argv[optind]);
       return run_command (argv[optind], argv[optind + 1], argc - optind - 2,
                           argv + optind + 2);
     }
+  struct stat st;
+  if (!strchr (argv[optind], '/') && stat (argv[optind], &st) == -1)
+    return unknown_command (argv[optind]);
   return list_servers (argc - optind, argv + optind, json, bytes);
 }
