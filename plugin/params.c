@@ -615,6 +615,69 @@ swap_complete (struct zram_params *params)
   return 0;
 }
 
+/* A path as the file system resolves it, for telling whether two name
+ * one file: the file itself resolved (links followed), or, for a file
+ * not there yet, its directory resolved and its own name after it.
+ * NULL if neither resolves (the parameter's own check says why later).
+ */
+static char *
+path_resolved (const char *path)
+{
+  char *resolved = realpath (path, NULL);
+  if (resolved || errno != ENOENT)
+    return resolved;
+  char *copy = strdup (path);
+  if (!copy)
+    return NULL;
+  char *slash = strrchr (copy, '/');
+  const char *name = slash ? slash + 1 : copy;
+  if (slash)
+    *slash = '\0';
+  char *directory = realpath (slash ? (*copy ? copy : "/") : ".", NULL);
+  if (directory && asprintf (&resolved, "%s/%s",
+                             strcmp (directory, "/") == 0 ? "" : directory,
+                             name) == -1)
+    resolved = NULL;
+  free (directory);
+  free (copy);
+  return resolved;
+}
+
+/* stats=, metrics=, ctl=, region=, standby= and a backing file name
+ * different files: two naming one would lose one file's content to the
+ * other (the stats file over the metrics, the control socket replaced).
+ */
+static int
+check_distinct_paths (const struct zram_params *params)
+{
+  struct { const char *key, *path; char *resolved; } files[] = {
+    { "stats", params->stats_path, NULL },
+    { "metrics", params->metrics_path, NULL },
+    { "ctl", params->ctl_path, NULL },
+    { "region", params->region_path, NULL },
+    { "standby", params->standby_path, NULL },
+    { "backing", params->backing_target
+      && !backing_is_uri (params->backing_target)
+      ? params->backing_target : NULL, NULL },
+  };
+  enum { FILES = sizeof files / sizeof files[0] };
+  int r = 0;
+  for (size_t i = 0; i < FILES; i++)
+    files[i].resolved = files[i].path ? path_resolved (files[i].path) : NULL;
+  for (size_t i = 0; i < FILES && r == 0; i++)
+    for (size_t j = i + 1; j < FILES && r == 0; j++)
+      if (files[i].resolved && files[j].resolved
+          && strcmp (files[i].resolved, files[j].resolved) == 0) {
+        nbdkit_error ("%s: '%s' names the same file as %s= ('%s')",
+                      files[j].key, files[j].path, files[i].key,
+                      files[i].path);
+        r = -1;
+      }
+  for (size_t i = 0; i < FILES; i++)
+    free (files[i].resolved);
+  return r;
+}
+
 int
 params_complete (struct zram_params *params)
 {
@@ -634,7 +697,8 @@ params_complete (struct zram_params *params)
     return -1;
   }
   store->pool.limit_pages_only = !params->given[P_MEM_BUDGET];
-  if (check_output_file ("stats", params->stats_path) == -1
+  if (check_distinct_paths (params) == -1
+      || check_output_file ("stats", params->stats_path) == -1
       || check_output_file ("metrics", params->metrics_path) == -1
       || recomp_complete (params) == -1
       || writeback_complete (params) == -1

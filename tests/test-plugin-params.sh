@@ -52,6 +52,17 @@ bad1 mem_limit 1M mem_limit=1MiB
 bad1 mem_limit 1M mem_limit=1.5M
 bad1 mem_limit 1M mem_limit=8E
 bad1 size 1MB
+# Two parameters naming one file (after links are followed) are refused,
+# naming the second: one file's content would be lost to the other.
+mkdir "$tmp/files"
+ln -s "$tmp/files" "$tmp/files-link"
+bad1 metrics 1M stats="$tmp/files/one" metrics="$tmp/files/one"
+bad1 ctl 1M stats="$tmp/files/one" ctl="$tmp/files/one"
+bad1 metrics 1M stats="$tmp/files/one" metrics="$tmp/files-link/one"
+bad1 metrics 1M stats="$tmp/files/one" metrics="$tmp/files/../files/one"
+bad1 backing 1M stats="$tmp/files/one" backing="$tmp/files-link/one"
+bad1 standby 1M region="$tmp/files/r" standby="$tmp/files/r"
+
 bad size                             # missing size
 bad size comp=zstd                   # missing size, other keys given
 bad size size=0
