@@ -35,6 +35,15 @@ refused ()
 refused "--size: '1X' is not a size" on --size 1X
 refused "--size: '' is not a size" on --size ''
 refused "--mem-limit: 'lots' is not a size" on --mem-limit lots
+refused "--size: '1G2' is not a size" on --size 1G2
+refused "--size: '17179869185G' is too large" on --size 17179869185G
+refused "--size: '99999999999999999999' is too large" on --size 99999999999999999999
+refused "--size: '9223372036854775808' is too large" on --size 9223372036854775808
+refused "--mem-limit: '8796093022209M' is too large" on --mem-limit 8796093022209M
+# GNU style --option=value is the option, not a KEY=VALUE for the plugin.
+refused "--size: '1X' is not a size" on --size=1X
+refused "--mem-limit: 'lots' is not a size" on --size=4G --mem-limit=lots
+refused "--algorithm: 'brotli' is neither lz4 nor zstd" on --algorithm=brotli
 refused "--mem-limit: 1M is below 16M" on --mem-limit 1M
 refused "--algorithm: 'brotli' is neither lz4 nor zstd" on --algorithm brotli
 refused "--priority: 'high' is not a number" on --priority high
