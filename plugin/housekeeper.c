@@ -146,6 +146,8 @@ compact_if_wasteful (void)
  * one sample.  One thread at a time: the housekeeper's, or its stats
  * writer (swap mode); failed is that thread's memory of the last write.
  */
+static struct output_file metrics_written;
+
 static void
 output_files_write (void)
 {
@@ -154,10 +156,10 @@ output_files_write (void)
   stats_sample_take (store, metrics_path != NULL, &sample);
   if (stats_path)
     stats_output_write ("stats", stats_path, &failed[0], stats_print_sample,
-                        &sample);
+                        &sample, NULL);
   if (metrics_path)
     stats_output_write ("metrics", metrics_path, &failed[1],
-                        metrics_print_sample, &sample);
+                        metrics_print_sample, &sample, &metrics_written);
   stats_sample_release (&sample);
 }
 
@@ -365,4 +367,13 @@ housekeeper_stop (void)
   housekeeper_stop_helpers ();
   running = false;
   housekeeping_round (true);    /* no refill: the store is going away */
+  /* The stats file keeps the last figures; the metrics go with the
+   * server, if the file there is still the one it wrote (a server that
+   * took over since writes its own): a textfile collector would report
+   * the device alive with its last values for ever.  After a crash the
+   * file stays, and the collector's node_textfile_mtime_seconds shows it
+   * growing old.
+   */
+  if (metrics_path)
+    stats_output_remove (metrics_path, &metrics_written);
 }

@@ -206,18 +206,26 @@ stats_file_check (const char *path)
   return 0;
 }
 
-/* Write one file at path through a temporary: what print prints. */
+/* Write one file at path through a temporary: what print prints; the
+ * file put in place into *written.
+ */
 static int
 file_write_once (const char *path,
                  void (*print) (const struct stats_sample *sample, FILE *fp),
-                 const struct stats_sample *sample)
+                 const struct stats_sample *sample, struct output_file *written)
 {
   char *temporary;
   FILE *fp = temporary_create (path, &temporary);
   if (!fp)
     return -1;
   print (sample, fp);
-  int r = fclose (fp) == 0 ? rename (temporary, path) : -1;
+  struct stat st;
+  int r = fstat (fileno (fp), &st);
+  r = fclose (fp) == 0 && r == 0 ? rename (temporary, path) : -1;
+  if (r == 0 && written)
+    *written = (struct output_file) {
+      .device = st.st_dev, .inode = st.st_ino, .written = true,
+    };
   if (r == -1) {
     int saved = errno;
     unlink (temporary);
@@ -230,9 +238,10 @@ file_write_once (const char *path,
 int
 stats_output_write (const char *what, const char *path, bool *failed,
                     void (*print) (const struct stats_sample *sample, FILE *fp),
-                    const struct stats_sample *sample)
+                    const struct stats_sample *sample,
+                    struct output_file *written)
 {
-  int r = file_write_once (path, print, sample);
+  int r = file_write_once (path, print, sample, written);
   if (r == -1 && !*failed)
     nbdkit_error ("%s file '%s': cannot write it: %s (trying again each "
                   "round)", what, path, error_text (errno));
@@ -240,4 +249,13 @@ stats_output_write (const char *what, const char *path, bool *failed,
     nbdkit_error ("%s file '%s': written again", what, path);
   *failed = r == -1;
   return r;
+}
+
+void
+stats_output_remove (const char *path, const struct output_file *written)
+{
+  struct stat st;
+  if (written->written && lstat (path, &st) == 0 && S_ISREG (st.st_mode)
+      && st.st_dev == written->device && st.st_ino == written->inode)
+    unlink (path);
 }

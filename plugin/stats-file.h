@@ -9,6 +9,7 @@
 #define ZRAM_STATS_FILE_H
 
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <stdbool.h>
 
@@ -38,9 +39,25 @@ extern int stats_file_check (const char *path);
  * is logged too; *failed, the caller's, remembers): the housekeeper
  * tries each round.  what names the file in the log.
  */
+/* The file a write put in place (its device and inode), to tell later
+ * whether what is at the path is still it.
+ */
+struct output_file {
+  dev_t device;
+  ino_t inode;
+  bool written;
+};
 extern int stats_output_write (const char *what, const char *path,
                                bool *failed,
                                void (*print) (const struct stats_sample *sample,
                                               FILE *fp),
-                               const struct stats_sample *sample);
+                               const struct stats_sample *sample,
+                               struct output_file *written);
+/* Remove the file at path if it is still the one written (nothing else
+ * is removed: a file a later server put there, a link, another file):
+ * the metrics at exit, so that a textfile collector stops reporting a
+ * stopped device as alive.
+ */
+extern void stats_output_remove (const char *path,
+                                 const struct output_file *written);
 #endif /* ZRAM_STATS_FILE_H */

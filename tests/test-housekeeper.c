@@ -198,12 +198,18 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
 int
 stats_output_write (const char *what, const char *path, bool *failed,
                     void (*print) (const struct stats_sample *sample, FILE *fp),
-                    const struct stats_sample *sample)
+                    const struct stats_sample *sample,
+                    struct output_file *written)
 {
   atomic_fetch_add (&stats_writes, 1);
   while (atomic_load (&stats_stuck))
     usleep (10000);
   return 0;
+}
+
+void
+stats_output_remove (const char *path, const struct output_file *written)
+{
 }
 
 static void

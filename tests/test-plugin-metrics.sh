@@ -263,6 +263,13 @@ try:
     r = subprocess.run([env["ZRAMCTL"], "metrics", env["CTL"], env["TMP"] + "/none"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "nbdkit_zram_reads_total" in r.stdout, r
+    # Two servers of one name (here one server twice): its series once,
+    # the second left out and said so, exit status 1.
+    r = subprocess.run([env["ZRAMCTL"], "metrics", env["CTL"], env["CTL"]],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "both call their device" in r.stderr, r
+    again = parse(r.stdout)
+    assert len(again["nbdkit_zram_disk_size_bytes"].samples) == 1, again
 finally:
     second.terminate()
     second.wait()

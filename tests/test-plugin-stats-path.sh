@@ -52,12 +52,17 @@ bad metrics 1M metrics="$tmp/fifo"
 left="$(find "$tmp" -maxdepth 1 -name '*.tmp.*')"
 [ -z "$left" ] || fail "temporary files left: $left"
 
-# A regular file there is replaced by the stats.
+# A regular file there is replaced by the stats.  The metrics are
+# written while the server serves and removed when it exits (a textfile
+# collector must not report a stopped device with its last values); the
+# stats file keeps the last figures.
 echo old > "$tmp/stats"
 zram_nbdkit -U - "$PLUGIN" 1M stats="$tmp/stats" metrics="$tmp/metrics" \
-    --run true || fail "stats= on a regular file"
+    --run "for i in \$(seq 50); do [ -s '$tmp/metrics' ] && break; sleep 0.1; done
+           cp '$tmp/metrics' '$tmp/metrics.seen'" || fail "stats= on a regular file"
 grep -q '^disk_size: 1048576$' "$tmp/stats" || fail "stats= on a regular file: not written"
-grep -q '^nbdkit_zram_' "$tmp/metrics" || fail "metrics=: not written"
+grep -q '^nbdkit_zram_' "$tmp/metrics.seen" || fail "metrics=: not written"
+[ ! -e "$tmp/metrics" ] || fail "metrics=: the file outlived the server"
 
 [ "$errors" = 0 ] || fail "$errors bad cases"
 echo "ok: stats= and metrics= refuse what they could never write"

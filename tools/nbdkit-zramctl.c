@@ -461,22 +461,57 @@ families_add (struct family ***families, size_t *count, const char *text)
   return 0;
 }
 
+/* The device label of a server's exposition (name=), or NULL. */
+static char *
+exposition_device (const char *text)
+{
+  const char *at = strstr (text, "device=\"");
+  if (!at)
+    return NULL;
+  at += strlen ("device=\"");
+  return strndup (at, strcspn (at, "\""));
+}
+
 static int
 run_metrics (int count, char **paths)
 {
   struct family **families = NULL;
   size_t family_count = 0;
   int failures = 0;
+  char *devices[count];
   for (int i = 0; i < count; i++) {
+    devices[i] = NULL;
     int fd = control_connect (paths[i]);
     char *reply = NULL;
-    if (fd == -1 || control_command (fd, paths[i], "metrics", &reply) == -1
-        || families_add (&families, &family_count, reply) == -1)
+    if (fd == -1 || control_command (fd, paths[i], "metrics", &reply) == -1)
       failures++;
+    else {
+      /* Two servers of one name would give the same series twice, which
+       * Prometheus refuses for the whole exposition: the second is left
+       * out, and said so.
+       */
+      devices[i] = exposition_device (reply);
+      int same = -1;
+      for (int j = 0; j < i && devices[i] && same == -1; j++)
+        if (devices[j] && strcmp (devices[i], devices[j]) == 0)
+          same = j;
+      if (same >= 0) {
+        fprintf (stderr, "%s: metrics: %s and %s both call their device "
+                 "'%s' (name=): left out; give each server its own name\n",
+                 program, paths[same], paths[i], devices[i]);
+        free (devices[i]);
+        devices[i] = NULL;
+        failures++;
+      }
+      else if (families_add (&families, &family_count, reply) == -1)
+        failures++;
+    }
     free (reply);
     if (fd != -1)
       close (fd);
   }
+  for (int i = 0; i < count; i++)
+    free (devices[i]);
   for (size_t i = 0; i < family_count; i++) {
     struct family *family = families[i];
     if (family->out)
