@@ -46,6 +46,7 @@ packages=(
   liblz4-dev libzstd-dev libcmocka-dev libnl-genl-3-dev
   fio qemu-utils spin
   python3-prometheus-client prometheus prometheus-node-exporter gnuplot-nox
+  systemd shellcheck
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compressed swap without the zram module, in one command.  Needs root
 # and the nbd kernel module.  See "SWAP" in nbdkit-zramctl(1) and "Swap"
-# in nbdkit-zram-plugin(1); examples/nbdkit-zram-swap.service does the
+# in nbdkit-zram-plugin(1); examples/nbdkit-zram-swap.service.in does the
 # same at boot.
 #
 # `nbdkit-zramctl swap on` follows the recipe that make check-swap tests
