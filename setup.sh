@@ -21,6 +21,8 @@
 #   ZRAM_SIZE         size of the served device (default: 8G)
 #   ZRAM_ARGS         more plugin parameters, e.g. "comp=zstd mem_limit=2G"
 #   ZRAM_SOCKET       Unix socket to serve on (default: $BUILD_DIR/zram.sock)
+#   ZRAM_CTL          its control socket, for nbdkit-zramctl (default:
+#                     $BUILD_DIR/zram.ctl)
 #   ZRAM_PORT         serve on this TCP port instead of a Unix socket
 set -euo pipefail
 
@@ -98,6 +100,7 @@ case "$job" in
     plugin="$top/$BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so"
     size=${ZRAM_SIZE:-8G}
     stats="$top/$BUILD_DIR/zram.stats"
+    ctl=${ZRAM_CTL:-$top/$BUILD_DIR/zram.ctl}
     if [ -n "${ZRAM_PORT:-}" ]; then
       listen=(--port "$ZRAM_PORT")
       uri="nbd://localhost:$ZRAM_PORT"
@@ -127,10 +130,12 @@ Try, from another terminal:
     nbdcopy /usr/lib/os-release '$uri'
     qemu-img info '$uri'
     cat $stats          # zram-style statistics, rewritten every second
+    $top/$BUILD_DIR/tools/nbdkit-zramctl $ctl          # zramctl's table
+    $top/$BUILD_DIR/tools/nbdkit-zramctl info $ctl     # any control command
 Ctrl-C stops the server (the data is gone with it).
 EOM
     # shellcheck disable=SC2086 # ZRAM_ARGS is a list of key=value words
     exec "$NBDKIT" --foreground "${listen[@]}" \
-      "$plugin" "$size" stats="$stats" ${ZRAM_ARGS:-}
+      "$plugin" "$size" stats="$stats" ctl="$ctl" ${ZRAM_ARGS:-}
     ;;
 esac

@@ -218,6 +218,12 @@ while IFS='=' read -r key syntax; do
             fail "man page: no item B<$key=$choice> (the table's $key=$syntax)"
     done
 done < <(grep '^zram_param_' <<<"$dump")
+# ... and in its SYNOPSIS.
+synopsis=$(sed -n '/^=head1 SYNOPSIS/,/^=head1 DESCRIPTION/p' "$man")
+for key in $table_keys; do
+    grep -Eq "(\[|\| |^ nbdkit zram \[)$key=" <<<"$synopsis" ||
+        fail "man page: $key= is not in the SYNOPSIS"
+done
 echo "ok: $(wc -l <<<"$table_keys") parameters, the same in the table and the man page"
 [ "$errors" = 0 ] || fail "$errors bad parameter check(s) failed (see above)"
 echo "params ok"
