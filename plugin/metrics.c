@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,8 @@
 #include "metrics.h"
 
 static char *device_label;      /* escaped for a label value */
+static char info_algorithm[16];
+static int info_level;
 
 /* The device label's value: "zram" until metrics_configure. */
 static const char *
@@ -140,8 +143,10 @@ static const struct field_metric fields[] = {
 };
 
 int
-metrics_configure (const char *device)
+metrics_configure (const char *device, const char *algorithm, int level)
 {
+  snprintf (info_algorithm, sizeof info_algorithm, "%s", algorithm);
+  info_level = level;
   /* A label value escapes backslash, double quote and newline. */
   char *escaped = malloc (strlen (device) * 2 + 1), *out = escaped;
   if (!escaped)
@@ -242,6 +247,18 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
 {
   const struct store_stats *s = &sample->store;
 
+  /* The device's constants as labels, value 1 (Prometheus' _info
+   * convention): joined to any other series by its device label.
+   */
+  static const char *const swap_modes[] = { "off", "on", "try" };
+  unsigned mode = sample->swap.mode_number;
+  family (fp, "nbdkit_zram_info", GAUGE,
+          "The device: its compression algorithm and level, the plugin's "
+          "version, swap mode (value 1).");
+  fprintf (fp, "nbdkit_zram_info{device=\"%s\",algorithm=\"%s\",level=\"%d\","
+           "version=\"%s\",swap_mode=\"%s\"} 1\n", label (), info_algorithm,
+           info_level, PACKAGE_VERSION,
+           mode < sizeof swap_modes / sizeof *swap_modes ? swap_modes[mode] : "?");
   integer_metric (fp, "nbdkit_zram_samples_total", COUNTER,
                   "Samples of the figures taken (the stats file's sample).",
                   sample->number);

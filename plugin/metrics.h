@@ -18,10 +18,12 @@
 #include "block-store.h"
 #include "stats-sample.h"
 
-/* Before any print: the device label's value (copied).  0, or -1 with
- * errno.
+/* Before any print: the device label's value, and what the
+ * nbdkit_zram_info family says of the device (its compression algorithm
+ * and level), copied.  0, or -1 with errno.
  */
-extern int metrics_configure (const char *device);
+extern int metrics_configure (const char *device, const char *algorithm,
+                              int level);
 extern void metrics_unconfigure (void);
 
 /* Print the exposition of a sample taken already (its per-class table

@@ -125,7 +125,8 @@ zram_get_ready (void)
   if (swap_mode_prepare () == -1)
     return -1;
   const char *device_name = params.device_name ? params.device_name : "zram";
-  if (metrics_configure (device_name) == -1) {
+  if (metrics_configure (device_name, codec_name (params.store.algorithm),
+                         params.store.level) == -1) {
     nbdkit_error ("metrics: %s", error_text (errno));
     return -1;
   }

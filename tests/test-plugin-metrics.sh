@@ -194,7 +194,8 @@ for key, (name, scale) in STATS_TO_METRIC.items():
     checked += 1
 
 # Every family: the namespace, HELP, TYPE; counters named _total.
-seen = set(n for n, _ in STATS_TO_METRIC.values()) | CLASS_METRICS
+seen = set(n for n, _ in STATS_TO_METRIC.values()) | CLASS_METRICS \
+    | {"nbdkit_zram_info"}          # its labels are checked below
 for name, family in families.items():
     assert name.startswith("nbdkit_zram_"), name
     assert name in seen, "metric %s is not checked against anything" % name
@@ -227,6 +228,12 @@ pages = sum(s.value for s in families["nbdkit_zram_class_pages"].samples)
 assert pages * 4096 == int(stats["mem_used_total"]), (pages, stats["mem_used_total"])
 objects = families["nbdkit_zram_class_objects"].samples
 assert objects and all(set(s.labels) == {"device", "class", "size"} for s in objects)
+# The device's constants, as Prometheus' _info convention has them.
+info = families["nbdkit_zram_info"].samples
+assert len(info) == 1 and info[0].value == 1, info
+assert info[0].labels["device"] == DEVICE and info[0].labels["algorithm"] == "zstd", info
+assert info[0].labels["level"].lstrip("-").isdigit(), info
+assert info[0].labels["swap_mode"] == "off" and info[0].labels["version"], info
 
 # The file: mode 0644, replaced whole, no temporary left behind.
 mode = stat.S_IMODE(os.stat(env["METRICS"]).st_mode)
