@@ -25,6 +25,7 @@
 #include "control-internal.h"
 #include "error-text.h"
 #include "monotonic.h"
+#include "registry.h"
 #include "unix-listen.h"
 
 #define CONTROL_WORDS_MAX 8
@@ -101,11 +102,12 @@ static const char *_Atomic stop_cause;
 /* ---- the socket ------------------------------------------------------ */
 
 int
-control_listen (const char *path)
+control_listen (const char *path, const char *name)
 {
   int fd = unix_listen (path, "ctl", &socket_name);
   if (fd == -1)
     return -1;
+  registry_add (name, path);
   /* control_stop removes the socket by this name. */
   socket_path = strdup (path);
   if (!socket_path) {
@@ -666,6 +668,7 @@ control_stop (void)
     close (listen_fd);
     listen_fd = -1;
     unix_unlink (socket_path, &socket_name);
+    registry_remove ();
   }
   free (socket_path);
   socket_path = NULL;

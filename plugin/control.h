@@ -65,9 +65,10 @@ struct control_info {
 };
 
 /* In .get_ready: make the socket (errors reach the user before nbdkit
- * forks).  0, or -1 after nbdkit_error.
+ * forks) and register it under name (name=, or NULL: registry.h).  0,
+ * or -1 after nbdkit_error.
  */
-extern int control_listen (const char *path);
+extern int control_listen (const char *path, const char *name);
 /* In .after_fork: start the thread.  0, or -1 with errno. */
 extern int control_start (struct block_store *store,
                           const struct control_info *info);

@@ -34,6 +34,7 @@
 #include "metrics.h"
 #include "monotonic.h"
 #include "params.h"
+#include "registry.h"
 #include "region.h"
 #include "swap-full.h"
 #include "swap-mode.h"
@@ -149,7 +150,14 @@ zram_get_ready (void)
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
-  if (params.ctl_path && control_listen (params.ctl_path) == -1)
+  /* No ctl=: a control socket all the same, in the registry, so that
+   * nbdkit-zramctl finds the server (not for a standby: its control
+   * channel is its server's, given by ctl=).
+   */
+  if (!params.ctl_path && !params.standby_path)
+    params.ctl_path = registry_default_ctl (params.device_name);
+  if (params.ctl_path
+      && control_listen (params.ctl_path, params.device_name) == -1)
     return -1;
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
                 "raw from %zu bytes",
@@ -374,7 +382,8 @@ standby_heap_ready (void)
 static int
 zram_take_over (void)
 {
-  if (params.ctl_path && control_listen (params.ctl_path) == -1)
+  if (params.ctl_path
+      && control_listen (params.ctl_path, params.device_name) == -1)
     return -1;
   if (!params.store.backing && backing_start () == -1) {
     control_stop ();

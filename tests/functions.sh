@@ -69,6 +69,9 @@ requires_disconnect_fix ()
 
 # ---- temporary directory and cleanup ------------------------------------
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/zram-$TEST_NAME.XXXXXX")"
+# Every server a test starts registers in a registry of the test's own
+# (registry-dir.h), not in the machine's /run/nbdkit-zram.
+export NBDKIT_ZRAM_RUNTIME_DIR="$tmp/registry"
 _cleanups=()
 _captive_pids=()
 cleanup_add ()

@@ -11,6 +11,7 @@
  */
 
 #include <errno.h>
+#include <dirent.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -28,6 +30,7 @@
 #include "control-commands.h"
 #include "nbd-attach.h"
 #include "region.h"
+#include "registry-dir.h"
 #include "supervise.h"
 
 static const char *program = "nbdkit-zramctl";
@@ -55,14 +58,17 @@ static void
 usage (FILE *fp)
 {
   fprintf (fp,
-           "usage: %s [--json] [--bytes] SOCKET...\n"
-           "       %s COMMAND SOCKET [ARGUMENT...]\n"
-           "       %s metrics SOCKET...\n"
-           "       %s plot SOCKET FILE.png [SECONDS [INTERVAL]]\n"
+           "usage: %s [--json] [--bytes] [--raw] [-n] [-o COLUMNS|--output-all] [SERVER...]\n"
+           "       %s COMMAND SERVER [ARGUMENT...]\n"
+           "       %s metrics SERVER...\n"
+           "       %s plot SERVER FILE.png [SECONDS [INTERVAL]]\n"
            "       %s swap on|off|status|restart [OPTION...]\n"
            "       %s nbd|supervise|region ... (the swap tool's helpers)\n"
-           "SOCKET is a server's ctl= socket.  Options: --json, --bytes (the\n"
-           "listing), --timeout SECONDS (how long a server may take to answer:\n"
+           "SERVER is a server's ctl= socket, or its name in the registry; with no\n"
+           "SERVER, every server in the registry.  Options: --json, --bytes, --raw,\n"
+           "-n (no headings), -o COLUMNS (NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,\n"
+           "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,CTL; +COLUMNS adds),\n"
+           "--output-all (the listing), --timeout SECONDS (how long a server may take to answer:\n"
            "default %d s, %d s for commands that move data; 0: no limit),\n"
            "--version.  COMMAND is one of:", program, program, program, program,
            program, program, QUERY_SECONDS, MOVER_SECONDS);
@@ -262,9 +268,14 @@ human_size (uint64_t bytes, char *text, size_t size)
 }
 
 struct server_row {
-  const char *name;
+  const char *name;               /* NAME: the registry's, or as given */
+  const char *path;               /* the control socket */
   char algorithm[32];
-  uint64_t disksize, data, compr, total;
+  /* mm_stat: orig_data_size compr_data_size mem_used_total mem_limit
+   * mem_used_max same_pages pages_compacted.
+   */
+  uint64_t disksize, data, compr, total, mem_limit, mem_used, zero_pages,
+    migrated;
 };
 
 static int
@@ -277,12 +288,13 @@ server_row_get (const char *path, struct server_row *row)
   int r = -1;
   if (control_command (fd, path, "info", &info) == 0
       && control_command (fd, path, "mm_stat", &mm_stat) == 0) {
-    row->name = path;
+    row->path = path;
     row->disksize = reply_value (info, "disksize", NULL, 0);
     reply_value (info, "algorithm", row->algorithm, sizeof row->algorithm);
-    /* mm_stat: orig_data_size compr_data_size mem_used_total ... */
-    if (sscanf (mm_stat, "%" SCNu64 " %" SCNu64 " %" SCNu64, &row->data,
-                &row->compr, &row->total) == 3)
+    if (sscanf (mm_stat, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                " %" SCNu64 " %" SCNu64 " %" SCNu64, &row->data, &row->compr,
+                &row->total, &row->mem_limit, &row->mem_used,
+                &row->zero_pages, &row->migrated) == 7)
       r = 0;
     else
       fprintf (stderr, "%s: %s: cannot read mm_stat\n", program, path);
@@ -291,6 +303,61 @@ server_row_get (const char *path, struct server_row *row)
   free (mm_stat);
   close (fd);
   return r;
+}
+
+/* The listing's columns, zramctl's where it has them (-o, --output-all). */
+enum column_kind { TEXT, SIZE, NUMBER, RATIO };
+struct column {
+  const char *name;
+  enum column_kind kind;
+  bool shown;                     /* without -o */
+};
+static const struct column columns[] = {
+  { "NAME", TEXT, true },         /* its registry entry, or as given */
+  { "ALGORITHM", TEXT, true },
+  { "DISKSIZE", SIZE, true },
+  { "DATA", SIZE, true },         /* orig_data_size */
+  { "COMPR", SIZE, true },        /* compr_data_size */
+  { "TOTAL", SIZE, true },        /* mem_used_total */
+  { "RATIO", RATIO, true },       /* DATA / TOTAL; '-' for an empty device */
+  { "MEM-LIMIT", SIZE, false },
+  { "MEM-USED", SIZE, false },    /* mem_used_max */
+  { "ZERO-PAGES", NUMBER, false },/* same_pages */
+  { "MIGRATED", NUMBER, false },  /* pages_compacted */
+  { "CTL", TEXT, false },         /* the control socket */
+};
+enum { COLUMNS = sizeof columns / sizeof columns[0] };
+
+/* A column's value in row, as text (sizes human or in bytes). */
+static void
+column_text (const struct server_row *row, unsigned c, bool bytes,
+             char *text, size_t size)
+{
+  const uint64_t values[COLUMNS] = {
+    0, 0, row->disksize, row->data, row->compr, row->total, 0,
+    row->mem_limit, row->mem_used, row->zero_pages, row->migrated, 0,
+  };
+  switch (columns[c].kind) {
+  case TEXT:
+    snprintf (text, size, "%s", c == 0 ? row->name
+              : c == 1 ? row->algorithm : row->path);
+    break;
+  case SIZE:
+    if (bytes)
+      snprintf (text, size, "%" PRIu64, values[c]);
+    else
+      human_size (values[c], text, size);
+    break;
+  case NUMBER:
+    snprintf (text, size, "%" PRIu64, values[c]);
+    break;
+  case RATIO:
+    if (row->total)
+      snprintf (text, size, "%.2f", (double) row->data / row->total);
+    else
+      snprintf (text, size, "-");
+    break;
+  }
 }
 
 /* A JSON string: quoted, with \" \\ and control characters escaped. */
@@ -309,65 +376,296 @@ json_string (const char *text)
   putchar ('"');
 }
 
+/* How the listing prints: which columns, in what order, and how. */
+struct listing {
+  unsigned order[COLUMNS], count;
+  bool json, bytes, raw, headings;
+};
+
+static void
+listing_defaults (struct listing *listing, bool all)
+{
+  listing->count = 0;
+  for (unsigned c = 0; c < COLUMNS; c++)
+    if (all || columns[c].shown)
+      listing->order[listing->count++] = c;
+}
+
+/* -o LIST: the column names, comma-separated, either case; a leading
+ * '+' adds them to the default ones.  0, or -1 (said why).
+ */
 static int
-list_servers (int count, char **paths, bool json, bool bytes)
+listing_columns (struct listing *listing, const char *list)
+{
+  listing->count = 0;
+  if (*list == '+') {
+    listing_defaults (listing, false);
+    list++;
+  }
+  char *copy = strdup (list), *save = NULL;
+  if (!copy)
+    return -1;
+  for (char *word = strtok_r (copy, ",", &save); word;
+       word = strtok_r (NULL, ",", &save)) {
+    unsigned c = 0;
+    while (c < COLUMNS && strcasecmp (word, columns[c].name) != 0)
+      c++;
+    if (c == COLUMNS) {
+      fprintf (stderr, "%s: --output: unknown column '%s' (one of", program,
+               word);
+      for (unsigned k = 0; k < COLUMNS; k++)
+        fprintf (stderr, " %s", columns[k].name);
+      fprintf (stderr, ")\n");
+      free (copy);
+      return -1;
+    }
+    if (listing->count < COLUMNS)
+      listing->order[listing->count++] = c;
+  }
+  free (copy);
+  if (listing->count == 0) {
+    fprintf (stderr, "%s: --output: no columns\n", program);
+    return -1;
+  }
+  return 0;
+}
+
+/* One cell: text left-aligned, figures right-aligned (as zramctl); the
+ * last column unpadded; --raw: no padding at all.
+ */
+static void
+print_cell (const struct listing *listing, unsigned k, int width,
+            const char *text)
+{
+  bool last = k + 1 == listing->count;
+  if (listing->raw)
+    printf ("%s", text);
+  else if (columns[listing->order[k]].kind == TEXT)
+    printf ("%-*s", last ? 0 : width, text);
+  else
+    printf ("%*s", width, text);
+  putchar (last ? '\n' : ' ');
+}
+
+static int
+list_servers (int count, char *const *names, char *const *paths,
+              const struct listing *listing)
 {
   int failures = 0;
-  /* The NAME column as wide as the longest socket path (the swap tool's
-   * own are 30 characters and more), so that the columns stay aligned.
-   */
-  int width = 24;
-  for (int i = 0; i < count; i++)
-    if ((int) strlen (paths[i]) > width)
-      width = strlen (paths[i]);
-  if (json)
-    printf ("{\n  \"zram\": [");
-  else
-    printf ("%-*s %-9s %8s %8s %8s %8s %6s\n", width, "NAME", "ALGORITHM",
-            "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO");
-  bool first = true;
-  for (int i = 0; i < count; i++) {
-    struct server_row row = { 0 };
-    if (server_row_get (paths[i], &row) == -1) {
-      failures++;
-      continue;
-    }
-    /* No ratio for an empty device: 0.00 would say it stores nothing
-     * well.
-     */
-    double ratio = row.total ? (double) row.data / row.total : 0;
-    if (json) {
-      printf ("%s\n    {\"name\": ", first ? "" : ",");
-      json_string (row.name);
-      printf (", \"algorithm\": ");
-      json_string (row.algorithm);
-      printf (", \"disksize\": %" PRIu64 ", \"data\": %" PRIu64 ", "
-              "\"compr\": %" PRIu64 ", \"total\": %" PRIu64 ", ",
-              row.disksize, row.data, row.compr, row.total);
-      if (row.total)
-        printf ("\"ratio\": %.2f}", ratio);
-      else
-        printf ("\"ratio\": null}");
-      first = false;
-      continue;
-    }
-    char sizes[4][32];
-    uint64_t values[4] = { row.disksize, row.data, row.compr, row.total };
-    for (int k = 0; k < 4; k++) {
-      if (bytes)
-        snprintf (sizes[k], sizeof sizes[k], "%" PRIu64, values[k]);
-      else
-        human_size (values[k], sizes[k], sizeof sizes[k]);
-    }
-    char ratio_text[16] = "-";
-    if (row.total)
-      snprintf (ratio_text, sizeof ratio_text, "%.2f", ratio);
-    printf ("%-*s %-9s %8s %8s %8s %8s %6s\n", width, row.name, row.algorithm,
-            sizes[0], sizes[1], sizes[2], sizes[3], ratio_text);
+  struct server_row *rows = calloc (count ? count : 1, sizeof *rows);
+  bool *got = calloc (count ? count : 1, sizeof *got);
+  if (!rows || !got) {
+    free (rows);
+    free (got);
+    fprintf (stderr, "%s: %s\n", program, strerror (errno));
+    return EXIT_FAILURE;
   }
-  if (json)
+  for (int i = 0; i < count; i++) {
+    rows[i].name = names[i];
+    if (server_row_get (paths[i], &rows[i]) == 0)
+      got[i] = true;
+    else
+      failures++;
+  }
+  /* Each column as wide as its widest text (the swap tool's own socket
+   * paths are 30 characters and more), so that the columns stay aligned.
+   */
+  int width[COLUMNS];
+  char text[4096];
+  for (unsigned k = 0; k < listing->count; k++) {
+    unsigned c = listing->order[k];
+    width[k] = strlen (columns[c].name);
+    for (int i = 0; i < count; i++)
+      if (got[i]) {
+        column_text (&rows[i], c, listing->bytes, text, sizeof text);
+        if ((int) strlen (text) > width[k])
+          width[k] = strlen (text);
+      }
+  }
+  if (listing->json) {
+    /* zramctl's: lower-case column names, sizes in bytes. */
+    printf ("{\n  \"zram\": [");
+    bool first = true;
+    for (int i = 0; i < count; i++) {
+      if (!got[i])
+        continue;
+      printf ("%s\n    {", first ? "" : ",");
+      first = false;
+      for (unsigned k = 0; k < listing->count; k++) {
+        unsigned c = listing->order[k];
+        char key[32];
+        size_t n = 0;
+        for (const char *from = columns[c].name; *from && n < sizeof key - 1;
+             from++)
+          key[n++] = *from >= 'A' && *from <= 'Z' ? *from + 32 : *from;
+        key[n] = '\0';
+        printf ("%s\"%s\": ", k ? ", " : "", key);
+        column_text (&rows[i], c, true, text, sizeof text);
+        if (columns[c].kind == TEXT)
+          json_string (text);
+        else if (columns[c].kind == RATIO && !rows[i].total)
+          printf ("null");      /* no ratio for an empty device */
+        else
+          printf ("%s", text);
+      }
+      printf ("}");
+    }
     printf ("\n  ]\n}\n");
+  }
+  else {
+    if (listing->headings)
+      for (unsigned k = 0; k < listing->count; k++)
+        print_cell (listing, k, width[k], columns[listing->order[k]].name);
+    for (int i = 0; i < count; i++)
+      for (unsigned k = 0; got[i] && k < listing->count; k++) {
+        column_text (&rows[i], listing->order[k], listing->bytes, text,
+                     sizeof text);
+        print_cell (listing, k, width[k], text);
+      }
+  }
+  free (rows);
+  free (got);
   return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ---- the registry: every server this user runs (registry-dir.h) ------- */
+
+/* The socket a word names: a path as it is (it has a '/', or a file of
+ * that name is here), else the registry's entry of that name if there is
+ * one, else the word (the connect says what is wrong).
+ */
+static const char *
+server_path (const char *word, char *path, size_t size)
+{
+  char dir[4096];
+  struct stat st;
+  if (strchr (word, '/') || lstat (word, &st) == 0
+      || registry_dir (dir, sizeof dir, false) == -1
+      || snprintf (path, size, "%s/%s" REGISTRY_SUFFIX, dir, word) >= (int) size
+      || lstat (path, &st) == -1)
+    return word;
+  return path;
+}
+
+/* Whether something may listen on the socket at path (following a
+ * link): false only when nothing does (refused, or nothing there).
+ */
+static bool
+socket_live (const char *path)
+{
+  struct sockaddr_un address = { .sun_family = AF_UNIX };
+  if (strlen (path) >= sizeof address.sun_path)
+    return true;
+  strcpy (address.sun_path, path);
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1)
+    return true;                /* cannot tell: not stale */
+  int r = connect (fd, (struct sockaddr *) &address, sizeof address);
+  int err = errno;
+  close (fd);
+  return r == 0 || (err != ECONNREFUSED && err != ENOENT);
+}
+
+/* A registry entry: its name (without the suffix) and path, in one
+ * allocation.
+ */
+struct entry {
+  char *name, *path;
+};
+
+static int
+entry_compare (const void *a, const void *b)
+{
+  return strcmp (((const struct entry *) a)->name,
+                 ((const struct entry *) b)->name);
+}
+
+/* No server named: every live one in the registry, by name.  A stale
+ * entry (a socket nobody listens on, a link to nothing: its server was
+ * killed) is removed if it is this user's socket or link; nothing else
+ * there is touched.
+ */
+static int
+list_registry (const struct listing *listing)
+{
+  char dir[4096];
+  if (registry_dir (dir, sizeof dir, false) == -1) {
+    if (errno == ENOENT)
+      return list_servers (0, NULL, NULL, listing);
+    fprintf (stderr, "%s: the registry %s: %s\n", program, dir,
+             errno == EPERM ? "not a directory of this user's that only it "
+             "may write: not read" : strerror (errno));
+    return EXIT_FAILURE;
+  }
+  DIR *d = opendir (dir);
+  if (!d)
+    return list_servers (0, NULL, NULL, listing);
+  struct entry *entries = NULL;
+  int count = 0;
+  size_t suffix = strlen (REGISTRY_SUFFIX);
+  struct dirent *dirent;
+  while ((dirent = readdir (d))) {
+    size_t length = strlen (dirent->d_name);
+    if (length <= suffix
+        || strcmp (dirent->d_name + length - suffix, REGISTRY_SUFFIX) != 0)
+      continue;
+    char *path = NULL;
+    if (asprintf (&path, "%s/%s", dir, dirent->d_name) == -1)
+      continue;
+    struct stat st;
+    if (lstat (path, &st) == -1
+        || !(S_ISSOCK (st.st_mode) || S_ISLNK (st.st_mode))) {
+      free (path);
+      continue;
+    }
+    if (!socket_live (path)) {
+      if (st.st_uid == geteuid ())
+        unlink (path);
+      free (path);
+      continue;
+    }
+    /* A link: the socket it names (what CTL shows). */
+    char target[4096];
+    ssize_t n = S_ISLNK (st.st_mode)
+      ? readlink (path, target, sizeof target - 1) : -1;
+    if (n > 0 && target[0] == '/') {
+      target[n] = '\0';
+      free (path);
+      if (!(path = strdup (target)))
+        continue;
+    }
+    struct entry *more = realloc (entries, (count + 1) * sizeof *entries);
+    char *name = strndup (dirent->d_name, length - suffix);
+    if (more)
+      entries = more;
+    if (!more || !name) {
+      free (name);
+      free (path);
+      break;
+    }
+    entries = more;
+    entries[count++] = (struct entry) { .name = name, .path = path };
+  }
+  closedir (d);
+  qsort (entries, count, sizeof *entries, entry_compare);
+  char **names = calloc (count ? count : 1, sizeof *names);
+  char **paths = calloc (count ? count : 1, sizeof *paths);
+  int r = EXIT_FAILURE;
+  if (names && paths) {
+    for (int i = 0; i < count; i++) {
+      names[i] = entries[i].name;
+      paths[i] = entries[i].path;
+    }
+    r = list_servers (count, names, paths, listing);
+  }
+  for (int i = 0; i < count; i++) {
+    free (entries[i].name);
+    free (entries[i].path);
+  }
+  free (entries);
+  free (names);
+  free (paths);
+  return r;
 }
 
 static int
@@ -809,23 +1107,35 @@ int
 main (int argc, char **argv)
 {
   static const struct option options[] = {
-    { "json", no_argument, NULL, 'j' },
+    { "json", no_argument, NULL, 'J' },
     { "bytes", no_argument, NULL, 'b' },
+    { "output", required_argument, NULL, 'o' },
+    { "output-all", no_argument, NULL, 'A' },
+    { "raw", no_argument, NULL, 'r' },
+    { "noheadings", no_argument, NULL, 'n' },
     { "timeout", required_argument, NULL, 't' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
   };
-  bool json = false, bytes = false;
+  struct listing listing = { .headings = true };
+  listing_defaults (&listing, false);
   int c;
   char *timeout_end;
   /* "+": options only before the first word, so that a command's own
-   * arguments pass through.
+   * arguments pass through.  -j as well as -J: --json's old short form.
    */
-  while ((c = getopt_long (argc, argv, "+jbt:hV", options, NULL)) != -1) {
+  while ((c = getopt_long (argc, argv, "+jJbo:Arnt:hV", options, NULL)) != -1) {
     switch (c) {
-    case 'j': json = true; break;
-    case 'b': bytes = true; break;
+    case 'j': case 'J': listing.json = true; break;
+    case 'b': listing.bytes = true; break;
+    case 'o':
+      if (listing_columns (&listing, optarg) == -1)
+        return EXIT_FAILURE;
+      break;
+    case 'A': listing_defaults (&listing, true); break;
+    case 'r': listing.raw = true; break;
+    case 'n': listing.headings = false; break;
     case 't':
       errno = 0;
       timeout_given = strtod (optarg, &timeout_end);
@@ -841,10 +1151,10 @@ main (int argc, char **argv)
     default: usage (stderr); return EXIT_FAILURE;
     }
   }
-  if (optind >= argc) {
-    usage (stderr);
-    return EXIT_FAILURE;
-  }
+  timeout_for ("info");
+  /* No server named: every one in the registry. */
+  if (optind >= argc)
+    return list_registry (&listing);
   if (strcmp (argv[optind], "swap") == 0)
     return run_swap_helper (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "nbd") == 0)
@@ -853,13 +1163,21 @@ main (int argc, char **argv)
     return run_supervise (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "region") == 0)
     return run_region (argc - optind - 1, argv + optind + 1);
-  timeout_for ("info");
+  /* Servers by their sockets, or by their names in the registry. */
+  char (*resolved)[4096] = calloc (argc, sizeof *resolved);
+  char **servers = calloc (argc + 1, sizeof *servers);
+  if (!resolved || !servers) {
+    fprintf (stderr, "%s: %s\n", program, strerror (errno));
+    return EXIT_FAILURE;
+  }
+  for (int i = 0; i < argc; i++)
+    servers[i] = (char *) server_path (argv[i], resolved[i], sizeof resolved[i]);
   if (strcmp (argv[optind], "metrics") == 0) {
     if (optind + 1 >= argc) {
       fprintf (stderr, "%s: metrics: which servers' sockets?\n", program);
       return EXIT_FAILURE;
     }
-    return run_metrics (argc - optind - 1, argv + optind + 1);
+    return run_metrics (argc - optind - 1, servers + optind + 1);
   }
   if (strcmp (argv[optind], "plot") == 0) {
     int n = argc - optind - 1;
@@ -879,7 +1197,7 @@ main (int argc, char **argv)
                program);
       return EXIT_FAILURE;
     }
-    return run_plot (argv[optind + 1], argv[optind + 2], seconds, interval);
+    return run_plot (servers[optind + 1], argv[optind + 2], seconds, interval);
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (argv[optind], commands[i]) == 0) {
@@ -888,11 +1206,16 @@ main (int argc, char **argv)
         return EXIT_FAILURE;
       }
       timeout_for (argv[optind]);
-      return run_command (argv[optind], argv[optind + 1], argc - optind - 2,
+      return run_command (argv[optind], servers[optind + 1], argc - optind - 2,
                           argv + optind + 2);
     }
+  /* A first word that is no file, no name in the registry and no
+   * command: a mistyped command.
+   */
   struct stat st;
-  if (!strchr (argv[optind], '/') && stat (argv[optind], &st) == -1)
+  if (servers[optind] == argv[optind] && !strchr (argv[optind], '/')
+      && stat (argv[optind], &st) == -1)
     return unknown_command (argv[optind]);
-  return list_servers (argc - optind, argv + optind, json, bytes);
+  return list_servers (argc - optind, argv + optind, servers + optind,
+                       &listing);
 }
