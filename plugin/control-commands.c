@@ -511,8 +511,9 @@ command_dissolve (struct client *client, int argc, char **argv)
 static int command_help (struct client *client, int argc, char **argv);
 
 const struct control_command control_commands[] = {
-#define COMMAND_ENTRY(name, min_words, max_words, usage, run, worker_words) \
-  { #name, min_words, max_words, usage, run, worker_words },
+#define COMMAND_ENTRY(name, min_words, max_words, usage, run, worker_words, \
+                      reads_only) \
+  { #name, min_words, max_words, usage, run, worker_words, reads_only },
   CONTROL_COMMANDS (COMMAND_ENTRY)
 #undef COMMAND_ENTRY
 };

@@ -28,6 +28,7 @@ struct client {
   struct block_store *store;    /* what the commands act on */
   const struct control_info *info;
   bool gone;                    /* hung up, a send failed or timed out */
+  bool read_only;               /* came in on ctl_ro=: reads_only commands */
   bool on_worker;               /* its current line runs on the worker */
   char *reply;                  /* open_memstream buffer */
   size_t reply_length;
@@ -47,6 +48,7 @@ struct control_command {
   const char *usage;
   int (*run) (struct client *client, int argc, char **argv);
   int worker_words;             /* see control-commands.h */
+  bool reads_only;              /* the same */
 };
 /* control-commands.c: the table, made from CONTROL_COMMANDS. */
 extern const struct control_command control_commands[];

@@ -51,6 +51,10 @@
 static int listen_fd = -1;
 static char *socket_path;
 static struct stat socket_name;     /* what unix_listen bound */
+/* The read-only socket (ctl_ro=), the same way; -1: none. */
+static int read_only_fd = -1;
+static char *read_only_path;
+static struct stat read_only_name;
 static int wake_pipe[2] = { -1, -1 };  /* written by control_stop */
 static pthread_t thread;
 static bool running;
@@ -102,9 +106,25 @@ static const char *_Atomic stop_cause;
 /* ---- the socket ------------------------------------------------------ */
 
 int
+control_listen_read_only (const char *path)
+{
+  int fd = unix_listen (path, "ctl_ro", &read_only_name, 0666);
+  if (fd == -1)
+    return -1;
+  if (!(read_only_path = strdup (path))) {
+    nbdkit_error ("ctl_ro: %s", error_text (errno));
+    close (fd);
+    unlink (path);
+    return -1;
+  }
+  read_only_fd = fd;
+  return 0;
+}
+
+int
 control_listen (const char *path, const char *name)
 {
-  int fd = unix_listen (path, "ctl", &socket_name);
+  int fd = unix_listen (path, "ctl", &socket_name, 0600);
   if (fd == -1)
     return -1;
   registry_add (name, path);
@@ -297,6 +317,9 @@ run_line (struct client *client, char *line, size_t line_bytes)
     reply_error (client, "too many words");
   else if (i == control_command_count)
     reply_error (client, "unknown command '%s' (try help)", argv[0]);
+  else if (client->read_only && !control_commands[i].reads_only)
+    reply_error (client, "%s: not on the read-only socket (ctl_ro=): it "
+                 "answers only what reads the server's figures", argv[0]);
   else if (argc < control_commands[i].min_words || argc > control_commands[i].max_words)
     reply_error (client, "usage: %s", control_commands[i].usage);
   else if (control_commands[i].worker_words && argc >= control_commands[i].worker_words) {
@@ -415,15 +438,23 @@ worker_finish (void)
  * command is on the worker; else a short refusal.
  */
 static void
-client_accept (int fd)
+client_accept (int fd, bool read_only)
 {
+  /* The read-only socket's clients (any local user) take at most half
+   * the places, and give up only their own: they never push out the
+   * owner's.
+   */
+  unsigned read_only_count = 0;
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
+    read_only_count += clients[i].fd != -1 && clients[i].read_only;
+  bool own_only = read_only && read_only_count >= CONTROL_CLIENTS_MAX / 2;
   struct client *slot = NULL;
-  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX && !slot; i++)
+  for (unsigned i = 0; i < CONTROL_CLIENTS_MAX && !slot && !own_only; i++)
     if (clients[i].fd == -1)
       slot = &clients[i];
   if (!slot) {
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
-      if (!clients[i].on_worker
+      if (!clients[i].on_worker && (!read_only || clients[i].read_only)
           && (!slot || clients[i].last_line_ms < slot->last_line_ms))
         slot = &clients[i];
     if (slot)
@@ -441,7 +472,7 @@ client_accept (int fd)
   }
   uint64_t now = monotonic_ms ();
   *slot = (struct client) {
-    .fd = fd, .store = store, .info = &info,
+    .fd = fd, .store = store, .info = &info, .read_only = read_only,
     .last_heard_ms = now, .last_line_ms = now,
   };
   /* gcc 12's -fanalyzer takes the stream for a leak: it is kept in the
@@ -513,6 +544,11 @@ clients_expire (void)
   return next > now ? (int) (next - now) : 0;
 }
 
+/* The poll's places: the wake pipe, the socket, the worker's pipe, the
+ * read-only socket (-1 when there is none: poll skips it), the clients.
+ */
+#define FIRST_CLIENT 4
+
 /* One thread serves every client: it waits for any of them to send, runs
  * the lines that came, and closes clients that hang up, stay silent for
  * CONTROL_IDLE_MS, trickle a line for CONTROL_LINE_DEADLINE_MS, or do
@@ -529,16 +565,17 @@ control_main (void *arg)
     clients[i].fd = -1;
   for (;;) {
     int timeout_ms = clients_expire ();
-    struct pollfd fds[3 + CONTROL_CLIENTS_MAX];
+    struct pollfd fds[FIRST_CLIENT + CONTROL_CLIENTS_MAX];
     struct client *polled[CONTROL_CLIENTS_MAX];
-    nfds_t count = 3;
+    nfds_t count = FIRST_CLIENT;
     fds[0] = (struct pollfd) { .fd = wake_pipe[0], .events = POLLIN };
     fds[1] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
     fds[2] = (struct pollfd) { .fd = worker_done_pipe[0], .events = POLLIN };
+    fds[3] = (struct pollfd) { .fd = read_only_fd, .events = POLLIN };
     /* The worker's client is the worker's to watch (keep_going). */
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
       if (clients[i].fd != -1 && !clients[i].on_worker) {
-        polled[count - 3] = &clients[i];
+        polled[count - FIRST_CLIENT] = &clients[i];
         fds[count++] = (struct pollfd) { .fd = clients[i].fd, .events = POLLIN };
       }
     int ready = poll (fds, count, timeout_ms);
@@ -548,13 +585,18 @@ control_main (void *arg)
       break;                    /* stopping */
     if (ready > 0 && fds[2].revents)
       worker_finish ();
-    for (nfds_t k = 3; ready > 0 && k < count; k++)
-      if (fds[k].revents && !client_read (polled[k - 3]))
-        client_close (polled[k - 3]);
+    for (nfds_t k = FIRST_CLIENT; ready > 0 && k < count; k++)
+      if (fds[k].revents && !client_read (polled[k - FIRST_CLIENT]))
+        client_close (polled[k - FIRST_CLIENT]);
+    if (ready > 0 && fds[3].revents) {
+      int fd = accept4 (read_only_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd != -1)
+        client_accept (fd, true);
+    }
     if (ready > 0 && fds[1].revents) {
       int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd != -1)
-        client_accept (fd);
+        client_accept (fd, false);
       else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
         /* Out of descriptors or memory, the pending connection stays and
          * the socket stays readable: wait a little (or for the stop)
@@ -579,7 +621,7 @@ control_main (void *arg)
 int
 control_start (struct block_store *the_store, const struct control_info *the_info)
 {
-  if (listen_fd == -1)
+  if (listen_fd == -1 && read_only_fd == -1)
     return 0;
   store = the_store;
   info = *the_info;
@@ -672,4 +714,11 @@ control_stop (void)
   }
   free (socket_path);
   socket_path = NULL;
+  if (read_only_fd != -1) {
+    close (read_only_fd);
+    read_only_fd = -1;
+    unix_unlink (read_only_path, &read_only_name);
+  }
+  free (read_only_path);
+  read_only_path = NULL;
 }

@@ -69,6 +69,11 @@ struct control_info {
  * or -1 after nbdkit_error.
  */
 extern int control_listen (const char *path, const char *name);
+/* The same for the read-only socket (ctl_ro=, mode 0666: any local user
+ * may read the figures; its clients get the reads_only commands alone,
+ * and at most half the places).  After control_listen.
+ */
+extern int control_listen_read_only (const char *path);
 /* In .after_fork: start the thread.  0, or -1 with errno. */
 extern int control_start (struct block_store *store,
                           const struct control_info *info);

@@ -91,6 +91,9 @@ static const struct param params_table[PARAM_COUNT] = {
   [P_CTL] = { "ctl", KIND_PATH, "PATH",
     "Control channel: a Unix socket (nbdkit-zramctl).", AT (ctl_path),
     .what = "socket" },
+  [P_CTL_RO] = { "ctl_ro", KIND_PATH, "PATH",
+    "Read-only control channel: a socket any local user\n"
+    "may read the figures on.", AT (ctl_ro_path), .what = "socket" },
   [P_RECOMP_ALGORITHM] = { "recomp_algorithm", KIND_CUSTOM,
     "ALGO[:level=N][:priority=P]",
     "A recompression algorithm (up to 3).", .set = set_recomp_algorithm },
@@ -206,6 +209,7 @@ params_free (struct zram_params *params)
   free (params->metrics_path);
   free (params->device_name);
   free (params->ctl_path);
+  free (params->ctl_ro_path);
   free (params->region_path);
   free (params->standby_path);
   free (params->backing_target);
@@ -654,6 +658,7 @@ check_distinct_paths (const struct zram_params *params)
     { "stats", params->stats_path, NULL },
     { "metrics", params->metrics_path, NULL },
     { "ctl", params->ctl_path, NULL },
+    { "ctl_ro", params->ctl_ro_path, NULL },
     { "region", params->region_path, NULL },
     { "standby", params->standby_path, NULL },
     { "backing", params->backing_target

@@ -20,6 +20,7 @@
 /* Every parameter, in the order --help lists them. */
 enum param_id {
   P_SIZE, P_COMP, P_LEVEL, P_MEM_LIMIT, P_MEM_BUDGET, P_STATS, P_METRICS, P_NAME, P_CTL,
+  P_CTL_RO,
   P_RECOMP_ALGORITHM, P_IDLE_AFTER, P_RECOMPRESS_AFTER, P_PACK_AFTER,
   P_PACK_LEVEL, P_PACK_BLOCKS, P_DECODE_CACHE, P_WRITE_BATCH,
   P_BACKING, P_BACKING_DIRECT, P_BACKING_TIMEOUT, P_BACKING_SYNC,
@@ -39,6 +40,7 @@ struct zram_params {
   char *metrics_path;
   char *device_name;            /* name=: the metrics' device label */
   char *ctl_path;
+  char *ctl_ro_path;             /* ctl_ro=: the read-only socket */
   char *region_path;            /* region=: the region file */
   char *standby_path;           /* standby=: the takeover's socket */
   char *backing_target;         /* a path made absolute, or an NBD URI */

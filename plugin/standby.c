@@ -45,7 +45,7 @@ static atomic_bool waiting;
 int
 standby_listen (const char *path)
 {
-  int fd = unix_listen (path, "standby", &socket_name);
+  int fd = unix_listen (path, "standby", &socket_name, 0600);
   if (fd == -1)
     return -1;
   if (!(socket_path = strdup (path))) {

@@ -14,7 +14,8 @@
 #include "unix-listen.h"
 
 int
-unix_listen (const char *path, const char *what, struct stat *bound)
+unix_listen (const char *path, const char *what, struct stat *bound,
+             mode_t mode)
 {
   struct sockaddr_un address = { .sun_family = AF_UNIX };
   if (strlen (path) >= sizeof address.sun_path) {
@@ -46,8 +47,8 @@ unix_listen (const char *path, const char *what, struct stat *bound)
     }
     unlink (path);
   }
-  /* Owner only, from the moment it exists. */
-  mode_t old_mask = umask (0177);
+  /* Its mode from the moment it exists. */
+  mode_t old_mask = umask (0777 & ~mode);
   int r = bind (fd, (struct sockaddr *) &address, sizeof address);
   umask (old_mask);
   if (r == -1 || listen (fd, SOMAXCONN) == -1) {

@@ -9,12 +9,12 @@
 
 /* Listen on path (what: the parameter, for messages).  A socket already
  * there that nobody answers on is removed first; one that answers, or
- * anything that is not a socket, is refused.  The socket (mode 0600,
- * close-on-exec), with the name's identity in *bound, or -1 after
- * nbdkit_error.
+ * anything that is not a socket, is refused.  The socket (mode: 0600,
+ * the owner only, or 0666 for a read-only socket; close-on-exec), with
+ * the name's identity in *bound, or -1 after nbdkit_error.
  */
 extern int unix_listen (const char *path, const char *what,
-                        struct stat *bound);
+                        struct stat *bound, mode_t mode);
 /* Remove path if it is still the name unix_listen bound: a server that
  * exits late must not remove the socket of the one that replaced it.
  */

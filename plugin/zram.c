@@ -159,6 +159,8 @@ zram_get_ready (void)
   if (params.ctl_path
       && control_listen (params.ctl_path, params.device_name) == -1)
     return -1;
+  if (params.ctl_ro_path && control_listen_read_only (params.ctl_ro_path) == -1)
+    return -1;
   nbdkit_debug ("zram: %" PRIu64 " bytes, %s level %d, chain %u, "
                 "raw from %zu bytes",
                 params.store.size, codec_name (params.store.algorithm),
@@ -382,9 +384,13 @@ standby_heap_ready (void)
 static int
 zram_take_over (void)
 {
-  if (params.ctl_path
-      && control_listen (params.ctl_path, params.device_name) == -1)
+  if ((params.ctl_path
+       && control_listen (params.ctl_path, params.device_name) == -1)
+      || (params.ctl_ro_path
+          && control_listen_read_only (params.ctl_ro_path) == -1)) {
+    control_stop ();
     return -1;
+  }
   if (!params.store.backing && backing_start () == -1) {
     control_stop ();
     return -1;

@@ -81,13 +81,16 @@ usage (FILE *fp)
 static void
 timeout_for (const char *command)
 {
-  static const char *const queries[] = {
-    "info", "mm_stat", "io_stat", "bd_stat", "stats", "metrics", "classes",
-    "memory", "block_state", "help",
+  /* The commands that only read (control-commands.h: reads_only). */
+  static const struct { const char *name; bool reads_only; } queries[] = {
+#define COMMAND_READS(name, min, max, usage, run, worker, reads_only) \
+    { #name, reads_only },
+    CONTROL_COMMANDS (COMMAND_READS)
+#undef COMMAND_READS
   };
   timeout_seconds = MOVER_SECONDS;
   for (size_t i = 0; i < sizeof queries / sizeof queries[0]; i++)
-    if (strcmp (command, queries[i]) == 0)
+    if (strcmp (command, queries[i].name) == 0 && queries[i].reads_only)
       timeout_seconds = QUERY_SECONDS;
   if (timeout_given >= 0)
     timeout_seconds = timeout_given;
