@@ -63,6 +63,8 @@ static int set_backing_sync (struct zram_params *, const char *);
 static int set_compact (struct zram_params *, const char *);
 static int set_swap (struct zram_params *, const char *);
 static int set_swap_full (struct zram_params *, const char *);
+static int set_swap_full_after (struct zram_params *, const char *);
+static int set_swap_full_available (struct zram_params *, const char *);
 
 static const struct param params_table[PARAM_COUNT] = {
   [P_SIZE] = { "size", KIND_SIZE, "SIZE",
@@ -159,6 +161,12 @@ static const struct param params_table[PARAM_COUNT] = {
     "Swap mode, device full and memory short: ask the\n"
     "kernel's OOM killer to act (default oom).", .set = set_swap_full,
     .choices = CHOICES ("oom", "fail") },
+  [P_SWAP_FULL_AFTER] = { "swap_full_after", KIND_CUSTOM, "MILLISECONDS",
+    "A full device: writes refused this long (2000).",
+    .set = set_swap_full_after },
+  [P_SWAP_FULL_AVAILABLE] = { "swap_full_available", KIND_CUSTOM, "SIZE",
+    "A full device: memory short below this MemAvailable\n"
+    "(0: 2 x min_free_kbytes or RAM/32).", .set = set_swap_full_available },
   [P_REGION] = { "region", KIND_PATH, "PATH",
     "Keep the device in memory that outlives the server: the region file\n"
     "naming it (a server started again with it serves the same data).",
@@ -432,6 +440,20 @@ set_swap (struct zram_params *params, const char *value)
 {
   (void) params;
   return swap_mode_parse (value);
+}
+
+static int
+set_swap_full_after (struct zram_params *params, const char *value)
+{
+  (void) params;
+  return swap_full_after_parse (value);
+}
+
+static int
+set_swap_full_available (struct zram_params *params, const char *value)
+{
+  (void) params;
+  return swap_full_available_parse (value);
 }
 
 static int

@@ -18,11 +18,14 @@
 #include "error-text.h"
 #include "monotonic.h"
 #include "swap-full.h"
+#include "params.h"
 #include "swap-mode.h"
 
 #define SYSRQ_TRIGGER "/proc/sysrq-trigger"
 
 enum swap_full_action swap_full_action = SWAP_FULL_OOM;
+unsigned swap_full_after_ms = SWAP_FULL_AFTER_MS;
+uint64_t swap_full_available_kib;
 
 static const char *const action_names[] = { "oom", "fail" };
 
@@ -51,6 +54,36 @@ swap_full_parse (const char *value)
     }
   nbdkit_error ("swap_full: '%s' is not one of oom|fail", value);
   return -1;
+}
+
+int
+swap_full_after_parse (const char *value)
+{
+  char *end;
+  errno = 0;
+  unsigned long ms = strtoul (value, &end, 10);
+  if (errno || end == value || *end || *value == '-' || ms < 250
+      || ms > 600000) {
+    nbdkit_error ("swap_full_after: '%s' is not a number of milliseconds "
+                  "from 250 to 600000", value);
+    return -1;
+  }
+  swap_full_after_ms = ms;
+  return 0;
+}
+
+int
+swap_full_available_parse (const char *value)
+{
+  int64_t bytes = params_parse_size (value);
+  if (bytes == -1) {
+    nbdkit_error ("swap_full_available: '%s' is not a size (e.g. 64M; 0: "
+                  "twice vm.min_free_kbytes or a thirty-second of RAM)",
+                  value);
+    return -1;
+  }
+  swap_full_available_kib = (uint64_t) bytes / 1024;
+  return 0;
 }
 
 int
@@ -129,8 +162,9 @@ pages_under_writeback (void)
   return at ? strtoll (at + strlen ("\nnr_writeback "), NULL, 10) : 0;
 }
 
-/* The machine is short of memory: MemAvailable below twice
- * vm.min_free_kbytes or a thirty-second of RAM.  Unknown: short.
+/* The machine is short of memory: MemAvailable below
+ * swap_full_available, by default twice vm.min_free_kbytes or a
+ * thirty-second of RAM.  Unknown: short.
  */
 static bool
 memory_short (void)
@@ -146,6 +180,8 @@ memory_short (void)
   if (total <= 0 || available < 0)
     return true;
   int64_t threshold = 2 * min_free > total / 32 ? 2 * min_free : total / 32;
+  if (swap_full_available_kib)
+    threshold = swap_full_available_kib;
   return available < threshold;
 }
 
@@ -281,7 +317,7 @@ swap_full_watch (uint64_t now_ns)
 
   if (!episode_start_ns || sysrq_fd == -1
       || in_grace (now_ns)
-      || now_ns - episode_start_ns < SWAP_FULL_AFTER_MS * 1000000ull
+      || now_ns - episode_start_ns < swap_full_after_ms * 1000000ull
       || (last_kill_ns && now_ns - last_kill_ns < SWAP_FULL_SETTLE_MS * 1000000ull)
       || !memory_short ())
     return;

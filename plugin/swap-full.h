@@ -89,6 +89,19 @@ enum swap_full_action {
 extern int swap_full_parse (const char *value);
 extern enum swap_full_action swap_full_action;
 
+/* The thresholds, as parameters (beside systemd-oomd or earlyoom a user
+ * may want the server slower, or quicker, to act than they are):
+ * swap_full_after=MILLISECONDS, how long writes are refused before the
+ * device counts as full (SWAP_FULL_AFTER_MS by default, 250 to 600000);
+ * swap_full_available=SIZE, MemAvailable below which memory counts as
+ * short (0, the default: twice vm.min_free_kbytes or a thirty-second of
+ * RAM, whichever is more).  Each 0, or -1 after nbdkit_error naming it.
+ */
+extern int swap_full_after_parse (const char *value);
+extern int swap_full_available_parse (const char *value);
+extern unsigned swap_full_after_ms;
+extern uint64_t swap_full_available_kib;
+
 /* Open the sysrq file for swap_full=oom: 0, or -1 with a message saying
  * why in problem.
  */

@@ -47,6 +47,9 @@ bad1 ()
 }
 
 bad1 backing_direct 1M backing_direct=maybe
+bad1 swap_full_after 1M swap_full_after=100
+bad1 swap_full_after 1M swap_full_after=soon
+bad1 swap_full_available 1M swap_full_available=lots
 bad1 backing_sync 1M backing_sync=perhaps
 bad1 mem_limit 1M mem_limit=1MiB
 bad1 mem_limit 1M mem_limit=1.5M
@@ -138,6 +141,7 @@ good 1048576 1024K comp=zstd level=1 stats="$tmp/stats"
 good 4096 4k mem_limit=4k
 good 1048576 1M mem_budget=8M
 good 1048576 1M compact=off
+good 1048576 1M swap_full_after=30000 swap_full_available=64M
 good 1048576 1M compact=auto compact_threshold=0
 good 1048576 1M compact_threshold=100
 good 1048576 1M pack_level=19 pack_blocks=64

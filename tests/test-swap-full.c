@@ -53,6 +53,21 @@ meminfo_kib (const char *text, const char *key)
   return at ? strtoll (at + strlen (key), NULL, 10) : -1;
 }
 
+/* params.c's, which brings every parameter with it: decimal bytes and
+ * an M suffix are all this test gives it.
+ */
+int64_t
+params_parse_size (const char *text)
+{
+  char *end;
+  long long n = strtoll (text, &end, 10);
+  if (end == text || n < 0)
+    return -1;
+  if (*end == 'M' && !end[1])
+    return n << 20;
+  return *end ? -1 : n;
+}
+
 int __real_open (const char *path, int flags, ...);
 
 int
@@ -176,6 +191,43 @@ test_watch (void **state)
   assert_int_equal (status.kills, 3);
 }
 
+/* The thresholds as parameters: swap_full_after, how long refusals go
+ * on first; swap_full_available, what MemAvailable counts as short.
+ */
+static void
+test_thresholds (void **state)
+{
+  (void) state;
+  uint64_t now = 2000 * MS * 1000;     /* past the other test's graces */
+  assert_int_equal (swap_full_after_parse ("100"), -1);
+  assert_int_equal (swap_full_after_parse ("600001"), -1);
+  assert_int_equal (swap_full_after_parse ("soon"), -1);
+  assert_int_equal (swap_full_available_parse ("lots"), -1);
+  assert_int_equal (swap_full_after_parse ("5000"), 0);
+  long kills = kills_asked ();
+
+  /* 50000 kB available of 1 GiB: above a thirty-second of RAM (32768
+   * kB), so not short by default: nothing killed.
+   */
+  write_file (meminfo_path, "MemTotal: 1048576 kB\nMemAvailable: 50000 kB\n");
+  quiet (&now);
+  watch_for (&now, 3 * 5000, true);
+  assert_int_equal (kills_asked (), kills);
+
+  /* Short below 64M: refusals for 5000 ms (not SWAP_FULL_AFTER_MS) ask
+   * for a kill.
+   */
+  quiet (&now);
+  assert_int_equal (swap_full_available_parse ("64M"), 0);
+  watch_for (&now, 5000, true);
+  assert_int_equal (kills_asked (), kills);
+  watch_for (&now, SWAP_FULL_TICK_MS, true);
+  assert_int_equal (kills_asked (), kills + 1);
+
+  swap_full_after_ms = SWAP_FULL_AFTER_MS;
+  swap_full_available_kib = 0;
+}
+
 int
 main (void)
 {
@@ -188,6 +240,7 @@ main (void)
   write_file (vmstat_path, "nr_free_pages 1\nnr_writeback 0\n");
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_watch),
+    cmocka_unit_test (test_thresholds),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
   unlink (sysrq_path);
