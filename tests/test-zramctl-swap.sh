@@ -67,6 +67,54 @@ rc=0
     fail "supervise --standbys 9: exit status $rc: $(cat "$tmp/out")"
 [ ! -e "$tmp/nowhere" ] || fail "supervise --standbys 9 made its directory"
 refused "'sideways' is none of on, off, restart, status" sideways
+
+# The configuration file (swap config prints what swap on would take
+# from it): sizes, percentages and expressions of RAM, a drop-in that
+# overrides, and bad lines refused with file:line.
+ram_mib=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 }' /proc/meminfo)
+export NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/swap.conf"
+mkdir -p "$tmp/conf/swap.conf.d"
+cat > "$NBDKIT_ZRAM_SWAP_CONF" <<'EOF2'
+# as zram-generator's
+[swap]
+size = min(ram / 2, 4096)      # MiB
+mem-limit = 25%
+algorithm = zstd
+priority = 50
+restartable = yes
+options = pack_after=60 swap_full_after=5000
+EOF2
+echo "priority = 75" > "$tmp/conf/swap.conf.d/10-priority.conf"
+want_size=$(( (ram_mib / 2 < 4096 ? ram_mib / 2 : 4096) << 20 ))
+want_limit=$(( (ram_mib * 25 / 100) << 20 ))
+got=$("$ZRAMCTL" swap config)
+[ "$got" = "swap on --size $want_size --mem-limit $want_limit --algorithm zstd --priority 50 --restartable pack_after=60 swap_full_after=5000 --priority 75" ] ||
+    fail "swap config: $got"
+echo "ok: swap config: $got"
+conf_refused ()
+{
+    local pattern=$1
+    printf '%s\n' "$2" > "$tmp/conf/bad.conf"
+    NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/bad.conf" refused "$pattern" config
+}
+conf_refused "bad.conf:1: size: 'ram; system(\"x\")' is not a size" 'size = ram; system("x")'
+conf_refused "bad.conf:1: size: 'foo / 2': 'foo' is not ram, min or max" 'size = foo / 2'
+conf_refused "bad.conf:1: mem-limit: '0' is not an amount of at least 1 MiB" 'mem-limit = 0'
+conf_refused "bad.conf:1: speed: unknown key" 'speed = 11'
+conf_refused "bad.conf:1: '\[zram0\]' is neither key = value nor \[swap\]" '[zram0]'
+conf_refused "bad.conf:1: restartable: 'maybe' is neither yes nor no" 'restartable = maybe'
+conf_refused "bad.conf:1: options: 'verbose' is not a plugin KEY=VALUE" 'options = verbose'
+# swap on with no options takes the file's: its bad algorithm is refused
+# by swap on's own check, before anything is made.
+printf 'algorithm = brotli\n' > "$tmp/conf/bad.conf"
+NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/bad.conf" refused "--algorithm: 'brotli' is neither lz4 nor zstd" on
+# Options given win over the file's (the last of each counts).
+got=$("$ZRAMCTL" swap config --priority 10 --size 1G)
+[ "$got" = "swap on --size $want_size --mem-limit $want_limit --algorithm zstd --priority 50 --restartable pack_after=60 swap_full_after=5000 --priority 75 --priority 10 --size 1G" ] ||
+    fail "swap config with options: $got"
+[ "$(NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/none.conf" "$ZRAMCTL" swap config --size 1G)" = "swap on --size 1G" ] ||
+    fail "no file: not the options alone"
+unset NBDKIT_ZRAM_SWAP_CONF
 refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
     refused "swap on: needs root" on --mem-limit 64M
