@@ -1166,9 +1166,13 @@ main (int argc, char **argv)
     return run_supervise (argc - optind - 1, argv + optind + 1);
   if (strcmp (argv[optind], "region") == 0)
     return run_region (argc - optind - 1, argv + optind + 1);
-  /* Servers by their sockets, or by their names in the registry. */
-  char (*resolved)[4096] = calloc (argc, sizeof *resolved);
-  char **servers = calloc (argc + 1, sizeof *servers);
+  /* Servers by their sockets, or by their names in the registry (kept
+   * to the exit: every form below uses them).
+   */
+  static char (*resolved)[4096];
+  static char **servers;
+  resolved = calloc (argc, sizeof *resolved);
+  servers = calloc (argc + 1, sizeof *servers);
   if (!resolved || !servers) {
     fprintf (stderr, "%s: %s\n", program, strerror (errno));
     return EXIT_FAILURE;
