@@ -454,7 +454,8 @@ client_accept (int fd, bool read_only)
       slot = &clients[i];
   if (!slot) {
     for (unsigned i = 0; i < CONTROL_CLIENTS_MAX; i++)
-      if (!clients[i].on_worker && (!read_only || clients[i].read_only)
+      if (clients[i].fd != -1 && !clients[i].on_worker
+          && (!read_only || clients[i].read_only)
           && (!slot || clients[i].last_line_ms < slot->last_line_ms))
         slot = &clients[i];
     if (slot)

@@ -73,6 +73,30 @@ alive = [r for r in readers if "disksize" in (ask(r, "info") or "")]
 assert 1 <= len(alive) <= 4, "%d read-only clients kept, want 1 to 4" % len(alive)
 assert "disksize" in (ask(owner, "info") or ""), "the owner's client was pushed out"
 print("ok: 12 read-only clients, %d kept, the owner's client kept" % len(alive))
+for r in readers:
+    r.close()
+time.sleep(0.5)
+# A place a read-only client left is free, not a client to push out:
+# A, B, C read-only, P the owner's, D read-only (the fourth); A, B and C
+# then read (D is the oldest), D and P hang up; E takes P's place, and F,
+# the fifth, must push out one of A, B, C and E, never D's empty place.
+def pause():
+    time.sleep(0.05)
+a, b, c = connect(os.environ["RO"]), connect(os.environ["RO"]), connect(os.environ["RO"])
+pause()
+p = connect(os.environ["CTL"]); pause()
+d = connect(os.environ["RO"]); pause()
+assert "disksize" in (ask(d, "info") or "")
+pause()
+for r in (a, b, c):
+    assert "disksize" in (ask(r, "info") or "")
+pause()
+d.close(); p.close(); time.sleep(0.3)
+e = connect(os.environ["RO"]); pause()
+f = connect(os.environ["RO"]); pause()
+assert "disksize" in (ask(f, "info") or ""), "the fifth read-only client"
+assert "disksize" in (ask(owner, "info") or ""), "the server stopped answering"
+print("ok: a place left by a read-only client is not pushed out again")
 PY
 echo "read-only checks done"
 EOF
