@@ -119,7 +119,11 @@ if [ "$(id -u)" = 0 ] && id nobody > /dev/null 2>&1; then
             env -u NBDKIT_ZRAM_RUNTIME_DIR XDG_RUNTIME_DIR="$tmp/nobody-run" "$@"
     }
     mkdir -m 777 "$tmp/nobody-sock"
-    as_nobody env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "$NBDKIT" -f \
+    # Not through the function: $! must be the server's own PID (setpriv
+    # and env exec it), not a subshell's.
+    setpriv --reuid=nobody --regid=nogroup --clear-groups \
+        env -u NBDKIT_ZRAM_RUNTIME_DIR XDG_RUNTIME_DIR="$tmp/nobody-run" \
+        ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "$NBDKIT" -f \
         -U "$tmp/nobody-sock/s" "$PLUGIN" 8M name=theirs 2> "$tmp/nobody.log" &
     nobody_pid=$!
     cleanup_add "kill -9 $nobody_pid 2>/dev/null || :"
@@ -135,6 +139,8 @@ if [ "$(id -u)" = 0 ] && id nobody > /dev/null 2>&1; then
     [ "$(cat "$tmp/names")" = "$plain_entry" ] || fail "root's listing shows: $(cat "$tmp/names")"
     kill "$nobody_pid"
     wait "$nobody_pid" 2>/dev/null || :
+    [ ! -e "$tmp/nobody-run/nbdkit-zram/theirs.ctl" ] ||
+        fail "nobody's server did not stop, or left its entry"
     echo "ok: another user's server in its own registry, seen by it alone"
 else
     echo "not root: the other user's registry is not tried"
