@@ -1,5 +1,6 @@
 /* The server's entry in the registry: see registry.h, registry-dir.h. */
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -66,6 +67,36 @@ entry_path (const char *dir, const char *name, char *path, size_t size)
   return r >= 0 && (size_t) r < size ? 0 : -1;
 }
 
+/* Links of this user's in dir to ctl_path: left by a server that served
+ * there and died (a standby that took over listens there now, or a
+ * server restarted with the same ctl=).  The socket is this server's
+ * now, so they would list it twice: removed.
+ */
+static void
+links_to_remove (const char *dir, const char *ctl_path)
+{
+  DIR *d = opendir (dir);
+  if (!d)
+    return;
+  struct dirent *entry;
+  while ((entry = readdir (d))) {
+    char path[PATH_MAX], target[PATH_MAX];
+    struct stat st;
+    if (snprintf (path, sizeof path, "%s/%s", dir, entry->d_name)
+        >= (int) sizeof path
+        || lstat (path, &st) == -1 || !S_ISLNK (st.st_mode)
+        || st.st_uid != geteuid ())
+      continue;
+    ssize_t n = readlink (path, target, sizeof target - 1);
+    if (n <= 0)
+      continue;
+    target[n] = '\0';
+    if (strcmp (target, ctl_path) == 0)
+      unlink (path);
+  }
+  closedir (d);
+}
+
 char *
 registry_default_ctl (const char *name)
 {
@@ -93,6 +124,7 @@ registry_add (const char *name, const char *ctl_path)
   if (strncmp (ctl_path, dir, length) == 0 && ctl_path[length] == '/'
       && !strchr (ctl_path + length + 1, '/'))
     return;                     /* the socket is the entry */
+  links_to_remove (dir, ctl_path);
   if (entry_path (dir, name, path, sizeof path) == -1)
     return;
   /* A stale entry (nobody answers there) of this user's goes; anything

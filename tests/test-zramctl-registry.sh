@@ -98,6 +98,23 @@ wait "$pid_named" 2>/dev/null || :
 "$ZRAMCTL" -n -o NAME > "$tmp/names"
 [ "$(cat "$tmp/names")" = "$plain_entry" ] || fail "after disk1's exit: $(cat "$tmp/names")"
 
+# A server that died leaves its link; the next one on the same ctl=
+# (a restart, a standby taking over) removes it: one server, one entry.
+serve first 8M name=dup ctl="$tmp/dup.ctl"
+[ -L "$registry/dup.ctl" ] || fail "no link dup.ctl"
+# shellcheck disable=SC2154
+kill -9 "$pid_first"
+wait "$pid_first" 2>/dev/null || :
+serve second 8M ctl="$tmp/dup.ctl"
+# shellcheck disable=SC2154
+[ ! -e "$registry/dup.ctl" ] && [ ! -L "$registry/dup.ctl" ] ||
+    fail "the dead server's link to the same socket was left"
+[ -L "$registry/zram-$pid_second.ctl" ] || fail "no link zram-$pid_second.ctl"
+"$ZRAMCTL" -n -o NAME,CTL --raw | grep -c " $tmp/dup.ctl\$" | grep -qx 1 ||
+    fail "the socket is listed other than once: $("$ZRAMCTL" -n -o NAME,CTL --raw)"
+kill "$pid_second"
+wait "$pid_second" 2>/dev/null || :
+
 # A registry others may write is neither read nor written.
 chmod 0777 "$registry"
 if "$ZRAMCTL" > "$tmp/out" 2>&1; then
