@@ -21,10 +21,15 @@
 #define ZRAM_REGISTRY_DIR_H
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define REGISTRY_SUFFIX ".ctl"
@@ -66,6 +71,54 @@ registry_dir (char *dir, size_t size, bool make)
     return -1;
   }
   return 0;
+}
+
+/* Whether a server answers on the socket at path (following a link):
+ * 1 it does, 0 nobody does (refused, or nothing there), -1 cannot tell.
+ */
+static inline int
+registry_socket_answers (const char *path)
+{
+  struct sockaddr_un address = { .sun_family = AF_UNIX };
+  if (strlen (path) >= sizeof address.sun_path)
+    return -1;
+  strcpy (address.sun_path, path);
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1)
+    return -1;
+  int r = connect (fd, (struct sockaddr *) &address, sizeof address);
+  int err = errno;
+  close (fd);
+  if (r == 0)
+    return 1;
+  return err == ECONNREFUSED || err == ENOENT ? 0 : -1;
+}
+
+/* Remove the entry path of dir if it is still the file judged (its
+ * device and inode, from an lstat made before it was judged stale): the
+ * name is claimed first, by a rename to a name of this process's own in
+ * the same directory, so that an entry a server put there since the
+ * judgement is never removed; one that is not the file judged goes back
+ * to its name (unless a newer one has that name by then: it stays
+ * under the claimed name, a dead entry the next listing skips).
+ * 0 removed, -1 not.
+ */
+static inline int
+registry_remove_if_same (const char *dir, const char *path,
+                         const struct stat *judged)
+{
+  char claim[PATH_MAX];
+  int n = snprintf (claim, sizeof claim, "%s/.claim-%ld", dir, (long) getpid ());
+  if (n < 0 || (size_t) n >= sizeof claim || rename (path, claim) == -1)
+    return -1;
+  struct stat now;
+  if (lstat (claim, &now) == 0 && now.st_dev == judged->st_dev
+      && now.st_ino == judged->st_ino) {
+    unlink (claim);
+    return 0;
+  }
+  renameat2 (AT_FDCWD, claim, AT_FDCWD, path, RENAME_NOREPLACE);
+  return -1;
 }
 
 #endif /* ZRAM_REGISTRY_DIR_H */

@@ -22,22 +22,6 @@
 static char link_path[PATH_MAX];
 static struct stat link_made;
 
-/* Whether a server answers on the socket at path. */
-static bool
-answers (const char *path)
-{
-  struct sockaddr_un address = { .sun_family = AF_UNIX };
-  if (strlen (path) >= sizeof address.sun_path)
-    return false;
-  strcpy (address.sun_path, path);
-  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1)
-    return false;
-  bool live = connect (fd, (struct sockaddr *) &address, sizeof address) == 0;
-  close (fd);
-  return live;
-}
-
 /* The entry's path for name in dir: NAME.ctl, or NAME-PID.ctl when a live
  * server has NAME.ctl; without a name (NULL), zram-PID.ctl: servers
  * started at once without names never race for one entry.  0, or -1 if
@@ -61,7 +45,7 @@ entry_path (const char *dir, const char *name, char *path, size_t size)
   }
   file[n] = '\0';
   int r = snprintf (path, size, "%s/%s" REGISTRY_SUFFIX, dir, file);
-  if (r >= 0 && (size_t) r < size && answers (path))
+  if (r >= 0 && (size_t) r < size && registry_socket_answers (path) == 1)
     r = snprintf (path, size, "%s/%s-%ld" REGISTRY_SUFFIX, dir, file,
                   (long) getpid ());
   return r >= 0 && (size_t) r < size ? 0 : -1;
@@ -92,7 +76,7 @@ links_to_remove (const char *dir, const char *ctl_path)
       continue;
     target[n] = '\0';
     if (strcmp (target, ctl_path) == 0)
-      unlink (path);
+      registry_remove_if_same (dir, path, &st);
   }
   closedir (d);
 }
@@ -129,11 +113,13 @@ registry_add (const char *name, const char *ctl_path)
     return;
   /* A stale entry (nobody answers there) of this user's goes; anything
    * else at the name is left alone, and this server is not registered.
+   * Judged after the lstat, removed only if still that file.
    */
   struct stat st;
   if (lstat (path, &st) == 0 && st.st_uid == geteuid ()
-      && (S_ISLNK (st.st_mode) || S_ISSOCK (st.st_mode)))
-    unlink (path);
+      && (S_ISLNK (st.st_mode) || S_ISSOCK (st.st_mode))
+      && registry_socket_answers (path) == 0)
+    registry_remove_if_same (dir, path, &st);
   if (symlink (ctl_path, path) == -1 || lstat (path, &link_made) == -1) {
     nbdkit_debug ("registry: %s: %s", path, error_text (errno));
     return;

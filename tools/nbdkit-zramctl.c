@@ -550,25 +550,6 @@ server_path (const char *word, char *path, size_t size)
   return path;
 }
 
-/* Whether something may listen on the socket at path (following a
- * link): false only when nothing does (refused, or nothing there).
- */
-static bool
-socket_live (const char *path)
-{
-  struct sockaddr_un address = { .sun_family = AF_UNIX };
-  if (strlen (path) >= sizeof address.sun_path)
-    return true;
-  strcpy (address.sun_path, path);
-  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1)
-    return true;                /* cannot tell: not stale */
-  int r = connect (fd, (struct sockaddr *) &address, sizeof address);
-  int err = errno;
-  close (fd);
-  return r == 0 || (err != ECONNREFUSED && err != ENOENT);
-}
-
 /* A registry entry: its name (without the suffix) and path, in one
  * allocation.
  */
@@ -621,9 +602,10 @@ list_registry (const struct listing *listing)
       free (path);
       continue;
     }
-    if (!socket_live (path)) {
+    if (registry_socket_answers (path) == 0) {
+      /* Stale: removed if this user's and still the file judged. */
       if (st.st_uid == geteuid ())
-        unlink (path);
+        registry_remove_if_same (dir, path, &st);
       free (path);
       continue;
     }
