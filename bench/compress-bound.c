@@ -29,20 +29,9 @@
 
 #include <zstd.h>
 
-#define PAGE 4096
+#include "block-store-internal.h"
 
-static bool
-same_filled (const unsigned char *page)
-{
-  uint64_t word, other;
-  memcpy (&word, page, sizeof word);
-  for (size_t at = sizeof word; at < PAGE; at += sizeof word) {
-    memcpy (&other, page + at, sizeof other);
-    if (other != word)
-      return false;
-  }
-  return true;
-}
+#define PAGE 4096
 
 static double
 now_seconds (void)
@@ -117,8 +106,9 @@ main (int argc, char *argv[])
   unsigned char page[PAGE];
   unsigned char *pages = NULL;
   size_t count = 0, capacity = 0, same = 0;
+  uint64_t fill_word;
   while (fread (page, 1, PAGE, fp) == PAGE) {
-    if (same_filled (page)) {
+    if (block_is_same_filled (page, &fill_word)) {
       same++;
       continue;
     }

@@ -30,6 +30,8 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#include "block-store-internal.h"
+
 #define PAGE 4096
 
 enum algo { ALGO_LZ4, ALGO_ZSTD };
@@ -63,22 +65,6 @@ parse_long (const char *s, long min, long max, long *out)
     return -1;
   *out = v;
   return 0;
-}
-
-/* Non-zero when the page is one 8-byte word repeated. */
-static int
-same_filled (const unsigned char *page)
-{
-  uint64_t first, w;
-  size_t i;
-
-  memcpy (&first, page, sizeof first);
-  for (i = sizeof first; i < PAGE; i += sizeof w) {
-    memcpy (&w, page + i, sizeof w);
-    if (w != first)
-      return 0;
-  }
-  return 1;
 }
 
 /* Read up to PAGE bytes; returns the count (0 at end of file), or -1. */
@@ -210,12 +196,13 @@ main (int argc, char *argv[])
 
     while ((n = read_page (fp, page)) > 0) {
       size_t csize;
+      uint64_t fill_word;
 
       if (n < PAGE)
         memset (page + n, 0, PAGE - (size_t) n);
       pages++;
 
-      if (same_filled (page)) {
+      if (block_is_same_filled (page, &fill_word)) {
         same++;
         continue;
       }
