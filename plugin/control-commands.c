@@ -38,6 +38,55 @@ parse_number (const char *text, uint64_t *value)
   return 0;
 }
 
+/* Progress lines: a long command's first comes at once, the next ones
+ * this far apart.
+ */
+#define PROGRESS_INTERVAL_MS 500
+
+/* A long command's keep_going question (recompress, pack, writeback):
+ * whether its client is still there, and, for a client that asked
+ * (progress on), a line now and then, before the reply:
+ *   progress COMMAND walked=N of=M done=D
+ * walked of the M block numbers the command looks at were passed, D
+ * blocks were moved (recompressed, packed, written back).  The reply is
+ * empty while the command runs, so the line goes out alone.
+ */
+struct progress_watch {
+  struct client *client;
+  const char *command;
+  const struct store_progress *progress;
+  const uint64_t *done;
+};
+
+static bool
+progress_keep_going (void *opaque)
+{
+  struct progress_watch *watch = opaque;
+  struct client *client = watch->client;
+  if (client->progress) {
+    uint64_t now = monotonic_ms ();
+    if (client->progress_sent_ms == 0
+        || now - client->progress_sent_ms >= PROGRESS_INTERVAL_MS) {
+      client->progress_sent_ms = now;
+      fprintf (client->out, "progress %s walked=%" PRIu64 " of=%" PRIu64
+               " done=%" PRIu64 "\n", watch->command, watch->progress->walked,
+               watch->progress->to_walk, *watch->done);
+      reply_flush (client);
+    }
+  }
+  return client_still_there (client);
+}
+
+/* progress on|off: this client's progress lines (progress_keep_going). */
+static int
+command_progress (struct client *client, int argc, char **argv)
+{
+  if (strcmp (argv[1], "on") != 0 && strcmp (argv[1], "off") != 0)
+    return reply_error (client, "progress: '%s' is not on or off", argv[1]);
+  client->progress = strcmp (argv[1], "on") == 0;
+  return 0;
+}
+
 static int
 command_info (struct client *client, int argc, char **argv)
 {
@@ -334,7 +383,11 @@ command_recompress (struct client *client, int argc, char **argv)
     return reply_error (client, "recompress: the server has no recompression "
                         "algorithm (recomp_algorithm=)");
   struct store_recompress_result result;
-  if (store_recompress (store, &request, client_still_there, client,
+  struct progress_watch watch = {
+    client, argv[0], &result.progress, &result.tried,
+  };
+  client->progress_sent_ms = 0;
+  if (store_recompress (store, &request, progress_keep_going, &watch,
                         &result) == -1)
     return reply_error (client, "recompress: %s", error_text (errno));
   fprintf (client->out, "tried %" PRIu64 "\nrecompressed %" PRIu64
@@ -359,7 +412,11 @@ command_pack (struct client *client, int argc, char **argv)
                           "max_pages=N", argv[i]);
   }
   struct store_pack_result result;
-  if (store_pack (store, max_blocks, 0, client_still_there, client, &result)
+  struct progress_watch watch = {
+    client, argv[0], &result.progress, &result.blocks,
+  };
+  client->progress_sent_ms = 0;
+  if (store_pack (store, max_blocks, 0, progress_keep_going, &watch, &result)
       == -1)
     return reply_error (client, "pack: %s", error_text (errno));
   fprintf (client->out, "units %" PRIu64 "\nblocks %" PRIu64 "\nbytes_before %"
@@ -433,7 +490,12 @@ command_writeback (struct client *client, int argc, char **argv)
     return reply_error (client, "writeback: the server has no backing store "
                         "(backing=)");
   struct store_writeback_result result;
-  int r = store_writeback (store, &request, client_still_there, client, &result);
+  struct progress_watch watch = {
+    client, argv[0], &result.progress, &result.blocks,
+  };
+  client->progress_sent_ms = 0;
+  int r = store_writeback (store, &request, progress_keep_going, &watch,
+                           &result);
   /* Stopped by the server's stop (its keep_going question, or its
    * backing request cut short), not by the store: say so, not as a
    * failure of the store's (its cut request is no timeout).

@@ -46,6 +46,7 @@
   COMMAND (grace, 2, 2, "grace SECONDS", command_grace, 0, false) \
   COMMAND (downtime, 2, 2, "downtime MILLISECONDS", command_downtime, 0, false) \
   COMMAND (handover, 1, 1, "handover", command_handover, 0, false) \
+  COMMAND (progress, 2, 2, "progress on|off", command_progress, 0, true) \
   COMMAND (help, 1, 1, "help", command_help, 0, true)
 
 #endif /* ZRAM_CONTROL_COMMANDS_H */

@@ -30,6 +30,8 @@ struct client {
   bool gone;                    /* hung up, a send failed or timed out */
   bool read_only;               /* came in on ctl_ro=: reads_only commands */
   bool on_worker;               /* its current line runs on the worker */
+  bool progress;                /* asked for progress lines (progress on) */
+  uint64_t progress_sent_ms;    /* when its last progress line went */
   char *reply;                  /* open_memstream buffer */
   size_t reply_length;
   FILE *out;

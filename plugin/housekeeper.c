@@ -16,10 +16,12 @@
 #define HOUSEKEEPING_INTERVAL_SECONDS 1
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards stopping,
-                                                            stats_due and the
-                                                            waits of wake,
-                                                            stats_wake and
-                                                            reserve_wake */
+                                                            stats_due,
+                                                            refills_done and
+                                                            the waits of
+                                                            wake, stats_wake,
+                                                            reserve_wake and
+                                                            refilled */
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* signals stopping
                                                             or a refill */
 /* Swap mode (policy.reserve_always): the reserve is kept by a thread of
@@ -34,6 +36,11 @@ static pthread_cond_t reserve_wake = PTHREAD_COND_INITIALIZER; /* signals
                                                             refill */
 static bool keeper_running;
 static pthread_t keeper_thread;
+/* Refills ended (store_reserve_refill calls, by either thread), for
+ * housekeeper_wait_refill; refilled signals each, and stopping.
+ */
+static uint64_t refills_done;
+static pthread_cond_t refilled = PTHREAD_COND_INITIALIZER;
 static bool stopping;
 /* Swap mode (policy.reserve_always): the stats file is written by a
  * thread of its own, woken each round, so that a write stuck in direct
@@ -216,6 +223,14 @@ stats_writer_main (void *arg)
   return NULL;
 }
 
+/* A refill ended: for the requests waiting on one.  lock is held. */
+static void
+refill_ended (void)
+{
+  refills_done++;
+  pthread_cond_broadcast (&refilled);
+}
+
 static void *
 reserve_keeper_main (void *arg)
 {
@@ -224,6 +239,9 @@ reserve_keeper_main (void *arg)
     atomic_store (&refill_requested, false);
     pthread_mutex_unlock (&lock);
     store_reserve_refill (store);
+    pthread_mutex_lock (&lock);
+    refill_ended ();
+    pthread_mutex_unlock (&lock);
     if (policy.reserve_tick)
       policy.reserve_tick ();
     pthread_mutex_lock (&lock);
@@ -267,6 +285,7 @@ housekeeper_main (void *arg)
         pthread_mutex_unlock (&lock);
         store_reserve_refill (store);
         pthread_mutex_lock (&lock);
+        refill_ended ();
         continue;
       }
       if (pthread_cond_clockwait (&wake, &lock, CLOCK_MONOTONIC,
@@ -354,6 +373,34 @@ housekeeper_wake (void)
   pthread_mutex_unlock (&lock);
 }
 
+bool
+housekeeper_wait_refill (unsigned timeout_ms)
+{
+  struct timespec deadline;
+  clock_gettime (CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (timeout_ms % 1000) * 1000000l;
+  if (deadline.tv_nsec >= 1000000000l) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000l;
+  }
+  pthread_mutex_lock (&lock);
+  uint64_t seen = refills_done;
+  bool ended = false;
+  if (!stopping) {
+    /* As housekeeper_wake, whatever the flag: this request waits. */
+    atomic_store (&refill_requested, true);
+    pthread_cond_signal (keeper_running ? &reserve_wake : &wake);
+    while (refills_done == seen && !stopping
+           && pthread_cond_clockwait (&refilled, &lock, CLOCK_MONOTONIC,
+                                      &deadline) != ETIMEDOUT)
+      ;
+    ended = refills_done != seen;
+  }
+  pthread_mutex_unlock (&lock);
+  return ended;
+}
+
 void
 housekeeper_stop (void)
 {
@@ -362,6 +409,7 @@ housekeeper_stop (void)
   pthread_mutex_lock (&lock);
   stopping = true;
   pthread_cond_signal (&wake);
+  pthread_cond_broadcast (&refilled);
   pthread_mutex_unlock (&lock);
   pthread_join (thread, NULL);
   housekeeper_stop_helpers ();

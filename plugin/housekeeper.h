@@ -71,6 +71,12 @@ extern void housekeeper_set_policy (const struct housekeeper_policy *policy);
  * swap reserve is low (the first wake starts keeping it).
  */
 extern void housekeeper_wake (void);
+/* Wake the thread for a refill, as housekeeper_wake, and wait until one
+ * ends (true), or timeout_ms pass or the thread stops (false).  Waits on
+ * the thread only, never on memory itself: a refill held in the
+ * kernel's reclaim costs the caller timeout_ms, not a deadlock.
+ */
+extern bool housekeeper_wait_refill (unsigned timeout_ms);
 /* Stop the thread, then flush and write the stats file one last time. */
 extern void housekeeper_stop (void);
 

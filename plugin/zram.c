@@ -553,6 +553,17 @@ failure_log_allowed (void)
   return false;
 }
 
+/* Swap mode: how long a store refused for want of memory made ready
+ * (EAGAIN: a burst of swap-outs took the reserve faster than the keeper
+ * refills it) waits for refills, trying again after each, before it
+ * fails (ENOMEM: the kernel keeps the page and writes it again later,
+ * but logs an I/O error for it).  One keeper round: well inside the
+ * kernel's request timeout.  The wait is on the keeper
+ * (housekeeper_wait_refill), never on reclaim: a keeper held in reclaim
+ * costs a request this long, then it fails as before.
+ */
+#define RESERVE_WAIT_MS 250
+
 /* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
  * ENOSPC on the wire, ENOMEM and EIO pass through.  In swap mode a store
  * refused for room is counted for the full-device watch (swap-full.h),
@@ -586,11 +597,13 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
                     "(mem_limit reached%s%s)", what, count, offset,
                     room_failure ? "; writeback: " : "",
                     room_failure ? room_failure : "");
+    else if (unready)
+      nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": no memory ready "
+                    "(the swap reserve stayed empty for %d ms)", what, count,
+                    offset, RESERVE_WAIT_MS);
     else
       nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
-                    what, count, offset,
-                    unready ? "no memory ready (swap reserve empty: "
-                    "refilling)" : error_text (err));
+                    what, count, offset, error_text (err));
   }
   nbdkit_set_error (err);
   return -1;
@@ -651,6 +664,27 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
                       faults, count, offset);
 }
 
+/* Whether a store_write or store_zero that returned r is tried again
+ * (swap mode, RESERVE_WAIT_MS from its first refusal, *started_ms): a
+ * refused store may have written some of its blocks, and writing the
+ * same data again is the same request.
+ */
+static bool
+reserve_wait_worth_it (int r, uint64_t *started_ms)
+{
+  if (r != -1 || errno != EAGAIN || swap_mode == SWAP_OFF)
+    return false;
+  uint64_t now = monotonic_ms ();
+  if (!*started_ms)
+    *started_ms = now;          /* the first refusal: the clock starts */
+  uint64_t waited = now - *started_ms;
+  if (waited >= RESERVE_WAIT_MS)
+    return false;
+  bool refilled = housekeeper_wait_refill (RESERVE_WAIT_MS - waited);
+  errno = EAGAIN;
+  return refilled;
+}
+
 static int
 zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
@@ -660,8 +694,12 @@ zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
   uint64_t faults = request_begin (true);
   if (swap_mode != SWAP_OFF && store_reserve_low (store))
     housekeeper_wake ();
-  return request_end (store_write (store, buf, count, offset), "write", true,
-                      faults, count, offset);
+  uint64_t started_ms = 0;
+  int r;
+  do
+    r = store_write (store, buf, count, offset);
+  while (reserve_wait_worth_it (r, &started_ms));
+  return request_end (r, "write", true, faults, count, offset);
 }
 
 static int
@@ -689,9 +727,12 @@ zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   if (standby_waiting ())
     return standby_refuse ("zero");
   uint64_t faults = request_begin (true);
-  return request_end (store_zero (store, count, offset,
-                                  flags & NBDKIT_FLAG_MAY_TRIM),
-                      "zero", true, faults, count, offset);
+  uint64_t started_ms = 0;
+  int r;
+  do
+    r = store_zero (store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM);
+  while (reserve_wait_worth_it (r, &started_ms));
+  return request_end (r, "zero", true, faults, count, offset);
 }
 
 static int

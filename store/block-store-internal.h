@@ -519,6 +519,8 @@ struct candidates {
   bool (*more) (void *opaque, unsigned *group);  /* may shrink *group */
   int (*work) (void *opaque, const uint64_t *blocks, unsigned n);
   void *opaque;
+  /* Where the walk is, set before each more (NULL: not kept). */
+  struct store_progress *progress;
 };
 extern int candidates_walk (struct block_store *store,
                             const struct candidates *walk);

@@ -372,6 +372,16 @@ extern int store_block_state (struct block_store *store, uint64_t first,
                               uint64_t count, store_block_state_fn emit,
                               void *opaque);
 
+/* How far a long walk over the device has come (recompression, packing,
+ * writeback: each result holds one).  walked of to_walk block numbers
+ * (the request's range, cut at the device's end) were passed; the walk
+ * writes it on its own thread before each keep_going question, which
+ * may read it (a progress report: nbdkit-zramctl's progress line).
+ */
+struct store_progress {
+  uint64_t walked, to_walk;
+};
+
 /* Recompression (zram's recompress): blocks matching the request are
  * compressed again with the recompression algorithms, in priority order
  * (or only the one of request->priority), and the result kept only if it
@@ -398,6 +408,7 @@ struct store_recompress_request {
 };
 struct store_recompress_result {
   uint64_t tried, recompressed, incompressible, bytes_saved;
+  struct store_progress progress;
 };
 /* keep_going (if not NULL) is asked before each block and stops the work
  * by returning false.  0, or -1 with errno (EINVAL: no such priority, no
@@ -452,6 +463,7 @@ struct store_writeback_result {
   bool limited;                   /* writeback_limit reached */
   bool backing_full;              /* no room in the backing store */
   bool failed;                    /* a backing write failed (EIO) */
+  struct store_progress progress;
 };
 /* 0, or -1 with errno: ENODEV (no backing store), EIO (a backing write
  * failed: those blocks stay in RAM), ENOSPC (backing store or limit
@@ -522,6 +534,7 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
 #define STORE_DECODE_CACHE_SLOTS_MAX 65536
 struct store_pack_result {
   uint64_t units, blocks, bytes_before, bytes_after;
+  struct store_progress progress;
 };
 /* Packs idle blocks not accessed for min_age seconds, max_blocks at most
  * (0: all); keep_going (if not NULL) is asked before each unit.

@@ -174,6 +174,9 @@ candidates_walk (struct block_store *store, const struct candidates *walk)
   uint64_t next = walk->first;
   uint64_t last = walk->last < store->blocks - 1 ? walk->last
     : store->blocks - 1;
+  struct store_progress *progress = walk->progress;
+  if (progress && next <= last)
+    *progress = (struct store_progress) { .to_walk = last - next + 1 };
   int r = 0;
   while (next <= last && r == 0) {
     batch->count = 0;
@@ -182,6 +185,8 @@ candidates_walk (struct block_store *store, const struct candidates *walk)
     for (unsigned i = 0; i < batch->count && r == 0; ) {
       unsigned n = batch->count - i < walk->group ? batch->count - i
         : walk->group;
+      if (progress)
+        progress->walked = batch->blocks[i] - walk->first;
       if (!walk->more (walk->opaque, &n))
         goto out;
       r = walk->work (walk->opaque, batch->blocks + i, n);
@@ -191,6 +196,8 @@ candidates_walk (struct block_store *store, const struct candidates *walk)
       break;
     next = batch->blocks[batch->count - 1] + 1;
   }
+  if (progress && r == 0)
+    progress->walked = progress->to_walk;
  out:
   free (batch);
   return r;

@@ -324,7 +324,7 @@ store_pack (struct block_store *store, uint64_t max_blocks, uint32_t min_age,
   struct candidates walk = {
     .first = 0, .last = UINT64_MAX, .group = store->pack_blocks,
     .wanted = pack_candidate, .more = pack_more, .work = pack_some,
-    .opaque = &run,
+    .opaque = &run, .progress = &result->progress,
   };
   int r = run.plain && run.compressed ? candidates_walk (store, &walk) : -1;
   free (run.plain);

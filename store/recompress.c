@@ -162,7 +162,7 @@ store_recompress (struct block_store *store,
   struct candidates walk = {
     .first = 0, .last = UINT64_MAX, .group = 1,
     .wanted = recompress_candidate, .more = recompress_more,
-    .work = recompress_one, .opaque = &run,
+    .work = recompress_one, .opaque = &run, .progress = &result->progress,
   };
   return candidates_walk (store, &walk);
 }

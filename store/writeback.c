@@ -343,6 +343,7 @@ writeback_pass (struct block_store *store,
     .first = request->first, .last = request->last,
     .group = store->writeback_batch, .wanted = writeback_candidate,
     .more = writeback_more, .work = writeback_some, .opaque = &run,
+    .progress = &result->progress,
   };
   int r = candidates_walk (store, &walk);
   /* A write making room (deadline_ms) frees no released run: freeing an

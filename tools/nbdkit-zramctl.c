@@ -70,7 +70,9 @@ usage (FILE *fp)
            "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,CTL; +COLUMNS adds),\n"
            "--output-all (the listing), --timeout SECONDS (how long a server may take to answer:\n"
            "default %d s, %d s for commands that move data; 0: no limit),\n"
-           "--version.  COMMAND is one of:", program, program, program, program,
+           "--progress / --no-progress (progress lines of writeback, recompress and\n"
+           "pack on stderr; by default when it is a terminal), --version.\n"
+           "COMMAND is one of:", program, program, program, program,
            program, program, QUERY_SECONDS, MOVER_SECONDS);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf (fp, " %s", commands[i]);
@@ -144,7 +146,62 @@ control_connect (const char *path)
   return fd;
 }
 
-/* Whether a reply line can be the control channel's: text, no NUL or
+/* ---- progress of the commands that move data ------------------------- */
+
+/* The commands whose server sends progress lines to a client that asked
+ * ("progress on": plugin/control-commands.c, progress_keep_going), what
+ * each line's done counts, and the reply field that counts it at the end.
+ */
+static const struct {
+  const char *command, *done, *final_key;
+} progress_commands[] = {
+  { "writeback", "written back", "blocks" },
+  { "recompress", "tried", "tried" },
+  { "pack", "packed", "blocks" },
+};
+/* -1: not chosen (--progress / --no-progress): shown when stderr is a
+ * terminal.
+ */
+static int progress_chosen = -1;
+/* The command running with progress on (NULL: none), when it started,
+ * and whether a line is on the terminal now.
+ */
+static const char *progress_done_word;
+static struct timespec progress_started;
+static bool progress_shown, progress_on_terminal;
+
+static double
+progress_seconds (void)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (double) (now.tv_sec - progress_started.tv_sec)
+    + (now.tv_nsec - progress_started.tv_nsec) / 1e9;
+}
+
+/* One progress line from the server: on a terminal it replaces the one
+ * before, elsewhere (--progress) each goes on a line of its own.
+ */
+static void
+progress_show (const char *line)
+{
+  char command[32];
+  uint64_t walked, of, done;
+  if (!progress_done_word
+      || sscanf (line, "progress %31s walked=%" SCNu64 " of=%" SCNu64
+                 " done=%" SCNu64, command, &walked, &of, &done) != 4)
+    return;
+  double seconds = progress_seconds ();
+  fprintf (stderr, "%s%s: %.0f%% of the device looked at, %" PRIu64
+           " blocks %s (%.0f blocks/s)%s", progress_on_terminal ? "\r" : "",
+           command, of ? 100.0 * walked / of : 100.0, done, progress_done_word,
+           seconds > 0 ? done / seconds : 0.0,
+           progress_on_terminal ? "\033[K" : "\n");
+  fflush (stderr);
+  progress_shown = true;
+}
+
+/* Whether a line can be the control channel's: text, no NUL or
  * other control characters (an NBD server greets with binary magic).
  */
 static bool
@@ -161,11 +218,12 @@ reply_line_is_text (const char *line, size_t length)
 }
 
 /* Send one command line and read its reply: the lines before "ok" into
- * *lines (caller frees).  0 on ok; -1 on an error reply (printed) or a
- * lost connection.
+ * *lines (caller frees), the progress lines to progress_show.  0 on ok;
+ * -1 on an error reply (printed if report_errors) or a lost connection.
  */
 static int
-control_command (int fd, const char *path, const char *line, char **lines)
+control_exchange (int fd, const char *path, const char *line, char **lines,
+                  bool report_errors)
 {
   size_t length = strlen (line);
   if (send (fd, line, length, MSG_NOSIGNAL) != (ssize_t) length
@@ -202,9 +260,14 @@ control_command (int fd, const char *path, const char *line, char **lines)
       break;
     }
     if (strncmp (reply, "error: ", 7) == 0) {
-      fprintf (stderr, "%s: %s: %s", program, path, reply + 7);
+      if (report_errors)
+        fprintf (stderr, "%s: %s: %s", program, path, reply + 7);
       ended = true;
       break;
+    }
+    if (strncmp (reply, "progress ", 9) == 0) {
+      progress_show (reply);
+      continue;
     }
     fputs (reply, out);
   }
@@ -218,6 +281,12 @@ control_command (int fd, const char *path, const char *line, char **lines)
   fclose (out);
   fclose (in);
   return r;
+}
+
+static int
+control_command (int fd, const char *path, const char *line, char **lines)
+{
+  return control_exchange (fd, path, line, lines, true);
 }
 
 /* Where the value of the reply line "key<separator>value" starts, or
@@ -667,8 +736,39 @@ run_command (const char *command, const char *path, int argc, char **argv)
   int fd = control_connect (path);
   if (fd == -1)
     return EXIT_FAILURE;
+  /* Progress for a command that moves data, when wanted and the server
+   * offers it (one before progress lines answers an error: silent then).
+   */
+  size_t p = sizeof progress_commands / sizeof progress_commands[0];
+  bool wanted = progress_chosen == -1 ? isatty (STDERR_FILENO) : progress_chosen;
+  if (wanted)
+    for (p = 0; p < sizeof progress_commands / sizeof progress_commands[0]; p++)
+      if (strcmp (command, progress_commands[p].command) == 0)
+        break;
+  if (p < sizeof progress_commands / sizeof progress_commands[0]) {
+    char *ignored = NULL;
+    if (control_exchange (fd, path, "progress on", &ignored, false) == 0) {
+      progress_done_word = progress_commands[p].done;
+      progress_on_terminal = isatty (STDERR_FILENO);
+      clock_gettime (CLOCK_MONOTONIC, &progress_started);
+    }
+    free (ignored);
+  }
   char *reply = NULL;
   int r = control_command (fd, path, line, &reply);
+  /* The progress line gives way to a summary of the whole run. */
+  if (progress_shown) {
+    if (progress_on_terminal)
+      fputs ("\r\033[K", stderr);
+    if (r == 0) {
+      double seconds = progress_seconds ();
+      uint64_t done = reply_value (reply, progress_commands[p].final_key,
+                                   NULL, 0);
+      fprintf (stderr, "%s: %" PRIu64 " blocks %s in %.1f s (%.0f blocks/s)\n",
+               command, done, progress_done_word, seconds,
+               seconds > 0 ? done / seconds : 0.0);
+    }
+  }
   if (reply)
     fputs (reply, stdout);
   free (reply);
@@ -1099,6 +1199,8 @@ main (int argc, char **argv)
     { "raw", no_argument, NULL, 'r' },
     { "noheadings", no_argument, NULL, 'n' },
     { "timeout", required_argument, NULL, 't' },
+    { "progress", no_argument, NULL, 'P' },
+    { "no-progress", no_argument, NULL, 'Q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
@@ -1131,6 +1233,8 @@ main (int argc, char **argv)
         return EXIT_FAILURE;
       }
       break;
+    case 'P': progress_chosen = 1; break;
+    case 'Q': progress_chosen = 0; break;
     case 'h': usage (stdout); return EXIT_SUCCESS;
     case 'V': printf ("%s %s\n", program, PACKAGE_VERSION); return EXIT_SUCCESS;
     default: usage (stderr); return EXIT_FAILURE;
