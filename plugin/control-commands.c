@@ -100,6 +100,7 @@ command_info (struct client *client, int argc, char **argv)
   fprintf (client->out, "limit_counts %s\n",
            client->info->limit_pages_only ? "pages" : "store");
   fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
+  fprintf (client->out, "streams %u\n", s.streams);
   return 0;
 }
 

@@ -553,6 +553,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->metadata_bytes = pool.metadata_bytes;
   for (unsigned p = 0; p <= store->recomp_count; p++)
     stats->codec_bytes += codec_memory (store->codecs[p]);
+  stats->streams = codec_streams (store->codecs[0]);
   stats->recomp_blocks = atomic_load (&store->recomp_blocks);
   stats->packed_blocks = atomic_load (&store->packed_blocks);
   stats->pack_units = atomic_load (&store->pack_units);

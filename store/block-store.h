@@ -225,6 +225,8 @@ struct store_stats {
   uint64_t reads, writes;         /* block reads and writes done */
   uint64_t table_bytes;           /* block table */
   uint64_t metadata_bytes;        /* allocator metadata */
+  unsigned streams;               /* compression contexts of comp= (the
+                                     most writes compressed at once) */
   uint64_t codec_bytes;           /* compression contexts, and batched
                                      writes' scratch */
   uint64_t reserve_bytes;         /* swap reserve: populated pages ready */

@@ -569,3 +569,12 @@ codec_memory (struct codec *codec)
 {
   return atomic_load (&codec->memory);
 }
+
+unsigned
+codec_streams (struct codec *codec)
+{
+  unsigned n = 0;
+  while (n < CODEC_CONTEXTS && atomic_load (&codec->contexts[n]))
+    n++;                        /* the slots fill from the first */
+  return n;
+}

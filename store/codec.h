@@ -116,5 +116,9 @@ extern size_t codec_trim (struct codec *codec);
 
 /* Bytes held by the codec's contexts. */
 extern size_t codec_memory (struct codec *codec);
+/* Its contexts: the most calls that ran at once so far (zram's streams,
+ * of which it keeps one a CPU).
+ */
+extern unsigned codec_streams (struct codec *codec);
 
 #endif /* ZRAM_CODEC_H */

@@ -52,6 +52,9 @@ STORED = 315
 before = info()
 assert int(before["disksize"]) == size, before
 assert before["algorithm"] == os.environ.get("COMP", "lz4"), before
+# Compression contexts: one at least (writes ran), at most one per call
+# that can run at once (nbdkit's threads).
+assert 1 <= int(before["streams"]) <= 64, before
 mm = [int(x) for x in ok("mm_stat")[0].split()]
 assert len(mm) == 9 and mm[0] == STORED * B, mm
 assert len(ok("io_stat")[0].split()) == 4

@@ -75,7 +75,7 @@ EOF
 grep -qx "disk1 $tmp/elsewhere.ctl" "$tmp/raw" || fail "-n -o NAME,CTL --raw: $(cat "$tmp/raw")"
 grep -qx "$plain_entry $registry/$plain_entry.ctl" "$tmp/raw" || fail "--raw: $(cat "$tmp/raw")"
 "$ZRAMCTL" --output-all --bytes disk1 > "$tmp/all"
-head -1 "$tmp/all" | grep -q "NAME *ALGORITHM *DISKSIZE *DATA *COMPR *TOTAL *RATIO *MEM-LIMIT *MEM-USED *ZERO-PAGES *MIGRATED *CTL" ||
+head -1 "$tmp/all" | grep -q "NAME *ALGORITHM *DISKSIZE *DATA *COMPR *TOTAL *RATIO *MEM-LIMIT *MEM-USED *ZERO-PAGES *MIGRATED *STREAMS *CTL" ||
     fail "--output-all: $(head -1 "$tmp/all")"
 grep -q " 33554432 " "$tmp/all" || fail "--bytes: $(cat "$tmp/all")"
 "$ZRAMCTL" -o +MEM-LIMIT disk1 | head -1 | grep -q "RATIO *MEM-LIMIT$" ||

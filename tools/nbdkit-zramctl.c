@@ -67,7 +67,7 @@ usage (FILE *fp)
            "SERVER is a server's ctl= socket, or its name in the registry; with no\n"
            "SERVER, every server in the registry.  Options: --json, --bytes, --raw,\n"
            "-n (no headings), -o COLUMNS (NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,\n"
-           "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,CTL; +COLUMNS adds),\n"
+           "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,STREAMS,CTL; +COLUMNS adds),\n"
            "--output-all (the listing), --timeout SECONDS (how long a server may take to answer:\n"
            "default %d s, %d s for commands that move data; 0: no limit),\n"
            "--progress / --no-progress (progress lines of writeback, recompress and\n"
@@ -347,7 +347,7 @@ struct server_row {
    * mem_used_max same_pages pages_compacted.
    */
   uint64_t disksize, data, compr, total, mem_limit, mem_used, zero_pages,
-    migrated;
+    migrated, streams;
 };
 
 static int
@@ -362,6 +362,7 @@ server_row_get (const char *path, struct server_row *row)
       && control_command (fd, path, "mm_stat", &mm_stat) == 0) {
     row->path = path;
     row->disksize = reply_value (info, "disksize", NULL, 0);
+    row->streams = reply_value (info, "streams", NULL, 0);
     reply_value (info, "algorithm", row->algorithm, sizeof row->algorithm);
     if (sscanf (mm_stat, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
                 " %" SCNu64 " %" SCNu64 " %" SCNu64, &row->data, &row->compr,
@@ -396,6 +397,7 @@ static const struct column columns[] = {
   { "MEM-USED", SIZE, false },    /* mem_used_max */
   { "ZERO-PAGES", NUMBER, false },/* same_pages */
   { "MIGRATED", NUMBER, false },  /* pages_compacted */
+  { "STREAMS", NUMBER, false },   /* compression contexts (info) */
   { "CTL", TEXT, false },         /* the control socket */
 };
 enum { COLUMNS = sizeof columns / sizeof columns[0] };
@@ -407,7 +409,8 @@ column_text (const struct server_row *row, unsigned c, bool bytes,
 {
   const uint64_t values[COLUMNS] = {
     0, 0, row->disksize, row->data, row->compr, row->total, 0,
-    row->mem_limit, row->mem_used, row->zero_pages, row->migrated, 0,
+    row->mem_limit, row->mem_used, row->zero_pages, row->migrated,
+    row->streams, 0,
   };
   switch (columns[c].kind) {
   case TEXT:
