@@ -17,6 +17,7 @@
 #include "control-internal.h"
 #include "error-text.h"
 #include "handover.h"
+#include "listen-address.h"
 #include "memory-account.h"
 #include "metrics.h"
 #include "params.h"
@@ -101,6 +102,11 @@ command_info (struct client *client, int argc, char **argv)
            client->info->limit_pages_only ? "pages" : "store");
   fprintf (client->out, "uptime %" PRIu32 "\n", store_now (store));
   fprintf (client->out, "streams %u\n", s.streams);
+  /* Where the device is served, as zramctl's MOUNTPOINT. */
+  fprintf (client->out, "serves ");
+  if (!listen_addresses_print (client->out, client->info->own_sockets))
+    fprintf (client->out, "-");
+  fprintf (client->out, "\n");
   return 0;
 }
 

@@ -62,6 +62,10 @@ struct control_info {
   bool limit_pages_only;        /* mem_limit=: the limit counts the
                                    compressed pages (as zram's);
                                    mem_budget=: all the store holds */
+  /* The plugin's own listening sockets (ctl=, ctl_ro=, standby=; NULL
+   * ends the list): where it does not serve the device (info's serves).
+   */
+  const char *own_sockets[4];
 };
 
 /* In .get_ready: make the socket (errors reach the user before nbdkit

@@ -337,6 +337,13 @@ serve_start (void)
     .level = params.store.level,
     .limit_pages_only = params.store.pool.limit_pages_only,
   };
+  const char *own[] = {
+    params.ctl_path, params.ctl_ro_path, params.standby_path,
+  };
+  unsigned owned = 0;
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (own[i])
+      info.own_sockets[owned++] = own[i];
   if (control_start (store, &info) == -1) {
     nbdkit_error ("ctl: cannot start the control thread: %s", error_text (errno));
     return -1;

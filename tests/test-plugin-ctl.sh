@@ -22,7 +22,7 @@ grep -q "ctl: '$tmp/not-a-socket' exists and is not a socket" "$NBDKIT_STDERR" \
 
 # ---- a live server -----------------------------------------------------
 cat > "$tmp/ctl.py" <<'EOF'
-import json, os, re, socket, stat, subprocess, sys, nbd
+import json, os, re, socket, stat, subprocess, sys, urllib.parse, nbd
 
 uri, ctl, stats_path = sys.argv[1], sys.argv[2], sys.argv[3]
 zramctl = os.environ["ZRAMCTL"]
@@ -55,6 +55,9 @@ assert before["algorithm"] == os.environ.get("COMP", "lz4"), before
 # Compression contexts: one at least (writes ran), at most one per call
 # that can run at once (nbdkit's threads).
 assert 1 <= int(before["streams"]) <= 64, before
+# Where it serves: nbdkit's socket, not the control socket.
+served = urllib.parse.unquote(re.search(r"socket=([^&]+)", uri).group(1))
+assert before["serves"] == "unix:" + served, (before["serves"], uri)
 mm = [int(x) for x in ok("mm_stat")[0].split()]
 assert len(mm) == 9 and mm[0] == STORED * B, mm
 assert len(ok("io_stat")[0].split()) == 4
@@ -179,6 +182,14 @@ for comp in lz4 zstd; do
         --run "python3 '$tmp/ctl.py' \"\$uri\" '$tmp/ctl' '$tmp/stats'"
     [ ! -e "$tmp/ctl" ] || fail "the control socket was left behind"
 done
+
+# Served over TCP: info's serves says the address and port.
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+zram_nbdkit -i 127.0.0.1 -p "$port" "$PLUGIN" 1M ctl="$tmp/ctl-tcp" \
+    --run "'$ZRAMCTL' info '$tmp/ctl-tcp' > '$tmp/info-tcp'"
+grep -qx "serves tcp:127.0.0.1:$port" "$tmp/info-tcp" ||
+    fail "info over TCP: $(cat "$tmp/info-tcp")"
+echo "ok: info says where the server serves: $(grep serves "$tmp/info-tcp")"
 
 # ---- recompression through the control channel -------------------------
 for bad in "recomp_algorithm=brotli" "recomp_algorithm=zstd:priority=2" \

@@ -3,10 +3,11 @@
 # that starts swapping): writes that find the reserve empty wait for the
 # keeper's refill and are tried again, instead of failing with ENOMEM
 # (which the kernel logs as a swap write error).  With the smallest
-# reserve (swap_reserve=2M) and 128 MiB of incompressible 128 KiB writes,
-# 16 in flight: the reserve runs dry (reserve_misses > 0: the case is
-# met), no write fails, and every block reads back.  Before the retry,
-# about 1 write in 10 failed here.
+# reserve (swap_reserve=2M) and 128 MiB of incompressible 1 MiB writes,
+# 16 in flight (half the reserve each: it runs dry under the sanitizers
+# too): the reserve runs dry (reserve_misses > 0: the case is met), no
+# write fails, and every block reads back.  Before the retry, 1 write in
+# 10 of 128 KiB failed here.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -17,7 +18,7 @@ import os, sys, nbd
 sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
 from ctl_client import Ctl
 uri, ctl = sys.argv[1], Ctl(sys.argv[2])
-W, TOTAL, IN_FLIGHT = 128 * 1024, 128 << 20, 16
+W, TOTAL, IN_FLIGHT = 1 << 20, 128 << 20, 16
 h = nbd.NBD(); h.connect_uri(uri)
 data = os.urandom(TOTAL)                # incompressible, made beforehand
 buffers = [nbd.Buffer.from_bytearray(bytearray(data[i * W:(i + 1) * W]))
@@ -39,7 +40,7 @@ while h.aio_in_flight() > 0:
     h.poll(-1)
 stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
 misses = int(stats["reserve_misses"])
-print("burst: %d writes of 128 KiB, %d failed; the reserve ran dry %d times"
+print("burst: %d writes of 1 MiB, %d failed; the reserve ran dry %d times"
       % (TOTAL // W, len(failed), misses))
 assert not failed, "writes failed: %r" % failed[:5]
 assert misses > 0, "the reserve never ran dry: the case was not met"

@@ -75,8 +75,10 @@ EOF
 grep -qx "disk1 $tmp/elsewhere.ctl" "$tmp/raw" || fail "-n -o NAME,CTL --raw: $(cat "$tmp/raw")"
 grep -qx "$plain_entry $registry/$plain_entry.ctl" "$tmp/raw" || fail "--raw: $(cat "$tmp/raw")"
 "$ZRAMCTL" --output-all --bytes disk1 > "$tmp/all"
-head -1 "$tmp/all" | grep -q "NAME *ALGORITHM *DISKSIZE *DATA *COMPR *TOTAL *RATIO *MEM-LIMIT *MEM-USED *ZERO-PAGES *MIGRATED *STREAMS *CTL" ||
+head -1 "$tmp/all" | grep -q "NAME *ALGORITHM *DISKSIZE *DATA *COMPR *TOTAL *RATIO *MEM-LIMIT *MEM-USED *ZERO-PAGES *MIGRATED *STREAMS *SERVES *CTL" ||
     fail "--output-all: $(head -1 "$tmp/all")"
+grep -q " unix:$tmp/named.sock " "$tmp/all" ||
+    fail "--output-all: SERVES: $(cat "$tmp/all")"
 grep -q " 33554432 " "$tmp/all" || fail "--bytes: $(cat "$tmp/all")"
 "$ZRAMCTL" -o +MEM-LIMIT disk1 | head -1 | grep -q "RATIO *MEM-LIMIT$" ||
     fail "-o +MEM-LIMIT: $("$ZRAMCTL" -o +MEM-LIMIT disk1)"

@@ -67,7 +67,8 @@ usage (FILE *fp)
            "SERVER is a server's ctl= socket, or its name in the registry; with no\n"
            "SERVER, every server in the registry.  Options: --json, --bytes, --raw,\n"
            "-n (no headings), -o COLUMNS (NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,\n"
-           "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,STREAMS,CTL; +COLUMNS adds),\n"
+           "RATIO,MEM-LIMIT,MEM-USED,ZERO-PAGES,MIGRATED,STREAMS,\n"
+           "SERVES,CTL; +COLUMNS adds),\n"
            "--output-all (the listing), --timeout SECONDS (how long a server may take to answer:\n"
            "default %d s, %d s for commands that move data; 0: no limit),\n"
            "--progress / --no-progress (progress lines of writeback, recompress and\n"
@@ -343,6 +344,7 @@ struct server_row {
   const char *name;               /* NAME: the registry's, or as given */
   const char *path;               /* the control socket */
   char algorithm[32];
+  char serves[512];               /* info's serves: where clients connect */
   /* mm_stat: orig_data_size compr_data_size mem_used_total mem_limit
    * mem_used_max same_pages pages_compacted.
    */
@@ -363,6 +365,10 @@ server_row_get (const char *path, struct server_row *row)
     row->path = path;
     row->disksize = reply_value (info, "disksize", NULL, 0);
     row->streams = reply_value (info, "streams", NULL, 0);
+    if (!reply_field (info, "serves", " "))
+      snprintf (row->serves, sizeof row->serves, "-");  /* an older server */
+    else
+      reply_value (info, "serves", row->serves, sizeof row->serves);
     reply_value (info, "algorithm", row->algorithm, sizeof row->algorithm);
     if (sscanf (mm_stat, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
                 " %" SCNu64 " %" SCNu64 " %" SCNu64, &row->data, &row->compr,
@@ -398,6 +404,8 @@ static const struct column columns[] = {
   { "ZERO-PAGES", NUMBER, false },/* same_pages */
   { "MIGRATED", NUMBER, false },  /* pages_compacted */
   { "STREAMS", NUMBER, false },   /* compression contexts (info) */
+  { "SERVES", TEXT, false },      /* where clients connect (info), as
+                                     zramctl's MOUNTPOINT */
   { "CTL", TEXT, false },         /* the control socket */
 };
 enum { COLUMNS = sizeof columns / sizeof columns[0] };
@@ -410,12 +418,15 @@ column_text (const struct server_row *row, unsigned c, bool bytes,
   const uint64_t values[COLUMNS] = {
     0, 0, row->disksize, row->data, row->compr, row->total, 0,
     row->mem_limit, row->mem_used, row->zero_pages, row->migrated,
-    row->streams, 0,
+    row->streams, 0, 0,
+  };
+  const char *const texts[COLUMNS] = {
+    [0] = row->name, [1] = row->algorithm, [COLUMNS - 2] = row->serves,
+    [COLUMNS - 1] = row->path,
   };
   switch (columns[c].kind) {
   case TEXT:
-    snprintf (text, size, "%s", c == 0 ? row->name
-              : c == 1 ? row->algorithm : row->path);
+    snprintf (text, size, "%s", texts[c]);
     break;
   case SIZE:
     if (bytes)
