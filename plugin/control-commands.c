@@ -20,11 +20,11 @@
 #include "listen-address.h"
 #include "memory-account.h"
 #include "metrics.h"
-#include "params.h"
 #include "monotonic.h"
 #include "stats-file.h"
 #include "swap-full.h"
 #include "swap-mode.h"
+#include "text-parse.h"
 
 
 static int
@@ -184,7 +184,7 @@ static int
 command_mem_limit (struct client *client, int argc, char **argv)
 {
   struct block_store *store = client->store;
-  int64_t limit = params_parse_size (argv[1]);
+  int64_t limit = parse_size (argv[1]);
   if (limit == -1)
     return reply_error (client, "mem_limit: '%s' is not a size (e.g. 512M)",
                         argv[1]);
@@ -544,7 +544,7 @@ command_writeback_limit (struct client *client, int argc, char **argv)
   if (argc == 2) {
     if (strcmp (argv[1], "off") == 0)
       limited = false;
-    else if (!*argv[1] || (bytes = params_parse_size (argv[1])) == -1)
+    else if (!*argv[1] || (bytes = parse_size (argv[1])) == -1)
       return reply_error (client, "writeback_limit: '%s' is not a size or off "
                           "(e.g. 512M, 0: nothing more is written back)",
                           argv[1]);

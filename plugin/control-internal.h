@@ -1,6 +1,8 @@
-/* The control channel's insides, shared by control.c (the socket, the
- * clients, their lines, the worker) and control-commands.c (what each
- * command does).  See control.h.
+/* The control channel's insides, in three layers, each calling only
+ * down: control.c (the thread, its sockets, the clients' lines, the
+ * worker) runs control-commands.c's commands (what each does), and both
+ * send through control-client.c (replies, and the stop every wait
+ * watches).  See control.h.
  */
 #ifndef ZRAM_CONTROL_INTERNAL_H
 #define ZRAM_CONTROL_INTERNAL_H
@@ -56,21 +58,33 @@ struct control_command {
 extern const struct control_command control_commands[];
 extern const size_t control_command_count;
 
-/* control.c: send what the client's reply holds so far (a long reply,
- * in pieces) and start it again.
+/* control-client.c, below both: the replies and the stop.  Send what
+ * the client's reply holds so far (a long reply, in pieces) and start it
+ * again.
  */
 extern void reply_flush (struct client *client);
-/* control.c: "error: ..." into the client's reply; returns -1. */
+/* "error: ..." into the client's reply; returns -1. */
 extern int reply_error (struct client *client, const char *format, ...)
   __attribute__ ((format (printf, 2, 3)));
-/* control.c: true while the client is connected and the server is not
- * stopping (a keep_going question for long commands).
+/* True while the client is connected and the server is not stopping (a
+ * keep_going question for long commands).
  */
 extern bool client_still_there (void *opaque);
-/* control.c: once the server is stopping, why ("the handover", "the
- * server's exit"): a long command that stops early says so in its
- * reply; NULL before.
+/* Once the server is stopping, why ("the handover", "the server's
+ * exit"): a long command that stops early says so in its reply; NULL
+ * before.
  */
 extern const char *control_stop_cause (void);
+/* The stop, for control.c: the wake pipe made (0, or -1 with errno) and
+ * closed; its read end, readable once client_io_wake wrote to it (every
+ * wait of the channel watches it); the stop set, with its cause (under
+ * control.c's worker_lock), and read.
+ */
+extern int client_io_open (void);
+extern void client_io_close (void);
+extern int client_io_wake_fd (void);
+extern void client_io_wake (void);
+extern void client_io_stop (const char *cause);
+extern bool client_io_stopping (void);
 
 #endif /* ZRAM_CONTROL_INTERNAL_H */

@@ -38,10 +38,6 @@
  * that long.
  */
 #define CONTROL_LINE_DEADLINE_MS 2000
-/* A reply its client does not read for this long: the client is dropped
- * (the command's effect stays; its log line says so).
- */
-#define CONTROL_SEND_TIMEOUT_MS 2000
 
 /* Set up in control_listen / control_start, torn down in control_stop,
  * one thread at a time: nbdkit's main thread, or a standby's thread at
@@ -55,7 +51,6 @@ static struct stat socket_name;     /* what unix_listen bound */
 static int read_only_fd = -1;
 static char *read_only_path;
 static struct stat read_only_name;
-static int wake_pipe[2] = { -1, -1 };  /* written by control_stop */
 static pthread_t thread;
 static bool running;
 /* Set on the control thread alone (control_main): its own commands'
@@ -88,20 +83,12 @@ static pthread_t worker_thread;
  * thread polls the other end.
  */
 static int worker_done_pipe[2] = { -1, -1 };
-/* worker_lock guards worker_running, and the setting of stopping and
- * stop_cause: so that control_stop either sees a worker that started
- * and cuts its backing I/O short, or no worker starts after it.
+/* worker_lock guards worker_running, and the setting of the stop
+ * (client_io_stop): so that control_stop either sees a worker that
+ * started and cuts its backing I/O short, or no worker starts after it.
  */
 static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool worker_running;
-/* Set once by control_stop: every long command stops at its next
- * keep_going question; also read without worker_lock.
- */
-static atomic_bool stopping;
-/* Why (control_stop_cause): set with stopping, before it, and read once
- * stopping is seen set.
- */
-static const char *_Atomic stop_cause;
 
 /* ---- the socket ------------------------------------------------------ */
 
@@ -140,85 +127,6 @@ control_listen (const char *path, const char *name)
   return 0;
 }
 
-/* ---- replies ------------------------------------------------------- */
-
-/* Send on the non-blocking socket, waiting for room at most
- * CONTROL_SEND_TIMEOUT_MS without progress: a client that does not read
- * is dropped, and so is every client when the server stops.
- */
-static void
-client_send (struct client *client, const char *bytes, size_t length)
-{
-  while (length > 0 && !client->gone) {
-    ssize_t sent = send (client->fd, bytes, length, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (sent > 0) {
-      bytes += sent;
-      length -= sent;
-      continue;
-    }
-    if (sent == -1 && errno == EINTR)
-      continue;
-    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      struct pollfd fds[] = {
-        { .fd = client->fd, .events = POLLOUT },
-        { .fd = wake_pipe[0], .events = POLLIN },
-      };
-      int ready = poll (fds, 2, CONTROL_SEND_TIMEOUT_MS);
-      if (ready == -1 && errno == EINTR)
-        continue;
-      if (ready == 0)
-        nbdkit_error ("ctl: client dropped: it read nothing of its reply "
-                      "for %d s", CONTROL_SEND_TIMEOUT_MS / 1000);
-      if (ready > 0 && !fds[1].revents)
-        continue;
-    }
-    client->gone = true;
-  }
-}
-
-/* Send what the reply holds so far and start it again. */
-void
-reply_flush (struct client *client)
-{
-  fflush (client->out);
-  client_send (client, client->reply, client->reply_length);
-  rewind (client->out);
-  client->reply_length = 0;
-  fflush (client->out);
-}
-
-int
-reply_error (struct client *client, const char *format, ...)
-{
-  va_list args;
-  va_start (args, format);
-  fprintf (client->out, "error: ");
-  vfprintf (client->out, format, args);
-  fprintf (client->out, "\n");
-  va_end (args);
-  return -1;
-}
-
-/* True while the client is connected and the server is not stopping:
- * asked between pieces of a long command, on the control thread or on
- * the worker (which then owns client->gone).  A stop leaves the client
- * connected: a handover's still sends the worker's reply.
- */
-bool
-client_still_there (void *opaque)
-{
-  struct client *client = opaque;
-  struct pollfd fds[] = { { .fd = client->fd, .events = 0 } };
-  if (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR)))
-    client->gone = true;
-  return !client->gone && !atomic_load (&stopping);
-}
-
-const char *
-control_stop_cause (void)
-{
-  return atomic_load (&stopping) ? atomic_load (&stop_cause) : NULL;
-}
 
 static void *
 worker_main (void *arg)
@@ -243,7 +151,7 @@ worker_start (struct client *client, const struct control_command *command,
                         "waits for the backing store at a time); try again "
                         "when it is done", job.command->name);
   pthread_mutex_lock (&worker_lock);
-  bool refused = atomic_load (&stopping);
+  bool refused = client_io_stopping ();
   worker_running = !refused;
   pthread_mutex_unlock (&worker_lock);
   if (refused)
@@ -569,7 +477,7 @@ control_main (void *arg)
     struct pollfd fds[FIRST_CLIENT + CONTROL_CLIENTS_MAX];
     struct client *polled[CONTROL_CLIENTS_MAX];
     nfds_t count = FIRST_CLIENT;
-    fds[0] = (struct pollfd) { .fd = wake_pipe[0], .events = POLLIN };
+    fds[0] = (struct pollfd) { .fd = client_io_wake_fd (), .events = POLLIN };
     fds[1] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
     fds[2] = (struct pollfd) { .fd = worker_done_pipe[0], .events = POLLIN };
     fds[3] = (struct pollfd) { .fd = read_only_fd, .events = POLLIN };
@@ -626,9 +534,7 @@ control_start (struct block_store *the_store, const struct control_info *the_inf
     return 0;
   store = the_store;
   info = *the_info;
-  atomic_store (&stopping, false);
-  if (pipe2 (wake_pipe, O_CLOEXEC) == -1
-      || pipe2 (worker_done_pipe, O_CLOEXEC) == -1)
+  if (client_io_open () == -1 || pipe2 (worker_done_pipe, O_CLOEXEC) == -1)
     return -1;
   int err = pthread_create (&thread, NULL, control_main, NULL);
   if (err) {
@@ -648,8 +554,7 @@ static bool
 worker_wind_down (const char *cause)
 {
   pthread_mutex_lock (&worker_lock);
-  atomic_store (&stop_cause, cause);
-  atomic_store (&stopping, true);
+  client_io_stop (cause);
   bool running_now = worker_running;
   pthread_mutex_unlock (&worker_lock);
   return running_now;
@@ -691,17 +596,12 @@ control_stop (void)
   }
   if (running) {
     worker_cut_short ("the server's exit");
-    char byte = 0;
-    ssize_t written = write (wake_pipe[1], &byte, 1);
-    (void) written;
+    client_io_wake ();
     pthread_join (thread, NULL);
     running = false;
   }
+  client_io_close ();
   for (int i = 0; i < 2; i++) {
-    if (wake_pipe[i] != -1) {
-      close (wake_pipe[i]);
-      wake_pipe[i] = -1;
-    }
     if (worker_done_pipe[i] != -1) {
       close (worker_done_pipe[i]);
       worker_done_pipe[i] = -1;

@@ -19,6 +19,7 @@
 #include "error-text.h"
 #include "params.h"
 #include "stats-file.h"
+#include "text-parse.h"
 #include "swap-full.h"
 #include "swap-mode.h"
 #include "zsalloc.h"
@@ -27,10 +28,10 @@
 #define RESERVE_UNIT ((uint64_t) 2 << 20)
 
 enum param_kind {
-  KIND_SIZE,            /* params_parse_size into a uint64_t, >= min */
+  KIND_SIZE,            /* parse_size into a uint64_t, >= min */
   KIND_UNSIGNED,        /* into an unsigned, min..max */
   KIND_INT,             /* into an int (its range checked elsewhere) */
-  KIND_BOOL,            /* params_parse_bool into a bool */
+  KIND_BOOL,            /* parse_bool into a bool */
   KIND_CHOICE,          /* one of choices, its index into an int (an enum
                            whose values are the indexes) */
   KIND_PATH,            /* made absolute, into a char * */
@@ -241,49 +242,6 @@ choice_index (const char *key, const char *value, const char *const *choices)
 }
 
 /* Parse value by param's kind into its target. */
-int64_t
-params_parse_size (const char *text)
-{
-  static const char suffixes[] = "bkmgtpe";
-  uint64_t number = 0;
-  const char *p = text;
-  if (*p < '0' || *p > '9')
-    return -1;
-  for (; *p >= '0' && *p <= '9'; p++) {
-    if (number > (uint64_t) (INT64_MAX - (*p - '0')) / 10)
-      return -1;
-    number = number * 10 + (*p - '0');
-  }
-  uint64_t scale = 1;
-  if (*p) {
-    const char *suffix = strchr (suffixes, *p | 0x20);  /* lower case */
-    if (p[1] || (!suffix && (*p | 0x20) != 's'))
-      return -1;
-    if (suffix)
-      for (const char *k = suffixes; k < suffix; k++)
-        scale *= 1024;
-    else
-      scale = 512;
-  }
-  if (number > (uint64_t) INT64_MAX / scale)
-    return -1;
-  return (int64_t) (number * scale);
-}
-
-int
-params_parse_bool (const char *text)
-{
-  static const char *const words[2][6] = {
-    { "0", "false", "f", "no", "n", "off" },
-    { "1", "true", "t", "yes", "y", "on" },
-  };
-  for (int value = 0; value < 2; value++)
-    for (size_t i = 0; i < 6; i++)
-      if (strcasecmp (text, words[value][i]) == 0)
-        return value;
-  return -1;
-}
-
 static int
 param_parse (struct zram_params *params, const struct param *param,
              const char *value)
@@ -293,7 +251,7 @@ param_parse (struct zram_params *params, const struct param *param,
   int choice, flag;
   switch (param->kind) {
   case KIND_SIZE:
-    size = params_parse_size (value);
+    size = parse_size (value);
     if (size == -1) {
       nbdkit_error ("%s: '%s' is not a size (e.g. 512M, 8G)", key, value);
       return -1;
@@ -319,7 +277,7 @@ param_parse (struct zram_params *params, const struct param *param,
   case KIND_INT:
     return nbdkit_parse_int (key, value, TARGET (params, param, int));
   case KIND_BOOL:
-    if ((flag = params_parse_bool (value)) == -1) {
+    if ((flag = parse_bool (value)) == -1) {
       nbdkit_error ("%s: '%s' is not a boolean (true|false, yes|no, on|off, "
                     "1|0)", key, value);
       return -1;
@@ -414,7 +372,7 @@ set_backing (struct zram_params *params, const char *value)
 static int
 set_backing_sync (struct zram_params *params, const char *value)
 {
-  int sync = params_parse_bool (value);
+  int sync = parse_bool (value);
   if (sync == -1) {
     nbdkit_error ("backing_sync: '%s' is not a boolean (true|false, yes|no, "
                   "on|off, 1|0)", value);

@@ -50,20 +50,6 @@ struct zram_params {
 };
 
 /* The defaults (.load). */
-/* A size as nbdkit_parse_size reads it: decimal digits, then at most
- * one suffix, b (bytes), k m g t p e (powers of 1024) or s (512-byte
- * sectors), either case (512M, 4G).  -1 for anything else, or a size
- * past INT64_MAX.  Not nbdkit_parse_size itself: it logs what it cannot
- * read, so a bad parameter got two lines, and a control client's text
- * must never reach the server's log (the control channel replies the
- * error to the client alone).
- */
-extern int64_t params_parse_size (const char *text);
-/* nbdkit_parse_bool's words (1 true t yes y on, 0 false f no n off,
- * either case): 1, 0, or -1 for anything else, logging nothing.
- */
-extern int params_parse_bool (const char *text);
-
 extern void params_init (struct zram_params *params);
 /* key=value (.config): 0, or -1 after nbdkit_error naming the key. */
 extern int params_set (struct zram_params *params, const char *key,

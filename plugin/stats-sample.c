@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "proc-files.h"
 #include "stats-sample.h"
 
 static uint64_t

@@ -17,9 +17,10 @@
 
 #include "error-text.h"
 #include "monotonic.h"
+#include "proc-files.h"
+#include "stack-touch.h"
 #include "swap-full.h"
-#include "params.h"
-#include "swap-mode.h"
+#include "text-parse.h"
 
 #define SYSRQ_TRIGGER "/proc/sysrq-trigger"
 
@@ -75,7 +76,7 @@ swap_full_after_parse (const char *value)
 int
 swap_full_available_parse (const char *value)
 {
-  int64_t bytes = params_parse_size (value);
+  int64_t bytes = parse_size (value);
   if (bytes == -1) {
     nbdkit_error ("swap_full_available: '%s' is not a size (e.g. 64M; 0: "
                   "twice vm.min_free_kbytes or a thirty-second of RAM)",
@@ -362,7 +363,7 @@ static void *
 watcher_main (void *arg)
 {
   (void) arg;
-  swap_mode_touch_stack (WATCHER_STACK_BYTES);
+  stack_touch (WATCHER_STACK_BYTES);
   while (!atomic_load (&watcher_stopping)) {
     struct timespec tick = { 0, SWAP_FULL_TICK_MS * 1000000l };
     swap_full_watch (monotonic_ns ());

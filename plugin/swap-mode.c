@@ -23,6 +23,8 @@
 
 #include "error-text.h"
 #include "swap-full.h"
+#include "proc-files.h"
+#include "stack-touch.h"
 #include "swap-mode.h"
 
 #ifndef PR_SET_IO_FLUSHER
@@ -90,38 +92,6 @@ swap_mode_check_config (uint64_t mem_limit)
     return -1;
   }
   return 0;
-}
-
-int64_t
-self_status_number (const char *name, int base)
-{
-  FILE *fp = fopen ("/proc/self/status", "r");
-  if (!fp)
-    return -1;
-  char line[256];
-  size_t length = strlen (name);
-  int64_t value = -1;
-  while (fgets (line, sizeof line, fp))
-    if (strncmp (line, name, length) == 0 && line[length] == ':') {
-      value = strtoll (line + length + 1, NULL, base);
-      break;
-    }
-  fclose (fp);
-  return value;
-}
-
-/* The number a /proc/sys file holds, or -1. */
-static int64_t
-sysctl_number (const char *path)
-{
-  FILE *fp = fopen (path, "r");
-  int64_t value = -1;
-  if (fp) {
-    if (fscanf (fp, "%" SCNd64, &value) != 1)
-      value = -1;
-    fclose (fp);
-  }
-  return value;
 }
 
 static bool
@@ -288,13 +258,6 @@ swap_mode_lock (void)
   }
   got_locked = true;
   return 0;
-}
-
-int64_t
-meminfo_kib (const char *text, const char *key)
-{
-  const char *at = strstr (text, key);
-  return at ? strtoll (at + strlen (key), NULL, 10) : -1;
 }
 
 /* The machine's RAM (MemTotal), in bytes; 0 when unknown. */
@@ -477,14 +440,6 @@ swap_mode_report (uint64_t reserve_bytes, uint64_t prepared_bytes)
 #define STACK_TOUCH_BYTES (48 << 10)
 #define STACK_READY_BYTES (64 << 10)
 
-__attribute__ ((noinline)) void
-swap_mode_touch_stack (size_t bytes)
-{
-  volatile unsigned char *stack = alloca (bytes);
-  for (size_t offset = 0; offset < bytes; offset += 4096)
-    stack[offset] = 0;
-}
-
 /* Minor and major faults of the calling thread so far. */
 static uint64_t
 thread_faults (void)
@@ -505,7 +460,7 @@ swap_mode_request_start (void)
   uint64_t faults = thread_faults ();
   if (!thread_ready) {
     thread_ready = true;
-    swap_mode_touch_stack (STACK_TOUCH_BYTES);
+    stack_touch (STACK_TOUCH_BYTES);
     uint64_t touched = thread_faults () - faults;
     if (touched)
       atomic_fetch_add_explicit (&stack_touch_faults, touched,

@@ -82,21 +82,6 @@ extern int swap_mode_prepare (void);
  */
 extern int swap_mode_lock (void);
 
-/* A "Key:   N kB" line's number from /proc/meminfo's text, in KiB, or
- * -1 when the key is missing.
- */
-extern int64_t meminfo_kib (const char *text, const char *key);
-
-/* The number of a "Name:   value" line of /proc/self/status, read in
- * base, or -1 (no such line, or no file).
- */
-extern int64_t self_status_number (const char *name, int base);
-
-/* Touch bytes of the calling thread's stack below its caller, so that
- * they are resident (and, under mlockall, locked) before they are needed.
- */
-extern void swap_mode_touch_stack (size_t bytes);
-
 /* The reserve swap mode keeps when swap_reserve= is not given. */
 extern uint64_t swap_mode_default_reserve (uint64_t mem_limit,
                                            uint64_t reserve_unit);

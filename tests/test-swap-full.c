@@ -39,35 +39,6 @@ nbdkit_error (const char *format, ...)
   (void) format;
 }
 
-void
-swap_mode_touch_stack (size_t bytes)
-{
-  (void) bytes;
-}
-
-/* swap-mode.c's, which brings the rest of swap mode with it. */
-int64_t
-meminfo_kib (const char *text, const char *key)
-{
-  const char *at = strstr (text, key);
-  return at ? strtoll (at + strlen (key), NULL, 10) : -1;
-}
-
-/* params.c's, which brings every parameter with it: decimal bytes and
- * an M suffix are all this test gives it.
- */
-int64_t
-params_parse_size (const char *text)
-{
-  char *end;
-  long long n = strtoll (text, &end, 10);
-  if (end == text || n < 0)
-    return -1;
-  if (*end == 'M' && !end[1])
-    return n << 20;
-  return *end ? -1 : n;
-}
-
 int __real_open (const char *path, int flags, ...);
 
 int
