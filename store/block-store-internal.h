@@ -149,6 +149,9 @@ struct block_store {
   uint64_t blocks;
   struct region *region;          /* where it lives; NULL: the C heap */
   struct zs_pool *pool;
+  bool shares_pool;               /* another store's pool (a server's
+                                     devices, store_config.shared_pool):
+                                     its objects are freed one by one */
   bool limit_pages_only;          /* how the pool counts mem_limit
                                      (zs_pool_config): a new owner must
                                      count it the same way */

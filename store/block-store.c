@@ -161,7 +161,13 @@ store_create (const struct store_config *config)
   store->limit_pages_only = config->pool.limit_pages_only;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
   store->created_ns = monotonic_ns ();
-  store->pool = zs_pool_create (&config->pool);
+  if (config->shared_pool && region) {
+    errno = EINVAL;             /* a region holds one store's pool */
+    goto fail;
+  }
+  store->shares_pool = config->shared_pool != NULL;
+  store->pool = config->shared_pool ? config->shared_pool
+    : zs_pool_create (&config->pool);
   if (!store->pool)
     goto fail;
   if (config->recomp_count > STORE_RECOMP_MAX) {
@@ -203,7 +209,7 @@ store_create (const struct store_config *config)
  fail:;
   int saved = errno;
   backing_map_free (store);
-  if (store->pool)
+  if (store->pool && !store->shares_pool)
     zs_pool_destroy (store->pool);
   process_parts_free (store);
   region_memory_free (region, store);
@@ -328,17 +334,31 @@ store_destroy (struct block_store *store)
 {
   if (!store)
     return;
-  /* The table first: its nodes are charged to the pool.  The pool frees
-   * every object at once; the entries need no walk.
+  /* A pool shared with other stores takes this one's objects back one
+   * by one (a trim of the whole device frees each block and unit) and
+   * stays; a pool of its own frees every object at once, and the
+   * entries need no walk.  The table first: its nodes are charged to
+   * the pool.
    */
+  if (store->shares_pool) {
+    store_trim (store, store->size, 0);
+    store_flush (store);
+  }
   block_table_destroy (&store->table);
-  zs_pool_destroy (store->pool);
+  if (!store->shares_pool)
+    zs_pool_destroy (store->pool);
   process_parts_free (store);
   units_free_all (store);      /* their parts went with the pool */
   backing_close (store->backing);
   backing_map_free (store);
   write_scratch_free (store);
   region_memory_free (store->region, store);
+}
+
+struct zs_pool *
+store_pool (struct block_store *store)
+{
+  return store->pool;
 }
 
 size_t

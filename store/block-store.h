@@ -186,6 +186,12 @@ struct store_config {
                                      one batch, 1..STORE_WRITE_BATCH_MAX
                                      (0: the most; 1: block by block) */
   struct zs_pool_config pool;     /* chain, mem_limit, lock and free modes */
+  /* A pool other stores use too (the devices of one server, one budget:
+   * store_pool of the first), used and not owned, in place of one made
+   * from pool: its mem_limit counts every store's objects.  Without a
+   * region (pool.region NULL); the pool's store is destroyed last.
+   */
+  struct zs_pool *shared_pool;
   /* Writeback: the backing store (backing.h), or NULL.  store_create
    * owns it from the call on, whether it succeeds or not.
    */
@@ -273,6 +279,8 @@ struct block_store;
 /* NULL with errno on failure. */
 extern struct block_store *store_create (const struct store_config *config);
 extern void store_destroy (struct block_store *store);
+/* The store's allocator pool: for store_config.shared_pool. */
+extern struct zs_pool *store_pool (struct block_store *store);
 
 /* HANDOVER, above.  store_hand_over: no call on the store may be
  * running or follow in this process; then hand its region over
