@@ -78,6 +78,23 @@ progress_keep_going (void *opaque)
   return client_still_there (client);
 }
 
+/* devices: the server's exports, the default first (named -, "" on the
+ * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL.
+ */
+static int
+command_devices (struct client *client, int argc, char **argv)
+{
+  fprintf (client->out, "- %" PRIu64 " %s %d\n", client->info->disksize,
+           client->info->algorithm, client->info->level);
+  for (unsigned i = 0; i < devices_count (); i++) {
+    const struct device *device = device_at (i);
+    fprintf (client->out, "%s %" PRIu64 " %s %d\n", device->spec.name,
+             device->spec.size, codec_name (device->spec.algorithm),
+             device->spec.level);
+  }
+  return 0;
+}
+
 /* progress on|off: this client's progress lines (progress_keep_going). */
 static int
 command_progress (struct client *client, int argc, char **argv)
@@ -92,11 +109,15 @@ static int
 command_info (struct client *client, int argc, char **argv)
 {
   struct block_store *store = client->store;
+  const struct device *device = client->device;
   struct store_stats s;
   store_stats (store, &s);
-  fprintf (client->out, "disksize %" PRIu64 "\n", client->info->disksize);
-  fprintf (client->out, "algorithm %s\n", client->info->algorithm);
-  fprintf (client->out, "level %d\n", client->info->level);
+  fprintf (client->out, "disksize %" PRIu64 "\n",
+           device ? device->spec.size : client->info->disksize);
+  fprintf (client->out, "algorithm %s\n", device
+           ? codec_name (device->spec.algorithm) : client->info->algorithm);
+  fprintf (client->out, "level %d\n",
+           device ? device->spec.level : client->info->level);
   fprintf (client->out, "mem_limit %" PRIu64 "\n", s.mem_limit);
   fprintf (client->out, "limit_counts %s\n",
            client->info->limit_pages_only ? "pages" : "store");

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "block-store.h"
+#include "devices.h"
 #include "control.h"
 #include "control-commands.h"
 
@@ -27,7 +28,10 @@
  */
 struct client {
   int fd;                       /* non-blocking; -1: a free slot */
-  struct block_store *store;    /* what the commands act on */
+  struct block_store *store;    /* what the commands act on: the
+                                   default export's store, or the
+                                   device= of the line being run */
+  const struct device *device;  /* that device, or NULL: the default */
   const struct control_info *info;
   bool gone;                    /* hung up, a send failed or timed out */
   bool read_only;               /* came in on ctl_ro=: reads_only commands */

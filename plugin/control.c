@@ -215,6 +215,30 @@ run_line (struct client *client, char *line, size_t line_bytes)
     reply_flush (client);
     return LINE_ANSWERED;
   }
+  /* device=NAME, anywhere on the line: the command acts on that device
+   * (devices.h); without it, on the default export.
+   */
+  client->store = store;
+  client->device = NULL;
+  for (int k = 0; k < argc && argc < CONTROL_WORDS_MAX; k++)
+    if (strncmp (argv[k], "device=", 7) == 0) {
+      const char *name = argv[k] + 7;
+      memmove (&argv[k], &argv[k + 1], (argc - k - 1) * sizeof *argv);
+      argc--;
+      if (*name && !(client->device = device_find (name))) {
+        reply_error (client, "unknown device '%s' (devices lists them)", name);
+        reply_flush (client);
+        return LINE_ANSWERED;
+      }
+      if (client->device)
+        client->store = client->device->store;
+      break;
+    }
+  if (argc == 0) {
+    reply_error (client, "device=: which command?");
+    reply_flush (client);
+    return LINE_ANSWERED;
+  }
 
   int r = -1;
   size_t i;

@@ -175,6 +175,8 @@ housekeeping_round (bool last)
 {
   handover_alive ();            /* a crash's downtime counts from here */
   store_flush (store);          /* first: pending frees are waste too */
+  if (policy.devices_round)
+    policy.devices_round ();
   /* The decode cache is charged to mem_limit and serves runs of reads:
    * a slot not read for a round goes (kept in swap mode), and one left
    * holding no unit goes in any case.

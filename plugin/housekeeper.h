@@ -59,6 +59,9 @@ struct housekeeper_policy {
                                      and memory populated before it
                                      serves may be what only swapping,
                                      through it, can give back) */
+  void (*devices_round) (void);  /* each round, after the store's frees:
+                                     the server's other devices' share
+                                     (devices.h), or NULL */
   void (*reserve_tick) (void);   /* with reserve_always: called
                                      by the reserve keeper after each
                                      refill, a few times a second (the

@@ -16,6 +16,7 @@
 #include "backing.h"
 #include "block-table.h"
 #include "codec.h"
+#include "devices.h"
 #include "error-text.h"
 #include "params.h"
 #include "stats-file.h"
@@ -57,6 +58,7 @@ struct param {
 #define CHOICES(...) ((const char *const []) { __VA_ARGS__, NULL })
 
 static int set_name (struct zram_params *, const char *);
+static int set_device (struct zram_params *, const char *);
 static int set_recomp_algorithm (struct zram_params *, const char *);
 static int check_pack_level (struct zram_params *, const char *);
 static int set_backing (struct zram_params *, const char *);
@@ -75,6 +77,10 @@ static const struct param params_table[PARAM_COUNT] = {
     .choices = CHOICES ("lz4", "zstd") },
   [P_LEVEL] = { "level", KIND_INT, "N",
     "lz4 acceleration 1..65537, zstd level (default 1).", AT (store.level) },
+  [P_DEVICE] = { "device", KIND_CUSTOM, "NAME:SIZE[:comp=A][:level=N]",
+    "One more device, the export NAME, on the same\n"
+    "memory budget (repeatable; default comp=, level=).",
+    .set = set_device },
   [P_MEM_LIMIT] = { "mem_limit", KIND_SIZE, "SIZE",
     "Most memory the compressed pages may use, as\n"
     "zram's mem_limit (0 = none).",
@@ -325,6 +331,12 @@ params_set (struct zram_params *params, const char *key, const char *value)
 }
 
 /* ---- the parameters with more to them ---------------------------------- */
+
+static int
+set_device (struct zram_params *params, const char *value)
+{
+  return devices_declare (value);
+}
 
 static int
 set_name (struct zram_params *params, const char *value)
@@ -702,7 +714,12 @@ params_complete (struct zram_params *params)
                   store->algorithm == CODEC_ZSTD ? ", not 0" : "");
     return -1;
   }
-  return 0;
+  /* What the devices do not go with yet (devices.h). */
+  const char *refused = params->region_path ? "region"
+    : params->standby_path ? "standby"
+    : swap_mode != SWAP_OFF ? "swap"
+    : params->backing_target ? "backing" : NULL;
+  return devices_complete (store->algorithm, store->level, refused);
 }
 
 /* ---- --help and --dump-plugin ------------------------------------------ */

@@ -25,6 +25,7 @@
 #include "backing.h"
 #include "block-store.h"
 #include "control.h"
+#include "devices.h"
 #include "error-text.h"
 #include "handover.h"
 #include "housekeeper.h"
@@ -65,6 +66,7 @@ zram_load (void)
 static void
 zram_unload (void)
 {
+  devices_destroy ();              /* first: they use the store's pool */
   if (store)
     handover_store_close (store);   /* store_destroy without region= */
   metrics_unconfigure ();
@@ -150,6 +152,8 @@ zram_get_ready (void)
     nbdkit_error ("cannot create the compressed store: %s", error_text (errno));
     return -1;
   }
+  if (devices_create (&params.store, store) == -1)
+    return -1;
   /* No ctl=: a control socket all the same, in the registry, so that
    * nbdkit-zramctl finds the server (not for a standby: its control
    * channel is its server's, given by ctl=).
@@ -301,6 +305,7 @@ serve_start (void)
   handover_status_get (&handover);
   params.policy.reserve_always = swap_mode != SWAP_OFF;
   params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
+  params.policy.devices_round = devices_count () ? devices_housekeeping : NULL;
   /* A server that took its device over (a restart) serves first, with the
    * reserve the last one left: populating more before it serves waited
    * 130 s in reclaim in the guest, the device down, for memory only
@@ -487,17 +492,68 @@ zram_dump_plugin (void)
           server_has_disconnect_fix ? "yes" : "no");
 }
 
+/* A connection's handle: its device (devices.h), or default_export for
+ * the default export, whose store is whatever store is now (a standby's
+ * takeover replaces it).  Not NBDKIT_HANDLE_NOT_NEEDED: that is the
+ * address of the calling thread's errno, a different one on each of
+ * nbdkit's threads.
+ */
+static struct device default_export;
+
 static void *
 zram_open (int readonly)
 {
   server_check_open ();
-  return NBDKIT_HANDLE_NOT_NEEDED;
+  const char *name = nbdkit_export_name ();
+  /* Without device=, any name is the one device, as before devices. */
+  if (!name || !*name || devices_count () == 0)
+    return &default_export;
+  struct device *device = device_find (name);
+  if (!device) {
+    nbdkit_error ("unknown export '%s': this server serves the default "
+                  "export and %u device%s (nbdinfo --list)", name,
+                  devices_count (), devices_count () == 1 ? "" : "s");
+    nbdkit_set_error (ENOENT);
+    return NULL;
+  }
+  return device;
+}
+
+static struct block_store *
+store_of (void *handle)
+{
+  return handle == &default_export ? store : ((struct device *) handle)->store;
 }
 
 static int64_t
 zram_get_size (void *handle)
 {
-  return params.store.size;
+  return handle == &default_export ? params.store.size
+    : ((struct device *) handle)->spec.size;
+}
+
+static int
+zram_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
+{
+  char description[128];
+  snprintf (description, sizeof description, "%" PRIu64 " bytes, %s",
+            params.store.size, codec_name (params.store.algorithm));
+  if (nbdkit_add_export (exports, "", description) == -1)
+    return -1;
+  for (unsigned i = 0; i < devices_count (); i++) {
+    const struct device *device = device_at (i);
+    snprintf (description, sizeof description, "%" PRIu64 " bytes, %s",
+              device->spec.size, codec_name (device->spec.algorithm));
+    if (nbdkit_add_export (exports, device->spec.name, description) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+static const char *
+zram_default_export (int readonly, int is_tls)
+{
+  return "";
 }
 
 static int
@@ -667,8 +723,8 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
   if (standby_waiting ())
     return standby_refuse ("read");
   uint64_t faults = request_begin (false);
-  return request_end (store_read (store, buf, count, offset), "read", false,
-                      faults, count, offset);
+  return request_end (store_read (store_of (handle), buf, count, offset),
+                      "read", false, faults, count, offset);
 }
 
 /* Whether a store_write or store_zero that returned r is tried again
@@ -704,7 +760,7 @@ zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
   uint64_t started_ms = 0;
   int r;
   do
-    r = store_write (store, buf, count, offset);
+    r = store_write (store_of (handle), buf, count, offset);
   while (reserve_wait_worth_it (r, &started_ms));
   return request_end (r, "write", true, faults, count, offset);
 }
@@ -721,8 +777,8 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   if (standby_waiting ())
     return standby_refuse ("trim");
   uint64_t faults = request_begin (true);
-  return request_end (store_trim (store, count, offset), "trim", true, faults,
-                      count, offset);
+  return request_end (store_trim (store_of (handle), count, offset), "trim",
+                      true, faults, count, offset);
 }
 
 /* Zeroing is always cheap here (whole blocks just drop their object), so
@@ -737,7 +793,8 @@ zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   uint64_t started_ms = 0;
   int r;
   do
-    r = store_zero (store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM);
+    r = store_zero (store_of (handle), count, offset,
+                    flags & NBDKIT_FLAG_MAY_TRIM);
   while (reserve_wait_worth_it (r, &started_ms));
   return request_end (r, "zero", true, faults, count, offset);
 }
@@ -761,7 +818,8 @@ zram_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
   if (standby_waiting ())
     return standby_refuse ("extents");
   handover_request_enter ();
-  int r = store_extents (store, count, offset, add_extent, extents);
+  int r = store_extents (store_of (handle), count, offset, add_extent,
+                         extents);
   handover_request_exit ();
   return r;
 }
@@ -788,6 +846,8 @@ static struct nbdkit_plugin plugin = {
   .cleanup           = zram_cleanup,
   .dump_plugin       = zram_dump_plugin,
   .open              = zram_open,
+  .list_exports      = zram_list_exports,
+  .default_export    = zram_default_export,
   .get_size          = zram_get_size,
   .block_size        = zram_block_size,
   .can_write         = zram_can_true,

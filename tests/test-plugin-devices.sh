@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Devices: named exports beside the default one, on one memory budget
+# (device=NAME:SIZE[:comp=A][:level=N], plugin/devices.h).
+#   - bad declarations refused at start, each naming device= and what is
+#     wrong; the parameters devices do not go with yet refused by name;
+#   - the exports listed (NBD_OPT_LIST: the default and every device,
+#     with its size and algorithm), each its own size, an unknown name
+#     refused at the handshake;
+#   - 8 connections over 4 exports at once, random writes, trims and
+#     reads against one exact model per export (a block's bytes name its
+#     export): 0 reads of another export's or a stale block;
+#   - one budget: a device that fills mem_limit leaves the default
+#     export ENOSPC too (its old blocks intact), and its trims give the
+#     room back;
+#   - the control channel: devices, info/mm_stat with device=NAME,
+#     unknown device refused.
+set -euo pipefail
+# shellcheck source=tests/functions.sh
+source "$(dirname "$0")/functions.sh"
+requires nbdsh
+
+expect_refusal ()
+{
+    local text="$1"
+    shift
+    if zram_nbdkit -U - "$PLUGIN" 16M "$@" --run true 2>/dev/null; then
+        fail "started with $*"
+    fi
+    grep -q -- "$text" "$NBDKIT_STDERR" ||
+        fail "$*: no '$text' in: $(cat "$NBDKIT_STDERR")"
+    echo "ok: refused $*: $(grep -o "error: .*" "$NBDKIT_STDERR" | head -1)"
+}
+expect_refusal "device: 'bad/name:1M': the name first" device=bad/name:1M
+expect_refusal "device: d1: '' is not a size" device=d1
+expect_refusal "device: d1: '1k' is not a size of 4096 bytes or more" device=d1:1k
+expect_refusal "device: d1: 'comp=brotli' is not comp=lz4|zstd or level=N" device=d1:1M:comp=brotli
+expect_refusal "device: d1: level 99 is not a valid zstd level" device=d1:1M:comp=zstd:level=99
+expect_refusal "device: d1 is declared twice" device=d1:1M device=d1:2M
+expect_refusal "device: not with region= yet" device=d1:1M region="$tmp/region"
+expect_refusal "device: not with backing= yet" device=d1:1M backing="$tmp/cold"
+expect_refusal "device: not with swap= yet" device=d1:1M swap=try mem_limit=8M
+
+cat > "$tmp/devices.py" <<'EOF'
+import os, random, sys, threading, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+sock, ctl = sys.argv[1], Ctl(sys.argv[2])
+B = 4096
+EXPORTS = {"": 16 << 20, "a": 8 << 20, "b": 8 << 20, "c": 4 << 20}
+
+def connect(name, opt=False):
+    h = nbd.NBD()
+    h.set_export_name(name)
+    if opt:
+        h.set_opt_mode(True)
+    h.connect_unix(sock)
+    return h
+
+# The list, as nbdinfo --list reads it.
+h = connect("", opt=True)
+listed = {}
+h.opt_list(lambda name, description: listed.__setitem__(name, description) or 0)
+h.opt_abort()
+assert set(listed) == set(EXPORTS), listed
+assert listed["b"] == "8388608 bytes, zstd" and listed["a"] == "8388608 bytes, lz4", listed
+for name, size in EXPORTS.items():
+    h = connect(name)
+    assert h.get_size() == size, (name, h.get_size())
+    h.shutdown()
+try:
+    connect("nope")
+    raise AssertionError("an unknown export was served")
+except nbd.Error as e:
+    print("unknown export refused: %s" % e)
+print("listed: %s" % listed)
+
+# 8 connections over 4 exports, one model each.
+def content(name, block, version):
+    head = b"%s/%d/%d " % (name.encode() or b"-", block, version)
+    return (head * (B // len(head) + 1))[:B]
+
+models = {name: {} for name in EXPORTS}
+locks = {name: [threading.Lock() for _ in range(size // B)]
+         for name, size in EXPORTS.items()}
+failures = []
+def worker(seed, name):
+    r = random.Random(seed)
+    h = connect(name)
+    blocks = EXPORTS[name] // B
+    model = models[name]
+    try:
+        for _ in range(1500):
+            block = r.randrange(blocks)
+            with locks[name][block]:
+                what = r.random()
+                if what < 0.45:
+                    version = model.get(block, 0) + 1
+                    h.pwrite(content(name, block, version), block * B)
+                    model[block] = version
+                elif what < 0.55:
+                    h.trim(B, block * B)
+                    model.pop(block, None)
+                else:
+                    got = h.pread(B, block * B)
+                    want = content(name, block, model[block]) if block in model else bytes(B)
+                    if got != want:
+                        failures.append((name, block, got[:24]))
+    finally:
+        h.shutdown()
+threads = [threading.Thread(target=worker, args=(i, list(EXPORTS)[i % 4]))
+           for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert not failures, failures[:5]
+stored = 0
+for name, size in EXPORTS.items():
+    h = connect(name)
+    for block in range(size // B):
+        got = h.pread(B, block * B)
+        want = content(name, block, models[name][block]) if block in models[name] else bytes(B)
+        assert got == want, (name, block, got[:24])
+    stored += len(models[name])
+    h.shutdown()
+print("8 connections over 4 exports: %d blocks stored, every one read back "
+      "as its export's, 0 from another" % stored)
+
+# The control channel, per device.
+lines = ctl.ok("devices")
+assert lines == ["- 16777216 lz4 1", "a 8388608 lz4 1", "b 8388608 zstd 1",
+                 "c 4194304 lz4 3"], lines
+info = dict(l.split(" ", 1) for l in ctl.ok("info device=b"))
+assert info["disksize"] == "8388608" and info["algorithm"] == "zstd", info
+for name in ("a", "b", "c"):
+    mm = [int(x) for x in ctl.ok("mm_stat device=%s" % name)[0].split()]
+    assert mm[0] == len(models[name]) * B, (name, mm, len(models[name]))
+mm = [int(x) for x in ctl.ok("mm_stat")[0].split()]
+assert mm[0] == len(models[""]) * B, mm
+ctl.error("info device=nope", r"unknown device 'nope'")
+print("control: devices, info and mm_stat per device")
+EOF
+zram_nbdkit -U - "$PLUGIN" 16M device=a:8M device=b:8M:comp=zstd \
+    device=c:4M:level=3 ctl="$tmp/ctl" \
+    --run "/usr/bin/python3 '$tmp/devices.py' \"\$unixsocket\" '$tmp/ctl'" ||
+    fail "devices"
+
+cat > "$tmp/budget.py" <<'EOF'
+import os, sys, nbd
+sock = sys.argv[1]
+B = 4096
+def connect(name):
+    h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock); return h
+default, hot = connect(""), connect("hot")
+old = os.urandom(B)
+default.pwrite(old, 0)
+data = {}
+for block in range(8 << 20 >> 12):
+    data[block] = os.urandom(B)          # incompressible: a page each
+    try:
+        hot.pwrite(data[block], block * B)
+    except nbd.Error as e:
+        assert "ENOSPC" in str(e), e
+        del data[block]
+        break
+else:
+    raise AssertionError("8 MiB went into a 4 MiB budget")
+filled = len(data)
+try:
+    default.pwrite(os.urandom(B), 0)
+    raise AssertionError("the default export wrote past the shared budget")
+except nbd.Error as e:
+    assert "ENOSPC" in str(e), e
+assert default.pread(B, 0) == old, "the refused write changed the block"
+hot.trim(filled // 2 * B, 0)
+for block in range(1, filled // 4):
+    default.pwrite(os.urandom(B), block * B)
+for block in range(filled // 2, filled):
+    assert hot.pread(B, block * B) == data[block], block
+print("one budget: the hot device filled it (%d blocks), the default export "
+      "was refused, and wrote %d blocks once the hot one trimmed"
+      % (filled, filled // 4 - 1))
+EOF
+zram_nbdkit -U - "$PLUGIN" 8M mem_limit=4M device=hot:8M \
+    --run "/usr/bin/python3 '$tmp/budget.py' \"\$unixsocket\"" ||
+    fail "one budget"
+# The example: three jobs, a device each, one budget.  Run as a user
+# runs it (its own nbdkit command line), so not in the sanitizer builds,
+# whose plugin needs the harness's preload.
+if [ "$SANITIZERS" = no ]; then
+    PLUGIN="$PLUGIN" NBDKIT="$NBDKIT" "$SRCDIR/examples/jobs.sh" 64M 16M \
+        > "$tmp/jobs.out" 2>&1 || fail "examples/jobs.sh: $(cat "$tmp/jobs.out")"
+    for job in job1 job2 job3; do
+        grep -q "^$job: 16777216 bytes, its data at the start: PRETTY_NAME=" "$tmp/jobs.out" ||
+            fail "examples/jobs.sh: no $job: $(cat "$tmp/jobs.out")"
+        grep -q "^export=\"$job\":" "$tmp/jobs.out" ||
+            fail "examples/jobs.sh: $job not listed: $(cat "$tmp/jobs.out")"
+    done
+    echo "ok: examples/jobs.sh: three jobs, a device each"
+fi
+# Without device=, any export name is the one device, as before.
+zram_nbdkit -U - "$PLUGIN" 1M \
+    --run "nbdinfo --size 'nbd+unix:///anything?socket='\"\$unixsocket\" > '$tmp/size'" ||
+    fail "a server without devices refused an export name"
+[ "$(cat "$tmp/size")" = 1048576 ] || fail "export 'anything': $(cat "$tmp/size")"
+echo "ok: without device=, any export name serves the one device"
+echo "ok: devices"
