@@ -13,11 +13,14 @@
 #     export ENOSPC too (its old blocks intact), and its trims give the
 #     room back;
 #   - the control channel: devices, info/mm_stat with device=NAME,
-#     unknown device refused.
+#     unknown device refused; nbdkit-zramctl's listing, a row a device.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires nbdsh
+ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
+export ZRAMCTL
 
 expect_refusal ()
 {
@@ -41,7 +44,7 @@ expect_refusal "device: not with backing= yet" device=d1:1M backing="$tmp/cold"
 expect_refusal "device: not with swap= yet" device=d1:1M swap=try mem_limit=8M
 
 cat > "$tmp/devices.py" <<'EOF'
-import os, random, sys, threading, nbd
+import os, random, subprocess, sys, threading, nbd
 sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
 from ctl_client import Ctl
 sock, ctl = sys.argv[1], Ctl(sys.argv[2])
@@ -137,6 +140,18 @@ mm = [int(x) for x in ctl.ok("mm_stat")[0].split()]
 assert mm[0] == len(models[""]) * B, mm
 ctl.error("info device=nope", r"unknown device 'nope'")
 print("control: devices, info and mm_stat per device")
+# nbdkit-zramctl lists each device of the server as a row of its own.
+out = subprocess.run([os.environ["ZRAMCTL"], "--raw", "-n", "--bytes", "-o",
+                      "NAME,DISKSIZE,ALGORITHM,DATA", sys.argv[2]],
+                     capture_output=True, text=True, check=True).stdout
+rows = [l.split() for l in out.splitlines()]
+path = sys.argv[2]
+assert [r[:3] for r in rows] == [[path, "16777216", "lz4"],
+                                 [path + "/a", "8388608", "lz4"],
+                                 [path + "/b", "8388608", "zstd"],
+                                 [path + "/c", "4194304", "lz4"]], rows
+assert [int(r[3]) for r in rows] == [len(models[n]) * B for n in EXPORTS], rows
+print("nbdkit-zramctl: a row each: %s" % " ".join(r[0].rsplit("/", 1)[-1] for r in rows))
 EOF
 zram_nbdkit -U - "$PLUGIN" 16M device=a:8M device=b:8M:comp=zstd \
     device=c:4M:level=3 ctl="$tmp/ctl" \

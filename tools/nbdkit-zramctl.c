@@ -340,8 +340,12 @@ human_size (uint64_t bytes, char *text, size_t size)
     snprintf (text, size, "%.1f%c", value, units[unit]);
 }
 
+/* The longest device name (plugin/devices.h: DEVICE_NAME_MAX). */
+#define DEVICE_LABEL_MAX 64
+
 struct server_row {
-  const char *name;               /* NAME: the registry's, or as given */
+  /* NAME: the registry's, or as given; a device's after a slash. */
+  char label[4096 + 1 + DEVICE_LABEL_MAX];
   const char *path;               /* the control socket */
   char algorithm[32];
   char serves[512];               /* info's serves: where clients connect */
@@ -352,16 +356,23 @@ struct server_row {
     migrated, streams;
 };
 
+/* One export's row from the server on fd: the default export's
+ * (device NULL) or a device's (device=NAME on each command).  0, or -1
+ * after a message.
+ */
 static int
-server_row_get (const char *path, struct server_row *row)
+export_row_get (int fd, const char *path, const char *device,
+                struct server_row *row)
 {
-  int fd = control_connect (path);
-  if (fd == -1)
-    return -1;
+  char info_line[128], mm_stat_line[128];
+  snprintf (info_line, sizeof info_line, "info%s%s", device ? " device=" : "",
+            device ? device : "");
+  snprintf (mm_stat_line, sizeof mm_stat_line, "mm_stat%s%s",
+            device ? " device=" : "", device ? device : "");
   char *info = NULL, *mm_stat = NULL;
   int r = -1;
-  if (control_command (fd, path, "info", &info) == 0
-      && control_command (fd, path, "mm_stat", &mm_stat) == 0) {
+  if (control_command (fd, path, info_line, &info) == 0
+      && control_command (fd, path, mm_stat_line, &mm_stat) == 0) {
     row->path = path;
     row->disksize = reply_value (info, "disksize", NULL, 0);
     row->streams = reply_value (info, "streams", NULL, 0);
@@ -380,6 +391,60 @@ server_row_get (const char *path, struct server_row *row)
   }
   free (info);
   free (mm_stat);
+  return r;
+}
+
+/* A server's rows, appended to *rows (*count of them, room for
+ * *capacity): its default export's, named name, then each of its
+ * devices' (the `devices` command; a server from before devices has
+ * none), named name/DEVICE.  0, or -1 after a message.
+ */
+static int
+server_rows_get (const char *name, const char *path, struct server_row **rows,
+                 size_t *count, size_t *capacity)
+{
+  int fd = control_connect (path);
+  if (fd == -1)
+    return -1;
+  char *devices = NULL;
+  if (control_exchange (fd, path, "devices", &devices, false) == -1) {
+    free (devices);
+    devices = NULL;
+  }
+  int r = 0;
+  /* The first line is the default export's ("- ..."). */
+  const char *line = devices;
+  for (bool first = true; r == 0; first = false) {
+    char device[DEVICE_LABEL_MAX + 1] = "";
+    if (!first) {
+      line = line ? strchr (line, '\n') : NULL;
+      if (!line || !*++line)
+        break;
+      if (sscanf (line, "%64s", device) != 1)
+        break;
+    }
+    if (*count == *capacity) {
+      size_t more = *capacity ? *capacity * 2 : 8;
+      struct server_row *grown = realloc (*rows, more * sizeof *grown);
+      if (!grown) {
+        fprintf (stderr, "%s: %s\n", program, strerror (errno));
+        r = -1;
+        break;
+      }
+      *rows = grown;
+      *capacity = more;
+    }
+    struct server_row *row = &(*rows)[*count];
+    memset (row, 0, sizeof *row);
+    if (first)
+      snprintf (row->label, sizeof row->label, "%s", name);
+    else
+      snprintf (row->label, sizeof row->label, "%s/%s", name, device);
+    r = export_row_get (fd, path, first ? NULL : device, row);
+    if (r == 0)
+      ++*count;
+  }
+  free (devices);
   close (fd);
   return r;
 }
@@ -421,7 +486,7 @@ column_text (const struct server_row *row, unsigned c, bool bytes,
     row->streams, 0, 0,
   };
   const char *const texts[COLUMNS] = {
-    [0] = row->name, [1] = row->algorithm, [COLUMNS - 2] = row->serves,
+    [0] = row->label, [1] = row->algorithm, [COLUMNS - 2] = row->serves,
     [COLUMNS - 1] = row->path,
   };
   switch (columns[c].kind) {
@@ -538,21 +603,12 @@ list_servers (int count, char *const *names, char *const *paths,
               const struct listing *listing)
 {
   int failures = 0;
-  struct server_row *rows = calloc (count ? count : 1, sizeof *rows);
-  bool *got = calloc (count ? count : 1, sizeof *got);
-  if (!rows || !got) {
-    free (rows);
-    free (got);
-    fprintf (stderr, "%s: %s\n", program, strerror (errno));
-    return EXIT_FAILURE;
-  }
-  for (int i = 0; i < count; i++) {
-    rows[i].name = names[i];
-    if (server_row_get (paths[i], &rows[i]) == 0)
-      got[i] = true;
-    else
+  struct server_row *rows = NULL;
+  size_t row_count = 0, capacity = 0;
+  for (int i = 0; i < count; i++)
+    if (server_rows_get (names[i], paths[i], &rows, &row_count, &capacity)
+        == -1)
       failures++;
-  }
   /* Each column as wide as its widest text (the swap tool's own socket
    * paths are 30 characters and more), so that the columns stay aligned.
    */
@@ -561,20 +617,17 @@ list_servers (int count, char *const *names, char *const *paths,
   for (unsigned k = 0; k < listing->count; k++) {
     unsigned c = listing->order[k];
     width[k] = strlen (columns[c].name);
-    for (int i = 0; i < count; i++)
-      if (got[i]) {
-        column_text (&rows[i], c, listing->bytes, text, sizeof text);
-        if ((int) strlen (text) > width[k])
-          width[k] = strlen (text);
-      }
+    for (size_t i = 0; i < row_count; i++) {
+      column_text (&rows[i], c, listing->bytes, text, sizeof text);
+      if ((int) strlen (text) > width[k])
+        width[k] = strlen (text);
+    }
   }
   if (listing->json) {
     /* zramctl's: lower-case column names, sizes in bytes. */
     printf ("{\n  \"zram\": [");
     bool first = true;
-    for (int i = 0; i < count; i++) {
-      if (!got[i])
-        continue;
+    for (size_t i = 0; i < row_count; i++) {
       printf ("%s\n    {", first ? "" : ",");
       first = false;
       for (unsigned k = 0; k < listing->count; k++) {
@@ -602,15 +655,14 @@ list_servers (int count, char *const *names, char *const *paths,
     if (listing->headings)
       for (unsigned k = 0; k < listing->count; k++)
         print_cell (listing, k, width[k], columns[listing->order[k]].name);
-    for (int i = 0; i < count; i++)
-      for (unsigned k = 0; got[i] && k < listing->count; k++) {
+    for (size_t i = 0; i < row_count; i++)
+      for (unsigned k = 0; k < listing->count; k++) {
         column_text (&rows[i], listing->order[k], listing->bytes, text,
                      sizeof text);
         print_cell (listing, k, width[k], text);
       }
   }
   free (rows);
-  free (got);
   return failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
