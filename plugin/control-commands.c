@@ -81,17 +81,45 @@ progress_keep_going (void *opaque)
 /* devices: the server's exports, the default first (named -, "" on the
  * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL.
  */
+static void
+device_line (struct device *device, void *opaque)
+{
+  fprintf (opaque, "%s %" PRIu64 " %s %d\n", device->spec.name,
+           device->spec.size, codec_name (device->spec.algorithm),
+           device->spec.level);
+}
+
 static int
 command_devices (struct client *client, int argc, char **argv)
 {
   fprintf (client->out, "- %" PRIu64 " %s %d\n", client->info->disksize,
            client->info->algorithm, client->info->level);
-  for (unsigned i = 0; i < devices_count (); i++) {
-    const struct device *device = device_at (i);
-    fprintf (client->out, "%s %" PRIu64 " %s %d\n", device->spec.name,
-             device->spec.size, codec_name (device->spec.algorithm),
-             device->spec.level);
-  }
+  devices_each (device_line, client->out);
+  return 0;
+}
+
+/* add NAME SIZE [comp=A] [level=N]: a device while serving. */
+static int
+command_add (struct client *client, int argc, char **argv)
+{
+  char value[256], why[256];
+  size_t used = snprintf (value, sizeof value, "%s:%s", argv[1], argv[2]);
+  for (int i = 3; i < argc && used < sizeof value; i++)
+    used += snprintf (value + used, sizeof value - used, ":%s", argv[i]);
+  if (used >= sizeof value || strchr (argv[1], ':') || strchr (argv[2], ':'))
+    return reply_error (client, "add: NAME SIZE [comp=lz4|zstd] [level=N]");
+  if (devices_add (value, why, sizeof why) == -1)
+    return reply_error (client, "add: %s", why);
+  return 0;
+}
+
+/* remove NAME: a device no client is connected to. */
+static int
+command_remove (struct client *client, int argc, char **argv)
+{
+  char why[256];
+  if (devices_remove (argv[1], why, sizeof why) == -1)
+    return reply_error (client, "remove: %s", why);
   return 0;
 }
 

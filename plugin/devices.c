@@ -1,6 +1,7 @@
 /* A server's devices: see devices.h. */
 
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,9 +17,30 @@
 #include "error-text.h"
 #include "text-parse.h"
 
-static struct device devices[DEVICES_MAX];
-static unsigned device_count;
-
+/* lock guards table and count (the devices now, in no order), each
+ * device's connections, and named.  A leaf: nothing else is taken under
+ * it but what a store_flush takes (the housekeeping round) and nbdkit's
+ * export list.  Devices are added and removed by the control thread
+ * alone (and made before serving), so the device a control command
+ * looked up stays until that thread removes it.
+ */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct device *table[DEVICES_MAX];
+static unsigned count;
+/* Set once a device was declared or added: from then on an export name
+ * must be the default's or a device's (before, any name is the default,
+ * as servers without devices always took it).
+ */
+static bool named;
+/* For devices added while serving: the server's algorithm and level,
+ * the default store's configuration and pool, and what devices do not
+ * go with (devices_complete, devices_create).
+ */
+static enum codec_algorithm server_algorithm;
+static int server_level;
+static const char *refused;
+static struct store_config base_config;
+static struct block_store *owner_store;
 /* An export name a shell, a URI and nbd-client take as it is. */
 static bool
 name_is_plain (const char *name)
@@ -33,157 +55,330 @@ name_is_plain (const char *name)
   return true;
 }
 
-int
-devices_declare (const char *value)
+/* NAME:SIZE[:comp=A][:level=N] into *spec: 0, or -1 with why (which
+ * names the device, never the whole text: a control client's text is
+ * answered to it alone).
+ */
+static int
+spec_parse (const char *value, struct device_spec *spec, char *why,
+            size_t why_size)
 {
-  if (device_count == DEVICES_MAX) {
-    nbdkit_error ("device: at most %d devices", DEVICES_MAX);
-    return -1;
-  }
+  *spec = (struct device_spec) { .algorithm = -1, .level = INT32_MIN };
   char *copy = strdup (value);
   if (!copy) {
-    nbdkit_error ("device: %s", error_text (errno));
+    snprintf (why, why_size, "%s", error_text (errno));
     return -1;
   }
-  struct device_spec spec = { .algorithm = -1, .level = INT32_MIN };
   int r = -1;
   char *save, *name = strtok_r (copy, ":", &save);
   char *size = name ? strtok_r (NULL, ":", &save) : NULL;
   if (!name || !name_is_plain (name)) {
-    nbdkit_error ("device: '%s': the name first, 1 to %d of A-Z a-z 0-9 . _ -, "
-                  "then :SIZE (device=NAME:SIZE[:comp=lz4|zstd][:level=N])",
-                  value, DEVICE_NAME_MAX);
+    snprintf (why, why_size, "the name first, 1 to %d of A-Z a-z 0-9 . _ -, "
+              "then :SIZE (NAME:SIZE[:comp=lz4|zstd][:level=N])",
+              DEVICE_NAME_MAX);
     goto out;
   }
-  strcpy (spec.name, name);
+  strcpy (spec->name, name);
   int64_t bytes = size ? parse_size (size) : -1;
   if (bytes < STORE_BLOCK_SIZE) {
-    nbdkit_error ("device: %s: '%s' is not a size of %d bytes or more "
-                  "(device=NAME:SIZE, e.g. disk1:4G)", name, size ? size : "",
-                  STORE_BLOCK_SIZE);
+    snprintf (why, why_size, "%s: '%.32s' is not a size of %d bytes or more "
+              "(NAME:SIZE, e.g. disk1:4G)", name, size ? size : "",
+              STORE_BLOCK_SIZE);
     goto out;
   }
-  spec.size = (uint64_t) bytes;
+  spec->size = (uint64_t) bytes;
   for (char *option; (option = strtok_r (NULL, ":", &save)); ) {
     char *end;
     if (strcmp (option, "comp=lz4") == 0)
-      spec.algorithm = CODEC_LZ4;
+      spec->algorithm = CODEC_LZ4;
     else if (strcmp (option, "comp=zstd") == 0)
-      spec.algorithm = CODEC_ZSTD;
+      spec->algorithm = CODEC_ZSTD;
     else if (strncmp (option, "level=", 6) == 0) {
       errno = 0;
       long level = strtol (option + 6, &end, 10);
       if (errno || end == option + 6 || *end || level < INT32_MIN + 1
           || level > INT32_MAX) {
-        nbdkit_error ("device: %s: '%s' is not level=N", name, option);
+        snprintf (why, why_size, "%s: '%.32s' is not level=N", name, option);
         goto out;
       }
-      spec.level = (int) level;
+      spec->level = (int) level;
     }
     else {
-      nbdkit_error ("device: %s: '%s' is not comp=lz4|zstd or level=N", name,
-                    option);
+      snprintf (why, why_size, "%s: '%.32s' is not comp=lz4|zstd or level=N",
+                name, option);
       goto out;
     }
   }
-  for (unsigned i = 0; i < device_count; i++)
-    if (strcmp (devices[i].spec.name, spec.name) == 0) {
-      nbdkit_error ("device: %s is declared twice", spec.name);
-      goto out;
-    }
-  devices[device_count++].spec = spec;
   r = 0;
  out:
   free (copy);
   return r;
 }
 
+/* The server's algorithm (and level, for the same algorithm) where the
+ * spec gave none; then its level checked.  0, or -1 with why.
+ */
+static int
+spec_complete (struct device_spec *spec, char *why, size_t why_size)
+{
+  if (spec->algorithm == -1)
+    spec->algorithm = server_algorithm;
+  if (spec->level == INT32_MIN)
+    spec->level = (enum codec_algorithm) spec->algorithm == server_algorithm
+      ? server_level : codec_default_level (spec->algorithm);
+  int min, max;
+  if (!codec_level_is_valid (spec->algorithm, spec->level, &min, &max)) {
+    snprintf (why, why_size, "%s: level %d is not a valid %s level (%d..%d)",
+              spec->name, spec->level, codec_name (spec->algorithm), min, max);
+    return -1;
+  }
+  return 0;
+}
+
+/* The device of that name in the table, or NULL.  lock is held. */
+static struct device *
+table_find (const char *name)
+{
+  for (unsigned i = 0; i < count; i++)
+    if (strcmp (table[i]->spec.name, name) == 0)
+      return table[i];
+  return NULL;
+}
+
+int
+devices_declare (const char *value)
+{
+  char why[256];
+  struct device_spec spec;
+  if (spec_parse (value, &spec, why, sizeof why) == -1) {
+    nbdkit_error ("device: %s", why);
+    return -1;
+  }
+  if (count == DEVICES_MAX) {
+    nbdkit_error ("device: at most %d devices", DEVICES_MAX);
+    return -1;
+  }
+  if (table_find (spec.name)) {
+    nbdkit_error ("device: %s is declared twice", spec.name);
+    return -1;
+  }
+  struct device *device = calloc (1, sizeof *device);
+  if (!device) {
+    nbdkit_error ("device: %s", error_text (errno));
+    return -1;
+  }
+  device->spec = spec;
+  table[count++] = device;
+  named = true;
+  return 0;
+}
+
 int
 devices_complete (enum codec_algorithm algorithm, int level,
                   const char *refused_parameter)
 {
-  if (device_count && refused_parameter) {
+  server_algorithm = algorithm;
+  server_level = level;
+  refused = refused_parameter;
+  if (count && refused) {
     nbdkit_error ("device: not with %s= yet: each device would need its "
                   "share of it (serve those devices from a server of their "
-                  "own)", refused_parameter);
+                  "own)", refused);
     return -1;
   }
-  for (unsigned i = 0; i < device_count; i++) {
-    struct device_spec *spec = &devices[i].spec;
-    if (spec->algorithm == -1)
-      spec->algorithm = algorithm;
-    if (spec->level == INT32_MIN)
-      spec->level = (enum codec_algorithm) spec->algorithm == algorithm ? level
-        : codec_default_level (spec->algorithm);
-    int min, max;
-    if (!codec_level_is_valid (spec->algorithm, spec->level, &min, &max)) {
-      nbdkit_error ("device: %s: level %d is not a valid %s level (%d..%d)",
-                    spec->name, spec->level, codec_name (spec->algorithm),
-                    min, max);
+  char why[256];
+  for (unsigned i = 0; i < count; i++)
+    if (spec_complete (&table[i]->spec, why, sizeof why) == -1) {
+      nbdkit_error ("device: %s", why);
       return -1;
     }
-  }
   return 0;
+}
+
+/* A store for spec on the default store's pool: NULL with errno. */
+static struct block_store *
+device_store_create (const struct device_spec *spec)
+{
+  struct store_config config = base_config;
+  config.size = spec->size;
+  config.algorithm = spec->algorithm;
+  config.level = spec->level;
+  config.backing = NULL;
+  config.pool.region = NULL;
+  config.shared_pool = store_pool (owner_store);
+  return store_create (&config);
 }
 
 int
 devices_create (const struct store_config *base, struct block_store *owner)
 {
-  for (unsigned i = 0; i < device_count; i++) {
-    struct device *device = &devices[i];
-    struct store_config config = *base;
-    config.size = device->spec.size;
-    config.algorithm = device->spec.algorithm;
-    config.level = device->spec.level;
-    config.backing = NULL;
-    config.pool.region = NULL;
-    config.shared_pool = store_pool (owner);
-    if (!(device->store = store_create (&config))) {
+  base_config = *base;
+  base_config.backing = NULL;   /* the default store's own */
+  owner_store = owner;
+  for (unsigned i = 0; i < count; i++)
+    if (!(table[i]->store = device_store_create (&table[i]->spec))) {
       nbdkit_error ("device: %s: cannot create its store: %s",
-                    device->spec.name, error_text (errno));
+                    table[i]->spec.name, error_text (errno));
       devices_destroy ();
       return -1;
     }
-  }
   return 0;
 }
 
 void
 devices_destroy (void)
 {
-  for (unsigned i = device_count; i-- > 0; ) {
-    store_destroy (devices[i].store);
-    devices[i].store = NULL;
+  pthread_mutex_lock (&lock);
+  while (count > 0) {
+    struct device *device = table[--count];
+    store_destroy (device->store);
+    free (device);
   }
+  pthread_mutex_unlock (&lock);
+}
+
+int
+devices_add (const char *value, char *why, size_t why_size)
+{
+  struct device_spec spec;
+  if (refused) {
+    snprintf (why, why_size, "not with %s= yet: serve the device from a "
+              "server of its own", refused);
+    return -1;
+  }
+  if (!owner_store) {
+    snprintf (why, why_size, "the server is not serving yet");
+    return -1;
+  }
+  if (spec_parse (value, &spec, why, why_size) == -1
+      || spec_complete (&spec, why, why_size) == -1)
+    return -1;
+  struct device *device = calloc (1, sizeof *device);
+  if (!device || !(device->store = device_store_create (&spec))) {
+    snprintf (why, why_size, "%s: cannot create its store: %s", spec.name,
+              error_text (errno));
+    free (device);
+    return -1;
+  }
+  device->spec = spec;
+  /* Made outside the lock; kept only if the name is still free. */
+  pthread_mutex_lock (&lock);
+  bool taken = table_find (spec.name) != NULL, full = count == DEVICES_MAX;
+  if (!taken && !full) {
+    table[count++] = device;
+    named = true;
+  }
+  pthread_mutex_unlock (&lock);
+  if (taken || full) {
+    if (taken)
+      snprintf (why, why_size, "%s is a device already", spec.name);
+    else
+      snprintf (why, why_size, "%s: at most %d devices", spec.name,
+                DEVICES_MAX);
+    store_destroy (device->store);
+    free (device);
+    return -1;
+  }
+  return 0;
+}
+
+int
+devices_remove (const char *name, char *why, size_t why_size)
+{
+  pthread_mutex_lock (&lock);
+  struct device *device = table_find (name);
+  unsigned connections = device ? device->connections : 0;
+  if (device && !connections) {
+    /* Claimed: out of the table under the lock that each connection's
+     * open counts itself under, so no connection can start on it now.
+     */
+    unsigned i = 0;
+    while (table[i] != device)
+      i++;
+    table[i] = table[--count];
+  }
+  pthread_mutex_unlock (&lock);
+  if (!device) {
+    snprintf (why, why_size, "unknown device '%.64s' (devices lists them)",
+              name);
+    return -1;
+  }
+  if (connections) {
+    snprintf (why, why_size, "%s: %u client%s connected: disconnect %s "
+              "first", name, connections, connections == 1 ? "" : "s",
+              connections == 1 ? "it" : "them");
+    return -1;
+  }
+  store_destroy (device->store);    /* its objects back to the pool */
+  free (device);
+  return 0;
 }
 
 unsigned
 devices_count (void)
 {
-  return device_count;
+  pthread_mutex_lock (&lock);
+  unsigned n = count;
+  pthread_mutex_unlock (&lock);
+  return n;
 }
 
-struct device *
-device_at (unsigned index)
+bool
+devices_named (void)
 {
-  return index < device_count ? &devices[index] : NULL;
+  pthread_mutex_lock (&lock);
+  bool n = named;
+  pthread_mutex_unlock (&lock);
+  return n;
+}
+
+void
+devices_each (void (*visit) (struct device *device, void *opaque),
+              void *opaque)
+{
+  pthread_mutex_lock (&lock);
+  for (unsigned i = 0; i < count; i++)
+    visit (table[i], opaque);
+  pthread_mutex_unlock (&lock);
 }
 
 struct device *
 device_find (const char *name)
 {
-  for (unsigned i = 0; i < device_count; i++)
-    if (strcmp (devices[i].spec.name, name) == 0)
-      return &devices[i];
-  return NULL;
+  pthread_mutex_lock (&lock);
+  struct device *device = table_find (name);
+  pthread_mutex_unlock (&lock);
+  return device;
+}
+
+struct device *
+device_open (const char *name)
+{
+  pthread_mutex_lock (&lock);
+  struct device *device = table_find (name);
+  if (device)
+    device->connections++;
+  pthread_mutex_unlock (&lock);
+  return device;
+}
+
+void
+device_close (struct device *device)
+{
+  pthread_mutex_lock (&lock);
+  device->connections--;
+  pthread_mutex_unlock (&lock);
+}
+
+static void
+device_housekeeping (struct device *device, void *opaque)
+{
+  store_flush (device->store);
+  store_decode_cache_sweep (device->store);
 }
 
 void
 devices_housekeeping (void)
 {
-  for (unsigned i = 0; i < device_count; i++)
-    if (devices[i].store) {
-      store_flush (devices[i].store);
-      store_decode_cache_sweep (devices[i].store);
-    }
+  devices_each (device_housekeeping, NULL);
 }

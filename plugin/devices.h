@@ -18,22 +18,38 @@
  *   - compaction is the pool's, one for all.
  * A device's blocks are its store's: reads, extents, trims, zeroes and
  * the decode cache never cross devices (the handle of each connection
- * is its device).  Devices are declared at start and live until the
- * server exits; they are destroyed before the default store, whose
- * pool they use.
+ * is its device).  Devices are declared at start, and added and removed
+ * while serving (the control channel's add and remove); all are
+ * destroyed before the default store, whose pool they use.
+ *
+ * REMOVING A DEVICE.  A connection's open finds its device and counts
+ * itself on it under one lock (device_open), and its close uncounts it;
+ * remove claims the device by taking it out of the table under that
+ * lock only if it counts no connection, then destroys its store with
+ * no lock held (its objects go back to the pool one by one).  So no
+ * request can reach a store being destroyed: a connection that opened
+ * before the claim made the claim fail, one after it finds no device.
+ * A device removed and added again is a new store, empty.
  *
  * Not yet (issue 44): devices with region=, standby=, swap= or
- * backing= (refused at start, naming the parameter), devices added and
- * removed at run time, per-device caps and floors, per-device metrics.
+ * backing= (refused at start, naming the parameter), a remove that
+ * disconnects its clients, per-device caps and floors, per-device
+ * metrics.
  *
- * Threads: devices_create and devices_destroy run alone (.get_ready,
- * .unload); the table does not change in between, so lookups take no
- * lock.
+ * Threads: declared and made alone (.config, .get_ready); then nbdkit's
+ * threads open and close connections, the housekeeper walks the table
+ * (devices_each), and the control thread alone adds, removes and looks
+ * up for its commands (so a device it looked up stays until it removes
+ * it).  devices.c's lock guards the table, the connection counts and
+ * named.  Lock order: that lock first, then what a store_flush takes
+ * (the housekeeping walk: block-store.h's order below it) and nbdkit's
+ * export list; it is never taken under a store's lock.
  */
 #ifndef ZRAM_DEVICES_H
 #define ZRAM_DEVICES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "block-store.h"
@@ -54,6 +70,7 @@ struct device_spec {
 struct device {
   struct device_spec spec;
   struct block_store *store;
+  unsigned connections;           /* open on it (device_open); lock */
 };
 
 /* device=VALUE: parse and remember it.  0, or -1 after nbdkit_error
@@ -75,10 +92,32 @@ extern int devices_create (const struct store_config *base,
                            struct block_store *owner);
 extern void devices_destroy (void);
 
+/* While serving (the control channel): add the device NAME:SIZE[:...]
+ * on the default store's pool, or remove the device named name if no
+ * connection is open on it (REMOVING A DEVICE).  0, or -1 with why (for
+ * the client: naming the device, never echoing its whole text).
+ */
+extern int devices_add (const char *value, char *why, size_t why_size);
+extern int devices_remove (const char *name, char *why, size_t why_size);
+
 extern unsigned devices_count (void);
-extern struct device *device_at (unsigned index);
-/* The device named name (not the default export, ""), or NULL. */
+/* Whether a device was ever declared or added: then an export name must
+ * be one of them (or the default's, ""); before, any name is the
+ * default export, as servers without devices always served it.
+ */
+extern bool devices_named (void);
+/* visit for each device, under the table's lock. */
+extern void devices_each (void (*visit) (struct device *device, void *opaque),
+                          void *opaque);
+/* The device named name (not the default export, ""), or NULL: for the
+ * control thread (see Threads).
+ */
 extern struct device *device_find (const char *name);
+/* A connection to the device named name: found and counted on it, or
+ * NULL; device_close uncounts it.
+ */
+extern struct device *device_open (const char *name);
+extern void device_close (struct device *device);
 
 /* Each device's share of a housekeeping round: its deferred frees and
  * its decode cache's stale slots.

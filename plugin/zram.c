@@ -305,7 +305,7 @@ serve_start (void)
   handover_status_get (&handover);
   params.policy.reserve_always = swap_mode != SWAP_OFF;
   params.policy.reserve_tick = swap_mode != SWAP_OFF ? swap_reserve_tick : NULL;
-  params.policy.devices_round = devices_count () ? devices_housekeeping : NULL;
+  params.policy.devices_round = devices_housekeeping;
   /* A server that took its device over (a restart) serves first, with the
    * reserve the last one left: populating more before it serves waited
    * 130 s in reclaim in the guest, the device down, for memory only
@@ -505,10 +505,14 @@ zram_open (int readonly)
 {
   server_check_open ();
   const char *name = nbdkit_export_name ();
-  /* Without device=, any name is the one device, as before devices. */
-  if (!name || !*name || devices_count () == 0)
+  if (!name || !*name)
     return &default_export;
-  struct device *device = device_find (name);
+  struct device *device = device_open (name);
+  /* A server that never had devices takes any name for its one device,
+   * as servers before devices did.
+   */
+  if (!device && !devices_named ())
+    return &default_export;
   if (!device) {
     nbdkit_error ("unknown export '%s': this server serves the default "
                   "export and %u device%s (nbdinfo --list)", name,
@@ -517,6 +521,13 @@ zram_open (int readonly)
     return NULL;
   }
   return device;
+}
+
+static void
+zram_close (void *handle)
+{
+  if (handle != &default_export)
+    device_close (handle);
 }
 
 static struct block_store *
@@ -532,6 +543,23 @@ zram_get_size (void *handle)
     : ((struct device *) handle)->spec.size;
 }
 
+struct export_listing {
+  struct nbdkit_exports *exports;
+  int failed;
+};
+
+static void
+export_add (struct device *device, void *opaque)
+{
+  struct export_listing *listing = opaque;
+  char description[128];
+  snprintf (description, sizeof description, "%" PRIu64 " bytes, %s",
+            device->spec.size, codec_name (device->spec.algorithm));
+  if (nbdkit_add_export (listing->exports, device->spec.name, description)
+      == -1)
+    listing->failed = 1;
+}
+
 static int
 zram_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
 {
@@ -540,14 +568,9 @@ zram_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
             params.store.size, codec_name (params.store.algorithm));
   if (nbdkit_add_export (exports, "", description) == -1)
     return -1;
-  for (unsigned i = 0; i < devices_count (); i++) {
-    const struct device *device = device_at (i);
-    snprintf (description, sizeof description, "%" PRIu64 " bytes, %s",
-              device->spec.size, codec_name (device->spec.algorithm));
-    if (nbdkit_add_export (exports, device->spec.name, description) == -1)
-      return -1;
-  }
-  return 0;
+  struct export_listing listing = { exports, 0 };
+  devices_each (export_add, &listing);
+  return listing.failed ? -1 : 0;
 }
 
 static const char *
@@ -846,6 +869,7 @@ static struct nbdkit_plugin plugin = {
   .cleanup           = zram_cleanup,
   .dump_plugin       = zram_dump_plugin,
   .open              = zram_open,
+  .close             = zram_close,
   .list_exports      = zram_list_exports,
   .default_export    = zram_default_export,
   .get_size          = zram_get_size,

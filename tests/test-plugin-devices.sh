@@ -13,7 +13,13 @@
 #     export ENOSPC too (its old blocks intact), and its trims give the
 #     room back;
 #   - the control channel: devices, info/mm_stat with device=NAME,
-#     unknown device refused; nbdkit-zramctl's listing, a row a device.
+#     unknown device refused; nbdkit-zramctl's listing, a row a device;
+#   - add and remove while serving: a device added is served, a remove
+#     refused while a client is connected, done once it is gone, its
+#     pages back in the pool, the name refused after; added again, it is
+#     empty; bad adds refused; and removes and adds in a loop beside 4
+#     clients that connect, write, read back and go (every connection
+#     keeps its device to its end, both windows met).
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -33,7 +39,7 @@ expect_refusal ()
         fail "$*: no '$text' in: $(cat "$NBDKIT_STDERR")"
     echo "ok: refused $*: $(grep -o "error: .*" "$NBDKIT_STDERR" | head -1)"
 }
-expect_refusal "device: 'bad/name:1M': the name first" device=bad/name:1M
+expect_refusal "device: the name first" device=bad/name:1M
 expect_refusal "device: d1: '' is not a size" device=d1
 expect_refusal "device: d1: '1k' is not a size of 4096 bytes or more" device=d1:1k
 expect_refusal "device: d1: 'comp=brotli' is not comp=lz4|zstd or level=N" device=d1:1M:comp=brotli
@@ -211,6 +217,107 @@ if [ "$SANITIZERS" = no ]; then
     done
     echo "ok: examples/jobs.sh: three jobs, a device each"
 fi
+# Devices added and removed while serving.
+cat > "$tmp/add-remove.py" <<'EOF2'
+import os, sys, threading, time, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+sock, ctl = sys.argv[1], Ctl(sys.argv[2])
+B = 4096
+def connect(name):
+    h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock); return h
+def pages():
+    ctl.ok("compact")
+    return int(ctl.ok("mm_stat")[0].split()[2])
+def refused(name):
+    try:
+        connect(name)
+        return False
+    except nbd.Error as e:
+        return "no export named" in str(e)
+
+# Before any device, any name is the default export.
+assert connect("anything").get_size() == 16 << 20
+empty = pages()
+ctl.ok("add d1 8M comp=zstd")
+assert ctl.ok("devices")[1:] == ["d1 8388608 zstd 1"], ctl.ok("devices")
+h = connect("d1")
+assert h.get_size() == 8 << 20
+for i in range(256):
+    h.pwrite(os.urandom(B // 2) * 2, i * B)
+assert int(ctl.ok("mm_stat device=d1")[0].split()[0]) == 256 * B
+full = pages()
+assert full >= empty + 64 * B, (empty, full)
+ctl.error("remove d1", r"remove: d1: 1 client connected: disconnect it first")
+h.shutdown()
+deadline = time.monotonic() + 10
+while True:
+    lines, good, last = ctl.command("remove d1")
+    if good:
+        break
+    assert "client connected" in last and time.monotonic() < deadline, last
+    time.sleep(0.05)
+after = pages()
+assert after <= empty + 4 * B, (empty, full, after)
+assert refused("d1") and refused("anything"), "a removed or unknown name was served"
+ctl.ok("add d1 8M")
+h = connect("d1")
+assert h.pread(B, 0) == bytes(B), "a device added again holds the old one's data"
+h.shutdown()
+for line, pattern in (("add bad/name 1M", r"add: the name first"),
+                      ("add d1 1M", r"add: d1 is a device already"),
+                      ("add d2 1k", r"add: d2: '1k' is not a size"),
+                      ("add d2 1M comp=brotli", r"add: d2: 'comp=brotli' is not"),
+                      ("remove nope", r"remove: unknown device 'nope'")):
+    ctl.error(line, pattern)
+print("add and remove: the pool's pages %d KiB empty, %d KiB with d1's data, "
+      "%d KiB after its removal; removed and unknown names refused"
+      % (empty >> 10, full >> 10, after >> 10))
+
+# Removes and adds beside connections that come and go: a connection
+# that opened keeps its device to its end (each writes, then reads its
+# own block back), the others are refused; both windows are met.
+stop = time.monotonic() + 4
+served, refusals, bad = [0], [0], []
+def client(seed):
+    block = seed
+    while time.monotonic() < stop:
+        try:
+            h = connect("hot")
+        except nbd.Error:
+            refusals[0] += 1
+            continue
+        data = os.urandom(B)
+        h.pwrite(data, block * B)
+        time.sleep(0.002)           # hold the device: a remove meets it
+        if h.pread(B, block * B) != data:
+            bad.append(block)
+        h.shutdown()
+        served[0] += 1
+threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+ctl.ok("add hot 4M")
+for t in threads: t.start()
+removed = busy = 0
+while time.monotonic() < stop:
+    lines, good, last = ctl.command("remove hot")
+    if good:
+        removed += 1
+        time.sleep(0.01)            # a window with no device
+        ctl.ok("add hot 4M")
+    else:
+        assert "client" in last, last
+        busy += 1
+for t in threads: t.join()
+assert not bad, bad
+assert removed > 0 and busy > 0 and served[0] > 0, (removed, busy, served, refusals)
+print("beside 4 clients: %d removes done, %d refused while a client was "
+      "connected; %d connections served, %d refused, every block read back"
+      % (removed, busy, served[0], refusals[0]))
+EOF2
+zram_nbdkit -U - "$PLUGIN" 16M ctl="$tmp/ctl-add" \
+    --run "/usr/bin/python3 '$tmp/add-remove.py' \"\$unixsocket\" '$tmp/ctl-add'" ||
+    fail "add and remove"
+
 # Without device=, any export name is the one device, as before.
 zram_nbdkit -U - "$PLUGIN" 1M \
     --run "nbdinfo --size 'nbd+unix:///anything?socket='\"\$unixsocket\" > '$tmp/size'" ||
