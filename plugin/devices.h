@@ -33,8 +33,7 @@
  *
  * Not yet (issue 44): devices with region=, standby=, swap= or
  * backing= (refused at start, naming the parameter), a remove that
- * disconnects its clients, per-device caps and floors, per-device
- * metrics.
+ * disconnects its clients, per-device caps and floors.
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table

@@ -242,6 +242,25 @@ print_classes (const struct stats_sample *sample, FILE *fp)
   }
 }
 
+/* The figures that are each device's own (its store's counters), with
+ * a sample per device (device="LABEL/NAME") after the default export's;
+ * the others are the shared pool's or the server's, once.
+ */
+static bool
+per_device (size_t offset)
+{
+  static const size_t own[] = {
+    STORE (disk_size), STORE (orig_data_size), STORE (compr_data_size),
+    STORE (same_pages), STORE (huge_pages), STORE (huge_pages_since),
+    STORE (failed_reads), STORE (failed_writes), STORE (invalid_io),
+    STORE (notify_free), STORE (reads), STORE (writes), STORE (table_bytes),
+  };
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (own[i] == offset)
+      return true;
+  return false;
+}
+
 void
 metrics_print_sample (const struct stats_sample *sample, FILE *fp)
 {
@@ -270,6 +289,13 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
       sample_number (fp, fields[i].name, value * fields[i].scale);
     else
       sample_integer (fp, fields[i].name, value);
+    for (unsigned d = 0; per_device (fields[i].offset)
+           && d < sample->device_count; d++) {
+      memcpy (&value, (const char *) &sample->devices[d].store
+              + fields[i].offset, sizeof value);
+      fprintf (fp, "%s{device=\"%s/%s\"} %" PRIu64 "\n", fields[i].name,
+               label (), sample->devices[d].name, value);
+    }
   }
   if (s->writeback_limit_left != UINT64_MAX)
     integer_metric (fp, "nbdkit_zram_writeback_limit_bytes", GAUGE,

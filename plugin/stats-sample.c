@@ -36,6 +36,24 @@ ratio (uint64_t numerator, uint64_t denominator)
   return denominator ? (double) numerator / denominator : 0;
 }
 
+/* devices_each's visit: one more device's figures (a device that cannot
+ * be added for want of memory is left out).
+ */
+static void
+device_figures_add (struct device *device, void *opaque)
+{
+  struct stats_sample *sample = opaque;
+  struct device_figures *grown = realloc (sample->devices,
+                                          (sample->device_count + 1)
+                                          * sizeof *grown);
+  if (!grown)
+    return;
+  sample->devices = grown;
+  struct device_figures *figures = &grown[sample->device_count++];
+  snprintf (figures->name, sizeof figures->name, "%s", device->spec.name);
+  store_stats (device->store, &figures->store);
+}
+
 /* Samples taken, ever: the number of the next. */
 static _Atomic uint64_t samples;
 
@@ -57,6 +75,9 @@ stats_sample_take (struct block_store *store, bool with_classes,
   swap_mode_status (&sample->swap);
   swap_full_status (&sample->swap_full);
   handover_status_get (&sample->handover);
+  sample->devices = NULL;
+  sample->device_count = 0;
+  devices_each (device_figures_add, sample);
   sample->classes = NULL;
   sample->class_count = 0;
   if (!with_classes)
@@ -77,4 +98,7 @@ stats_sample_release (struct stats_sample *sample)
   free (sample->classes);
   sample->classes = NULL;
   sample->class_count = 0;
+  free (sample->devices);
+  sample->devices = NULL;
+  sample->device_count = 0;
 }

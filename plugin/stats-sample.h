@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "block-store.h"
+#include "devices.h"
 #include "handover.h"
 #include "swap-full.h"
 #include "swap-mode.h"
@@ -42,6 +43,17 @@ struct stats_sample {
    */
   struct zs_class_stats *classes;
   unsigned class_count;
+  /* The server's devices (devices.h) at the same moment, each its own
+   * store's figures (the pool's are the default store's above); NULL, 0
+   * when there are none.
+   */
+  struct device_figures *devices;
+  unsigned device_count;
+};
+
+struct device_figures {
+  char name[DEVICE_NAME_MAX + 1];
+  struct store_stats store;
 };
 
 /* Take a sample of store; with_classes: the per-class table too (the

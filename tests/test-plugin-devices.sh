@@ -158,6 +158,18 @@ assert [r[:3] for r in rows] == [[path, "16777216", "lz4"],
                                  [path + "/c", "4194304", "lz4"]], rows
 assert [int(r[3]) for r in rows] == [len(models[n]) * B for n in EXPORTS], rows
 print("nbdkit-zramctl: a row each: %s" % " ".join(r[0].rsplit("/", 1)[-1] for r in rows))
+# The metrics: each device's own figures as a series with its device
+# label (SERVER/DEVICE), the pool's once; parsed as Prometheus does.
+from prometheus_client.parser import text_string_to_metric_families
+families = {f.name: f for f in text_string_to_metric_families(
+    "\n".join(ctl.ok("metrics")) + "\n")}
+orig = {s.labels["device"]: s.value for s in families["nbdkit_zram_orig_data_bytes"].samples}
+assert orig == {"zram": len(models[""]) * B, "zram/a": len(models["a"]) * B,
+                "zram/b": len(models["b"]) * B, "zram/c": len(models["c"]) * B}, orig
+sizes = {s.labels["device"]: s.value for s in families["nbdkit_zram_disk_size_bytes"].samples}
+assert sizes["zram/c"] == 4 << 20, sizes
+assert [s.labels["device"] for s in families["nbdkit_zram_mem_used_bytes"].samples] == ["zram"]
+print("metrics: a series per device: %s" % sorted(orig))
 EOF
 zram_nbdkit -U - "$PLUGIN" 16M device=a:8M device=b:8M:comp=zstd \
     device=c:4M:level=3 ctl="$tmp/ctl" \
