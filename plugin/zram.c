@@ -753,20 +753,24 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
 /* Whether a store_write or store_zero that returned r is tried again
  * (swap mode, RESERVE_WAIT_MS from its first refusal, *started_ms): a
  * refused store may have written some of its blocks, and writing the
- * same data again is the same request.
+ * same data again is the same request.  One given up on counts as a
+ * failed write then (the store leaves EAGAIN's to its caller): a write
+ * that waited and was stored is none.
  */
 static bool
-reserve_wait_worth_it (int r, uint64_t *started_ms)
+reserve_wait_worth_it (struct block_store *the_store, int r,
+                       uint64_t *started_ms)
 {
-  if (r != -1 || errno != EAGAIN || swap_mode == SWAP_OFF)
+  if (r != -1 || errno != EAGAIN)
     return false;
   uint64_t now = monotonic_ms ();
   if (!*started_ms)
     *started_ms = now;          /* the first refusal: the clock starts */
   uint64_t waited = now - *started_ms;
-  if (waited >= RESERVE_WAIT_MS)
-    return false;
-  bool refilled = housekeeper_wait_refill (RESERVE_WAIT_MS - waited);
+  bool refilled = swap_mode != SWAP_OFF && waited < RESERVE_WAIT_MS
+    && housekeeper_wait_refill (RESERVE_WAIT_MS - waited);
+  if (!refilled)
+    store_failed_write (the_store);     /* given up: a failed write */
   errno = EAGAIN;
   return refilled;
 }
@@ -784,7 +788,7 @@ zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
   int r;
   do
     r = store_write (store_of (handle), buf, count, offset);
-  while (reserve_wait_worth_it (r, &started_ms));
+  while (reserve_wait_worth_it (store_of (handle), r, &started_ms));
   return request_end (r, "write", true, faults, count, offset);
 }
 
@@ -818,7 +822,7 @@ zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   do
     r = store_zero (store_of (handle), count, offset,
                     flags & NBDKIT_FLAG_MAY_TRIM);
-  while (reserve_wait_worth_it (r, &started_ms));
+  while (reserve_wait_worth_it (store_of (handle), r, &started_ms));
   return request_end (r, "zero", true, faults, count, offset);
 }
 

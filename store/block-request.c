@@ -263,6 +263,17 @@ block_write_piece (struct block_store *store, uint64_t block,
   }
 }
 
+/* A write or zero that failed, counted (zram's failed_writes), unless it
+ * failed for want of memory made ready (EAGAIN): its caller may wait and
+ * try it again, and counts it with store_failed_write if it gives up.
+ */
+static void
+failed_write_count (struct block_store *store)
+{
+  if (errno != EAGAIN)
+    counter_add (&store->failed_writes, 1);
+}
+
 int
 store_write (struct block_store *store, const void *buf, uint64_t count,
              uint64_t offset)
@@ -299,7 +310,7 @@ store_write (struct block_store *store, const void *buf, uint64_t count,
                              &backing_deadline_ms);
     }
     if (r == -1) {
-      counter_add (&store->failed_writes, 1);
+      failed_write_count (store);
       return -1;
     }
     counter_add (&store->writes, n);
@@ -318,6 +329,12 @@ piece_is_whole_block (const struct block_store *store, uint64_t block,
 {
   return length == STORE_BLOCK_SIZE
     || (from == 0 && block * STORE_BLOCK_SIZE + length >= store->size);
+}
+
+void
+store_failed_write (struct block_store *store)
+{
+  counter_add (&store->failed_writes, 1);
 }
 
 int
@@ -356,7 +373,7 @@ store_zero (struct block_store *store, uint64_t count, uint64_t offset,
       }
     }
     if (r == -1) {
-      counter_add (&store->failed_writes, 1);
+      failed_write_count (store);
       return -1;
     }
   }

@@ -317,7 +317,12 @@ extern struct block_store *store_take_over (struct region *region,
                                             char *why, size_t why_bytes);
 
 /* Byte-range operations; any offset and length within the device.
- * 0, or -1 with errno (ENOSPC when memory is full, ENOMEM, EIO).
+ * 0, or -1 with errno (ENOSPC when memory is full, ENOMEM, EIO; EAGAIN
+ * when no memory was made ready, zs_pool_config.resident_only).  A
+ * failed write or zero counts in failed_writes, except one that failed
+ * with EAGAIN: its caller may wait for memory and try it again, and
+ * counts it with store_failed_write if it gives up, so that the counter
+ * counts writes that failed, as zram's, not attempts.
  */
 extern int store_read (struct block_store *store, void *buf, uint64_t count,
                        uint64_t offset);
@@ -331,6 +336,7 @@ extern int store_trim (struct block_store *store, uint64_t count,
  */
 extern int store_zero (struct block_store *store, uint64_t count,
                        uint64_t offset, bool may_trim);
+extern void store_failed_write (struct block_store *store);
 
 /* Extents: calls add for runs of blocks in [offset, offset+count), in
  * order, each typed STORE_EXTENT_HOLE (never written or trimmed: also
