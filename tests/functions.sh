@@ -4,7 +4,7 @@
 #   source "$(dirname "$0")/functions.sh"
 #
 # It sets up:
-#   SRCDIR BUILDDIR PLUGIN SANITIZERS NBDKIT   (from the environment that
+#   SRCDIR BUILDDIR PLUGIN ZRAMCTL SANITIZERS NBDKIT (from the environment that
 #                       Makefile.am passes, or defaults for a run by hand)
 #   tmp                 a private temporary directory, removed at exit
 #   requires CMD...     skip the test (exit 77) if a command is missing
@@ -15,6 +15,8 @@
 #                       stdin in nbdsh against it (h is connected)
 #   fail MESSAGE        print and exit 1
 #   cleanup_add CMD     run CMD (eval'd) at exit, before $tmp is removed
+#   requires_zramctl    fail unless nbdkit-zramctl is built ($ZRAMCTL,
+#                       exported: the tests' Python and --run shells use it)
 #   remote_start ARGS... a second nbdkit (ARGS: its plugin and parameters)
 #                       serving an NBD export at $tmp/remote.sock, for a
 #                       backing store; remote_stop stops it (done at exit)
@@ -29,10 +31,11 @@ _functions_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${SRCDIR:=$(cd "$_functions_dir/.." && pwd)}"
 : "${BUILDDIR:=$SRCDIR/build}"
 : "${PLUGIN:=$BUILDDIR/plugin/.libs/nbdkit-zram-plugin.so}"
+: "${ZRAMCTL:=$BUILDDIR/tools/nbdkit-zramctl}"
 # The server to test on; configure's choice (setup.sh: a fixed one).
 : "${NBDKIT:=$(sed -n 's/^NBDKIT = //p' "$BUILDDIR/Makefile" 2>/dev/null || :)}"
 : "${NBDKIT:=nbdkit}"
-export SRCDIR BUILDDIR PLUGIN NBDKIT
+export SRCDIR BUILDDIR PLUGIN NBDKIT ZRAMCTL
 
 TEST_NAME="$(basename "$0" .sh)"
 
@@ -51,6 +54,11 @@ requires ()
             exit 77
         fi
     done
+}
+
+requires_zramctl ()
+{
+    [ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
 }
 
 # requires_disconnect_fix: skip the test (exit 77) on an nbdkit before

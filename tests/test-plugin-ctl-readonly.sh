@@ -8,9 +8,7 @@ set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
-export ZRAMCTL
+requires_zramctl
 chmod 711 "$tmp"
 mkdir -m 755 "$tmp/pub"
 export CTL="$tmp/ctl" RO="$tmp/pub/ro"

@@ -8,9 +8,7 @@ set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires nbdsh
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
-export ZRAMCTL
+requires_zramctl
 
 # ---- bad ctl= paths ----------------------------------------------------
 touch "$tmp/not-a-socket"

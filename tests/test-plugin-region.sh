@@ -72,7 +72,7 @@ blocks=$(stat_of recovered_blocks)
 echo "ok: restart: generation 2, $blocks blocks taken over, downtime $(stat_of downtime_seconds) s"
 # The supervisor's measure of the downtime (the control channel's
 # downtime): what stats say from then on; refused when not a number.
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+requires_zramctl
 zram_nbdkit -U - "$PLUGIN" 8M region="$region" stats="$tmp/stats" \
     ctl="$tmp/ctl" --run "'$ZRAMCTL' downtime '$tmp/ctl' 4321 &&
         ! '$ZRAMCTL' downtime '$tmp/ctl' soon 2>'$tmp/downtime.err' &&

@@ -284,8 +284,7 @@ for i in range(N):
 h.shutdown()
 print("writeback_limit: ok (%d blocks under 64K)" % first)
 EOF
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-export ZRAMCTL
+requires_zramctl
 zram_nbdkit -U - "$PLUGIN" 16M backing="$tmp/backing4" writeback_limit=0 \
     ctl="$tmp/ctl4" \
     --run "/usr/bin/python3 '$tmp/wblimit.py' \"\$uri\" '$tmp/ctl4'" ||

@@ -16,9 +16,7 @@ set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3 script nbdkit
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
-export ZRAMCTL
+requires_zramctl
 
 BLOCKS=16384                    # 64 MiB
 

@@ -13,8 +13,7 @@ set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
+requires_zramctl
 registry=$NBDKIT_ZRAM_RUNTIME_DIR
 
 # serve NAME ARGS...: a server in the background, its PID in pid_NAME,

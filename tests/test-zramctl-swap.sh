@@ -16,7 +16,7 @@
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
+requires_zramctl
 export NBDKIT_ZRAM_SWAP=${NBDKIT_ZRAM_SWAP:-$BUILDDIR/tools/nbdkit-zram-swap}
 export NBDKIT_ZRAM_SWAP_DIR="$tmp/run"
 [ -x "$ZRAMCTL" ] && [ -x "$NBDKIT_ZRAM_SWAP" ] || fail "not built: $ZRAMCTL $NBDKIT_ZRAM_SWAP"

@@ -10,9 +10,7 @@ set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
 requires /usr/bin/python3
-ZRAMCTL=${ZRAMCTL:-$BUILDDIR/tools/nbdkit-zramctl}
-[ -x "$ZRAMCTL" ] || fail "nbdkit-zramctl not built: $ZRAMCTL"
-export ZRAMCTL
+requires_zramctl
 
 # expect_error STATUS_FILE TEXT COMMAND...: COMMAND fails, and its
 # standard error holds TEXT.
