@@ -286,16 +286,24 @@ print("add and remove: the pool's pages %d KiB empty, %d KiB with d1's data, "
 
 # Removes and adds beside connections that come and go: a connection
 # that opened keeps its device to its end (each writes, then reads its
-# own block back), the others are refused; both windows are met.
-stop = time.monotonic() + 4
+# own block back), the others are refused; both windows are met.  The
+# clients rest a random few milliseconds between connections, so that
+# the four are sometimes all away even on a slow (sanitized, loaded)
+# machine, and the race runs until every window has been met (at least
+# 4 s, at most 60 s): a remove refused, a remove done, a connection
+# served and one refused.
+import random
+start = time.monotonic()
+done = [False]
 served, refusals, bad = [0], [0], []
 def client(seed):
     block = seed
-    while time.monotonic() < stop:
+    while not done[0]:
         try:
             h = connect("hot")
         except nbd.Error:
             refusals[0] += 1
+            time.sleep(0.001)
             continue
         data = os.urandom(B)
         h.pwrite(data, block * B)
@@ -304,11 +312,14 @@ def client(seed):
             bad.append(block)
         h.shutdown()
         served[0] += 1
+        time.sleep(random.uniform(0, 0.01))
 threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
 ctl.ok("add hot 4M")
 for t in threads: t.start()
 removed = busy = 0
-while time.monotonic() < stop:
+def all_met():
+    return removed and busy and served[0] and refusals[0]
+while time.monotonic() < start + 60 and not (all_met() and time.monotonic() > start + 4):
     lines, good, last = ctl.command("remove hot")
     if good:
         removed += 1
@@ -317,9 +328,11 @@ while time.monotonic() < stop:
     else:
         assert "client" in last, last
         busy += 1
+        time.sleep(0.001)
+done[0] = True
 for t in threads: t.join()
 assert not bad, bad
-assert removed > 0 and busy > 0 and served[0] > 0, (removed, busy, served, refusals)
+assert all_met(), (removed, busy, served, refusals)
 print("beside 4 clients: %d removes done, %d refused while a client was "
       "connected; %d connections served, %d refused, every block read back"
       % (removed, busy, served[0], refusals[0]))
