@@ -120,3 +120,35 @@ echo "| one device of eight written, the others idle | held before the first ENO
 echo "|---|---:|"
 echo "| shared budget (one server, mem_limit=64M) | $shared MiB |"
 echo "| kernel zram's split (a device's eighth, mem_limit=8M) | $split MiB |"
+
+# The cost of a device: the RSS and limit_used of a server with 64 idle
+# devices of 1 GiB against one with none (each after a client listed
+# the exports, so that both have served), the difference per device.
+# idle COUNT: "RSS_KiB LIMIT_USED_BYTES" of a server with COUNT devices.
+idle () {
+    local sock=$tmp/idle.sock args=() pid
+    for ((i = 1; i <= $1; i++)); do args+=("device=i$i:1G"); done
+    rm -f "$sock"
+    "$NBDKIT" -U "$sock" -P "$tmp/idle.pid" "$PLUGIN" 1G ctl="$tmp/idle.ctl" "${args[@]}"
+    for _ in $(seq 50); do [ -S "$sock" ] && [ -S "$tmp/idle.ctl" ] && break; sleep 0.1; done
+    nbdinfo --list "nbd+unix://?socket=$sock" > /dev/null
+    pid=$(cat "$tmp/idle.pid")
+    sleep 1
+    echo "$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status")" \
+         "$(SRCDIR=$PWD /usr/bin/python3 -c '
+import os, sys
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+print([l.split()[1] for l in Ctl(sys.argv[1]).ok("stats")
+       if l.startswith("limit_used: ")][0])' "$tmp/idle.ctl")"
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+}
+read -r rss0 used0 <<< "$(idle 0)"
+read -r rss64 used64 <<< "$(idle 64)"
+echo
+echo "| idle devices of 1 GiB | RSS KiB | limit_used bytes |"
+echo "|---|---:|---:|"
+echo "| none | $rss0 | $used0 |"
+echo "| 64 | $rss64 | $used64 |"
+echo "| a device | $(( (rss64 - rss0) / 64 )) | $(( (used64 - used0) / 64 )) |"

@@ -14,7 +14,9 @@
  *     each kept the last zspage of every size class each device used,
  *     2.1x the pages for zstd's 256 MiB image over 64 devices, and 190
  *     KiB for an idle device (bench/device-cost, bench/README.md "Many
- *     devices");
+ *     devices"); on the shared pool an idle device costs 44 KiB of RSS,
+ *     mostly its stripe locks, and nothing against mem_limit
+ *     (bench/run-devices-bench.sh);
  *   - compaction is the pool's, one for all.
  * A device's blocks are its store's: reads, extents, trims, zeroes and
  * the decode cache never cross devices (the handle of each connection

@@ -165,14 +165,6 @@ struct block_store {
   size_t raw_threshold;           /* compressed size stored raw from here */
   struct block_table table;
   pthread_mutex_t stripes[STORE_STRIPES]; /* see LOCKS in block-store.h */
-  /* In a region: each stripe's entry being written, with what it held,
-   * until both its words are (entry_write; store_recover puts a torn
-   * entry back).  Guarded by the stripe's lock.
-   */
-  struct stripe_intent {
-    _Atomic uint64_t entry;       /* the entry's address; 0: none */
-    uint64_t value, state;        /* what it held */
-  } intents[STORE_STRIPES];
   atomic_bool keep_resident;      /* store_keep_resident ran */
   unsigned write_batch;           /* 1..STORE_WRITE_BATCH_MAX (1: no batches) */
   /* Where a batched write (block-batch.c) compresses its blocks: slots
@@ -249,7 +241,25 @@ struct block_store {
                                      written-back blocks back (0: never) */
   bool backing_sync;              /* a batch made durable before its RAM
                                      copies go */
+  /* In a region: each stripe's entry being written, with what it held,
+   * until both its words are (entry_write; store_recover puts a torn
+   * entry back).  Guarded by the stripe's lock.  Last, and allocated
+   * only with a region (STORE_STRIPES of them, store_create): a store
+   * on the C heap has none, so that an idle device costs 24 KiB less.
+   */
+  struct stripe_intent {
+    _Atomic uint64_t entry;       /* the entry's address; 0: none */
+    uint64_t value, state;        /* what it held */
+  } intents[];
 };
+
+/* The bytes of a store's structure: its intents only in a region. */
+static inline size_t
+store_struct_bytes (bool in_region)
+{
+  return sizeof (struct block_store)
+    + (in_region ? STORE_STRIPES * sizeof (struct stripe_intent) : 0);
+}
 
 /* block-store.c, for a store in a region (HANDOVER in block-store.h):
  * why config cannot serve the store at the region's root (NULL: it

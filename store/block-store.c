@@ -144,8 +144,9 @@ store_create (const struct store_config *config)
 {
   struct region *region = config->pool.region;
   bool valid = config->size != 0;
+  size_t bytes = store_struct_bytes (region != NULL);
   struct block_store *store = valid
-    ? region_memory_alloc (region, sizeof *store, _Alignof (struct block_store))
+    ? region_memory_alloc (region, bytes, _Alignof (struct block_store))
     : NULL;
   if (!store) {
     if (!valid)
@@ -155,7 +156,7 @@ store_create (const struct store_config *config)
     errno = saved;
     return NULL;
   }
-  memset (store, 0, sizeof *store);
+  memset (store, 0, bytes);
   store->region = region;
   store->size = config->size;
   store->limit_pages_only = config->pool.limit_pages_only;

@@ -159,7 +159,7 @@
  * a structure the store keeps there (struct block_store, the table, the
  * units), as REGION_LAYOUT_VERSION for the allocator's.
  */
-#define STORE_LAYOUT_VERSION 3
+#define STORE_LAYOUT_VERSION 4
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32

@@ -233,7 +233,7 @@ store_recover (struct region *region, const struct store_config *config,
   region_recover_begin (region);
   recovery_step ("region: allocations forgotten");
   struct recovery_walk walk = { .store = store, .result = result };
-  if (!region_recover_claim (region, store, sizeof *store,
+  if (!region_recover_claim (region, store, store_struct_bytes (true),
                              _Alignof (struct block_store))
       || !(walk.pool = zs_recover_begin (store->pool))) {
     snprintf (why, why_bytes, "the store's own memory is not where it "
