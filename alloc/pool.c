@@ -868,3 +868,9 @@ zs_pool_bytes (struct zs_pool *pool)
   return account_bytes (atomic_load_explicit (&pool->limit_account,
                                               memory_order_relaxed));
 }
+
+uint64_t
+zs_pool_mem_limit (struct zs_pool *pool)
+{
+  return atomic_load_explicit (&pool->mem_limit, memory_order_relaxed);
+}

@@ -273,6 +273,8 @@ extern void zs_pool_reset_max (struct zs_pool *pool);
  * load, for fast paths.
  */
 extern uint64_t zs_pool_bytes (struct zs_pool *pool);
+/* mem_limit now (0: none), one atomic load as zs_pool_bytes. */
+extern uint64_t zs_pool_mem_limit (struct zs_pool *pool);
 
 /* Top up the reserve of populated pages (config.reserve_bytes) from the
  * operating system, as far as the memory limit allows; for a background

@@ -79,14 +79,21 @@ progress_keep_going (void *opaque)
 }
 
 /* devices: the server's exports, the default first (named -, "" on the
- * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL.
+ * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL, then cap=SIZE and
+ * floor=SIZE where the device has them.
  */
 static void
 device_line (struct device *device, void *opaque)
 {
-  fprintf (opaque, "%s %" PRIu64 " %s %d\n", device->spec.name,
+  FILE *out = opaque;
+  fprintf (out, "%s %" PRIu64 " %s %d", device->spec.name,
            device->spec.size, codec_name (device->spec.algorithm),
            device->spec.level);
+  if (device->spec.cap)
+    fprintf (out, " cap=%" PRIu64, device->spec.cap);
+  if (device->spec.floor)
+    fprintf (out, " floor=%" PRIu64, device->spec.floor);
+  fputc ('\n', out);
 }
 
 static int
@@ -98,7 +105,9 @@ command_devices (struct client *client, int argc, char **argv)
   return 0;
 }
 
-/* add NAME SIZE [comp=A] [level=N]: a device while serving. */
+/* add NAME SIZE [comp=A] [level=N] [cap=SIZE] [floor=SIZE]: a device
+ * while serving.
+ */
 static int
 command_add (struct client *client, int argc, char **argv)
 {
@@ -107,7 +116,8 @@ command_add (struct client *client, int argc, char **argv)
   for (int i = 3; i < argc && used < sizeof value; i++)
     used += snprintf (value + used, sizeof value - used, ":%s", argv[i]);
   if (used >= sizeof value || strchr (argv[1], ':') || strchr (argv[2], ':'))
-    return reply_error (client, "add: NAME SIZE [comp=lz4|zstd] [level=N]");
+    return reply_error (client, "add: NAME SIZE [comp=lz4|zstd] [level=N] "
+                        "[cap=SIZE] [floor=SIZE]");
   if (devices_add (value, why, sizeof why) == -1)
     return reply_error (client, "add: %s", why);
   return 0;

@@ -38,6 +38,10 @@ static bool named;
  */
 static enum codec_algorithm server_algorithm;
 static int server_level;
+/* Shared by the default store and every device (BUDGET in block-store.h);
+ * its floors change only with a device's store made or destroyed.
+ */
+static struct store_budget budget;
 static const char *refused;
 static struct store_config base_config;
 static struct block_store *owner_store;
@@ -74,7 +78,8 @@ spec_parse (const char *value, struct device_spec *spec, char *why,
   char *size = name ? strtok_r (NULL, ":", &save) : NULL;
   if (!name || !name_is_plain (name)) {
     snprintf (why, why_size, "the name first, 1 to %d of A-Z a-z 0-9 . _ -, "
-              "then :SIZE (NAME:SIZE[:comp=lz4|zstd][:level=N])",
+              "then :SIZE (NAME:SIZE[:comp=lz4|zstd][:level=N][:cap=SIZE]"
+              "[:floor=SIZE])",
               DEVICE_NAME_MAX);
     goto out;
   }
@@ -93,6 +98,18 @@ spec_parse (const char *value, struct device_spec *spec, char *why,
       spec->algorithm = CODEC_LZ4;
     else if (strcmp (option, "comp=zstd") == 0)
       spec->algorithm = CODEC_ZSTD;
+    else if (strncmp (option, "cap=", 4) == 0
+             || strncmp (option, "floor=", 6) == 0) {
+      bool cap = option[0] == 'c';
+      const char *text = option + (cap ? 4 : 6);
+      int64_t amount = parse_size (text);
+      if (amount <= 0) {
+        snprintf (why, why_size, "%s: '%.32s' is not %s=SIZE (e.g. 256M)",
+                  name, option, cap ? "cap" : "floor");
+        goto out;
+      }
+      *(cap ? &spec->cap : &spec->floor) = (uint64_t) amount;
+    }
     else if (strncmp (option, "level=", 6) == 0) {
       errno = 0;
       long level = strtol (option + 6, &end, 10);
@@ -104,8 +121,8 @@ spec_parse (const char *value, struct device_spec *spec, char *why,
       spec->level = (int) level;
     }
     else {
-      snprintf (why, why_size, "%s: '%.32s' is not comp=lz4|zstd or level=N",
-                name, option);
+      snprintf (why, why_size, "%s: '%.32s' is not comp=lz4|zstd, level=N, "
+                "cap=SIZE or floor=SIZE", name, option);
       goto out;
     }
   }
@@ -116,11 +133,29 @@ spec_parse (const char *value, struct device_spec *spec, char *why,
 }
 
 /* The server's algorithm (and level, for the same algorithm) where the
- * spec gave none; then its level checked.  0, or -1 with why.
+ * spec gave none; then its level checked, and its cap and floor against
+ * mem_limit with floors bytes of other floors.  0, or -1 with why.
  */
 static int
-spec_complete (struct device_spec *spec, char *why, size_t why_size)
+spec_complete (struct device_spec *spec, uint64_t mem_limit, uint64_t floors,
+               char *why, size_t why_size)
 {
+  if (spec->cap && spec->floor > spec->cap) {
+    snprintf (why, why_size, "%s: floor=%" PRIu64 " is above cap=%" PRIu64,
+              spec->name, spec->floor, spec->cap);
+    return -1;
+  }
+  if (spec->floor && !mem_limit) {
+    snprintf (why, why_size, "%s: floor= needs mem_limit (a floor is room "
+              "kept in the budget)", spec->name);
+    return -1;
+  }
+  if (spec->floor && floors + spec->floor > mem_limit) {
+    snprintf (why, why_size, "%s: floor=%" PRIu64 " and the other floors (%"
+              PRIu64 ") do not fit in mem_limit (%" PRIu64 ")", spec->name,
+              spec->floor, floors, mem_limit);
+    return -1;
+  }
   if (spec->algorithm == -1)
     spec->algorithm = server_algorithm;
   if (spec->level == INT32_MIN)
@@ -173,9 +208,15 @@ devices_declare (const char *value)
   return 0;
 }
 
+struct store_budget *
+devices_budget (void)
+{
+  return &budget;
+}
+
 int
 devices_complete (enum codec_algorithm algorithm, int level,
-                  const char *refused_parameter)
+                  uint64_t mem_limit, const char *refused_parameter)
 {
   server_algorithm = algorithm;
   server_level = level;
@@ -187,11 +228,15 @@ devices_complete (enum codec_algorithm algorithm, int level,
     return -1;
   }
   char why[256];
-  for (unsigned i = 0; i < count; i++)
-    if (spec_complete (&table[i]->spec, why, sizeof why) == -1) {
+  uint64_t floors = 0;
+  for (unsigned i = 0; i < count; i++) {
+    if (spec_complete (&table[i]->spec, mem_limit, floors, why,
+                       sizeof why) == -1) {
       nbdkit_error ("device: %s", why);
       return -1;
     }
+    floors += table[i]->spec.floor;
+  }
   return 0;
 }
 
@@ -206,6 +251,9 @@ device_store_create (const struct device_spec *spec)
   config.backing = NULL;
   config.pool.region = NULL;
   config.shared_pool = store_pool (owner_store);
+  config.budget = &budget;
+  config.cap = spec->cap;
+  config.floor = spec->floor;
   return store_create (&config);
 }
 
@@ -250,8 +298,12 @@ devices_add (const char *value, char *why, size_t why_size)
     snprintf (why, why_size, "the server is not serving yet");
     return -1;
   }
+  /* The floors checked against the pool's mem_limit now; two adds at
+   * once cannot both pass: the control thread alone adds (devices.h).
+   */
   if (spec_parse (value, &spec, why, why_size) == -1
-      || spec_complete (&spec, why, why_size) == -1)
+      || spec_complete (&spec, zs_pool_mem_limit (store_pool (owner_store)),
+                        atomic_load (&budget.floors), why, why_size) == -1)
     return -1;
   struct device *device = calloc (1, sizeof *device);
   if (!device || !(device->store = device_store_create (&spec))) {

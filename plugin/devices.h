@@ -33,9 +33,17 @@
  * before the claim made the claim fail, one after it finds no device.
  * A device removed and added again is a new store, empty.
  *
+ * CAPS AND FLOORS.  A device may have a cap (its objects take at most
+ * that much, as cgroup v2's memory.zswap.max) and a floor (the room
+ * below it is the device's: another device's write that would take it
+ * is refused, as memory.min), both counted in bytes of the device's
+ * objects on the shared pool (BUDGET in block-store.h).  A floor needs
+ * mem_limit, and the floors together fit in it (checked at start and by
+ * add); cap >= floor.  The default export has neither, but its writes
+ * respect the devices' floors as theirs do.
+ *
  * Not yet (issue 44): devices with region=, standby=, swap= or
- * backing= (refused at start, naming the parameter), a remove that
- * disconnects its clients, per-device caps and floors.
+ * backing= (refused at start, naming the parameter).
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table
@@ -58,7 +66,8 @@
 #define DEVICES_MAX 64
 #define DEVICE_NAME_MAX 64
 
-/* A device as declared (device=): algorithm -1 and level INT32_MIN until
+/* A device as declared (device=NAME:SIZE[:comp=A][:level=N][:cap=SIZE]
+ * [:floor=SIZE]): algorithm -1 and level INT32_MIN until
  * the server's comp= and level= fill them in (devices_complete).
  */
 struct device_spec {
@@ -66,6 +75,8 @@ struct device_spec {
   uint64_t size;
   int algorithm;                  /* enum codec_algorithm, or -1 */
   int level;
+  uint64_t cap, floor;            /* bytes of objects (BUDGET in
+                                     block-store.h), 0: none */
 };
 
 struct device {
@@ -84,7 +95,12 @@ extern int devices_declare (const char *value);
  * yet (named in the error).  0, or -1 after nbdkit_error.
  */
 extern int devices_complete (enum codec_algorithm algorithm, int level,
+                             uint64_t mem_limit,
                              const char *refused_parameter);
+/* The budget the default store and every device share (BUDGET in
+ * block-store.h): the floors' room.
+ */
+extern struct store_budget *devices_budget (void);
 /* Make each declared device's store on owner's pool, from base (the
  * default store's configuration: everything but size, algorithm, level,
  * backing and region).  0, or -1 after nbdkit_error (none is left made).

@@ -140,6 +140,18 @@ static const struct field_metric fields[] = {
     "Backing requests refused for space (the store is full)." },
   { "nbdkit_zram_backing_errors_io_total", COUNTER, STORE (backing_errors_io), 0,
     "Backing requests that failed otherwise (I/O errors, timeouts)." },
+  { "nbdkit_zram_cap_bytes", GAUGE, STORE (cap), 0,
+    "The device's cap: most bytes of objects it may hold (0: none)." },
+  { "nbdkit_zram_floor_bytes", GAUGE, STORE (floor), 0,
+    "The device's floor: bytes of objects no other device may take from it (0: none)." },
+  { "nbdkit_zram_quota_bytes", GAUGE, STORE (quota_bytes), 0,
+    "Bytes of the device's objects its cap and floor count (0 without either)." },
+  { "nbdkit_zram_refused_for_budget_total", COUNTER, STORE (refused_for_budget), 0,
+    "Allocations refused for the device's cap or another device's floor." },
+  { "nbdkit_zram_budget_floors_bytes", GAUGE, STORE (budget_floors), 0,
+    "The devices' floors, summed." },
+  { "nbdkit_zram_budget_unmet_floors_bytes", GAUGE, STORE (budget_unmet_floors), 0,
+    "The floors' room the devices have not used yet: kept from the others." },
 };
 
 int
@@ -254,6 +266,8 @@ per_device (size_t offset)
     STORE (same_pages), STORE (huge_pages), STORE (huge_pages_since),
     STORE (failed_reads), STORE (failed_writes), STORE (invalid_io),
     STORE (notify_free), STORE (reads), STORE (writes), STORE (table_bytes),
+    STORE (cap), STORE (floor), STORE (quota_bytes),
+    STORE (refused_for_budget),
   };
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i] == offset)
@@ -296,6 +310,22 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
       fprintf (fp, "%s{device=\"%s/%s\"} %" PRIu64 "\n", fields[i].name,
                label (), sample->devices[d].name, value);
     }
+  }
+  /* Borrowed: what the exports hold beyond an even share of mem_limit
+   * each, which a split of the budget (kernel zram's mem_limit per
+   * device) would have refused them.
+   */
+  if (s->mem_limit) {
+    uint64_t share = s->mem_limit / (sample->device_count + 1), borrowed = 0;
+    for (unsigned d = 0; d <= sample->device_count; d++) {
+      uint64_t held = d ? sample->devices[d - 1].store.compr_data_size
+        : s->compr_data_size;
+      borrowed += held > share ? held - share : 0;
+    }
+    integer_metric (fp, "nbdkit_zram_budget_borrowed_bytes", GAUGE,
+                    "Bytes the exports hold beyond an even share of "
+                    "mem_limit each (what a split budget would refuse).",
+                    borrowed);
   }
   if (s->writeback_limit_left != UINT64_MAX)
     integer_metric (fp, "nbdkit_zram_writeback_limit_bytes", GAUGE,

@@ -719,7 +719,10 @@ params_complete (struct zram_params *params)
     : params->standby_path ? "standby"
     : swap_mode != SWAP_OFF ? "swap"
     : params->backing_target ? "backing" : NULL;
-  return devices_complete (store->algorithm, store->level, refused);
+  if (!refused)
+    store->budget = devices_budget ();
+  return devices_complete (store->algorithm, store->level,
+                           store->pool.mem_limit, refused);
 }
 
 /* ---- --help and --dump-plugin ------------------------------------------ */

@@ -138,6 +138,12 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   FIELD (backing_quarantined_bytes);
   FIELD (backing_errors_nospace);
   FIELD (backing_errors_io);
+  FIELD (cap);
+  FIELD (floor);
+  FIELD (quota_bytes);
+  FIELD (refused_for_budget);
+  FIELD (budget_floors);
+  FIELD (budget_unmet_floors);
 #undef FIELD
   if (s.writeback_limit_left != UINT64_MAX)
     fprintf (fp, "writeback_limit: %" PRIu64 "\n", s.writeback_limit_left);

@@ -146,7 +146,7 @@ batch_encode (struct block_store *store, const unsigned char *in, unsigned n,
   }
   for (unsigned j = 0; j < count; j++)
     sizes[j] = lengths[j] ? (size_t) lengths[j] : STORE_BLOCK_SIZE;
-  zs_malloc_batch (store->pool, sizes, count, handles);
+  objects_alloc_batch (store, sizes, count, handles);
   for (unsigned j = 0; j < count; j++) {
     struct block_content *content = &contents[which[j]];
     if (!handles[j]) {
@@ -193,5 +193,5 @@ blocks_write_batch (struct block_store *store, uint64_t first,
     else
       content_discard (store, &old);
   }
-  zs_free_many (store->pool, freed, freed_count);
+  objects_free_many (store, freed, freed_count);
 }

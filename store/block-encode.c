@@ -56,7 +56,7 @@ block_encode (struct block_store *store, const unsigned char *block,
   if (length == -1)
     return -1;
   content->kind = length == STORE_BLOCK_SIZE ? BLOCK_RAW : BLOCK_COMPRESSED;
-  zs_handle_t handle = zs_malloc (store->pool, length);
+  zs_handle_t handle = object_alloc (store, length);
   if (!handle)
     return -1;
   zs_write (store->pool, handle, compressed, length);

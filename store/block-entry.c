@@ -177,7 +177,7 @@ void
 content_discard (struct block_store *store, const struct block_content *content)
 {
   if (content_has_object (content))
-    zs_free (store->pool, content->value);
+    object_free (store, content->value);
   else if (content->kind == BLOCK_PACKED) {
     struct pack_unit *unit = content_unit (content);
     if (atomic_fetch_sub (&unit->live, 1) == 1)

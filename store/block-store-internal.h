@@ -241,6 +241,16 @@ struct block_store {
                                      written-back blocks back (0: never) */
   bool backing_sync;              /* a batch made durable before its RAM
                                      copies go */
+  /* BUDGET (block-store.h, quota.c): set at creation, then read-only
+   * but for the counters.
+   */
+  struct store_budget *budget;    /* shared with the pool's other stores */
+  uint64_t cap, floor;            /* 0: none */
+  bool quota_counted;             /* a cap or a floor: quota_bytes kept */
+  _Atomic uint64_t quota_bytes;   /* this store's objects, their classes'
+                                     bytes, from allocation to free */
+  _Atomic uint64_t refused_for_budget; /* allocations given back for the
+                                     cap or another store's floor */
   /* In a region: each stripe's entry being written, with what it held,
    * until both its words are (entry_write; store_recover puts a torn
    * entry back).  Guarded by the stripe's lock.  Last, and allocated
@@ -271,6 +281,24 @@ extern const char *store_config_mismatch (struct region *region,
 extern int store_adopt (struct block_store *store,
                         const struct store_config *config,
                         char *why, size_t why_bytes);
+
+/* quota.c: a store's objects allocated and freed against its cap and
+ * the other stores' floors (BUDGET in block-store.h).  object_alloc: 0
+ * with errno ENOSPC when the pool, the cap or a floor refuses.
+ * objects_alloc_batch: zs_malloc_batch's handles, each 0 if refused.
+ */
+extern zs_handle_t object_alloc (struct block_store *store, size_t length);
+extern void objects_alloc_batch (struct block_store *store,
+                                 const size_t *lengths, unsigned count,
+                                 zs_handle_t *handles);
+extern void object_free (struct block_store *store, zs_handle_t handle);
+extern void objects_free_many (struct block_store *store,
+                               zs_handle_t *handles, unsigned count);
+/* Set up store's share of config's budget: 0, or -1 with errno EINVAL. */
+extern int quota_init (struct block_store *store,
+                       const struct store_config *config);
+/* Its floor's unmet room given back to the budget (a store destroyed). */
+extern void quota_leave (struct block_store *store);
 
 /* What an entry holds, detached from the table. */
 struct block_content {

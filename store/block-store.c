@@ -171,6 +171,8 @@ store_create (const struct store_config *config)
     : zs_pool_create (&config->pool);
   if (!store->pool)
     goto fail;
+  if (quota_init (store, config) == -1)
+    goto fail;
   if (config->recomp_count > STORE_RECOMP_MAX) {
     errno = EINVAL;
     goto fail;
@@ -209,6 +211,7 @@ store_create (const struct store_config *config)
 
  fail:;
   int saved = errno;
+  quota_leave (store);
   backing_map_free (store);
   if (store->pool && !store->shares_pool)
     zs_pool_destroy (store->pool);
@@ -345,6 +348,7 @@ store_destroy (struct block_store *store)
     store_trim (store, store->size, 0);
     store_flush (store);
   }
+  quota_leave (store);
   block_table_destroy (&store->table);
   if (!store->shares_pool)
     zs_pool_destroy (store->pool);
@@ -586,6 +590,14 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->codec_bytes += codec_memory (store->pack_codec);
   stats->codec_bytes += atomic_load (&store->write_scratch_bytes);
   stats->decode_cache_bytes = atomic_load (&store->decode_cache_bytes);
+  stats->cap = store->cap;
+  stats->floor = store->floor;
+  stats->quota_bytes = atomic_load (&store->quota_bytes);
+  stats->refused_for_budget = atomic_load (&store->refused_for_budget);
+  if (store->budget) {
+    stats->budget_floors = atomic_load (&store->budget->floors);
+    stats->budget_unmet_floors = atomic_load (&store->budget->unmet_floors);
+  }
   stats->decode_cache_hits = atomic_load (&store->decode_cache_hits);
   stats->decode_cache_misses = atomic_load (&store->decode_cache_misses);
   stats->bd_count = atomic_load (&store->bd_count);

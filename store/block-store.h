@@ -107,6 +107,30 @@
  *   was unmapped, without running any of its code.  store_destroy
  *   requires that no call is running.
  *
+ * BUDGET (stores on one pool: the devices of one server; quota.c)
+ *   Stores that share a pool (config.shared_pool) share its mem_limit,
+ *   and each may have a cap (config.cap: its objects may not take more,
+ *   as cgroup v2's memory.zswap.max) and a floor (config.floor: the
+ *   others may not take the room it has not used yet, as memory.min).
+ *   Both count a store's objects by their size classes' bytes
+ *   (quota_bytes), not pages: the pages of a zspage are shared by every
+ *   store whose objects it holds.  An object is charged when it is
+ *   allocated and discharged when it is freed, with one atomic add each
+ *   (a claim: a charge that takes the store over its cap is taken back
+ *   and the object freed, so that no moment's sum exceeds the cap but
+ *   by claims about to be refused).  The budget (struct store_budget,
+ *   shared by the stores) holds the floors' unmet room: the sum over
+ *   stores with a floor of what they may still take below it, changed by
+ *   each of their charges by exactly what that charge changed.  Every
+ *   allocation of every store on the budget checks, after the pool gave
+ *   it the object, that the pool's bytes plus the other stores' unmet
+ *   floors are within mem_limit, or gives the object back (ENOSPC).
+ *   What floors do not cover: the pool's slack (a zspage's unused slots),
+ *   the table's nodes and the decode cache, which the pool charges to
+ *   whichever store made them; the refusal of another store's write
+ *   keeps the floor's room free, it does not evict what was there before
+ *   the floor was set.  Only atomics: no lock.
+ *
  * HANDOVER (a store that outlives its process; alloc/region.h)
  *   With a region (config.pool.region) the store is allocated there with
  *   everything a read needs: the struct, the table's nodes, the units'
@@ -165,6 +189,12 @@
 #define STORE_WRITEBACK_BATCH 32
 #define STORE_WRITEBACK_BATCH_MAX 256
 
+/* BUDGET, above: what the stores on one pool share besides the pool. */
+struct store_budget {
+  _Atomic uint64_t unmet_floors;  /* the floors' room not used yet */
+  _Atomic uint64_t floors;        /* the floors' sum */
+};
+
 struct store_config {
   uint64_t size;                  /* device size in bytes, >= 1 */
   enum codec_algorithm algorithm;
@@ -192,6 +222,13 @@ struct store_config {
    * region (pool.region NULL); the pool's store is destroyed last.
    */
   struct zs_pool *shared_pool;
+  /* BUDGET, above: the budget shared by the stores on shared_pool (and
+   * the pool's own store), or NULL; this store's cap and floor in bytes
+   * of objects (0: none; with a budget only, a floor with a mem_limit).
+   */
+  struct store_budget *budget;
+  uint64_t cap;
+  uint64_t floor;
   /* Writeback: the backing store (backing.h), or NULL.  store_create
    * owns it from the call on, whether it succeeds or not.
    */
@@ -272,6 +309,12 @@ struct store_stats {
   uint64_t backing_errors_io;     /* its other failures, timeouts too */
   uint64_t writeback_limit_left;  /* bytes writeback may still write
                                      (UINT64_MAX: no limit) */
+  /* BUDGET: this store's cap and floor (0: none), and with either, the
+   * bytes of its objects they count; the budget's floors and their
+   * room not used yet (0 without a budget).
+   */
+  uint64_t cap, floor, quota_bytes, refused_for_budget;
+  uint64_t budget_floors, budget_unmet_floors;
 };
 
 struct block_store;

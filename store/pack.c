@@ -161,11 +161,11 @@ unit_create (struct block_store *store, const struct pack_member *members,
   for (unsigned i = 0; i < parts; i++) {
     size_t at = (size_t) i * STORE_PACK_PART;
     size_t part = length - at < STORE_PACK_PART ? length - at : STORE_PACK_PART;
-    zs_handle_t handle = zs_malloc (store->pool, part);
+    zs_handle_t handle = object_alloc (store, part);
     if (!handle) {
       int err = errno;
       for (unsigned j = 0; j < i; j++)
-        zs_free (store->pool, unit_parts (unit)[j]);
+        object_free (store, unit_parts (unit)[j]);
       zs_pool_discharge (store->pool, descriptor);
       region_memory_free (store->region, unit);
       errno = err;

@@ -103,7 +103,7 @@ recompress_block (struct block_store *store, uint64_t block,
       result->incompressible++;
     return;
   }
-  zs_handle_t handle = zs_malloc (store->pool, length);
+  zs_handle_t handle = object_alloc (store, length);
   if (!handle) {
     /* At the limit: this one stays as it is, the next may fit. */
     entry_unclaim (store, block);
@@ -115,7 +115,7 @@ recompress_block (struct block_store *store, uint64_t block,
     .flags = priority << BLOCK_PRIORITY_SHIFT,
   };
   if (!entry_commit (store, block, &content, &old)) {
-    zs_free (store->pool, handle);      /* written meanwhile: theirs stays */
+    object_free (store, handle);        /* written meanwhile: theirs stays */
     return;
   }
   content_discard (store, &old);

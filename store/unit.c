@@ -22,7 +22,7 @@ unit_destroy (struct block_store *store, struct pack_unit *unit)
     unit->next->prev = unit->prev;
   pthread_mutex_unlock (&store->units_lock);
   for (unsigned i = 0; i < unit->parts; i++)
-    zs_free (store->pool, unit_parts (unit)[i]);
+    object_free (store, unit_parts (unit)[i]);
   counter_add (&store->compr_bytes, -(int64_t) unit->length);
   counter_add (&store->pack_units, -1);
   zs_pool_discharge (store->pool, unit_bytes (unit->parts, unit->count));

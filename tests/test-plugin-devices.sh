@@ -19,7 +19,12 @@
 #     pages back in the pool, the name refused after; added again, it is
 #     empty; bad adds refused; and removes and adds in a loop beside 4
 #     clients that connect, write, read back and go (every connection
-#     keeps its device to its end, both windows met).
+#     keeps its device to its end, both windows met);
+#   - caps and floors: a capped device refused (ENOSPC) at its cap with
+#     its old block intact, the default export refused short of another
+#     device's floor, whose device then stores its floor's worth; the
+#     listing, stats and metrics show them; add with cap= and floor=,
+#     and a floor that does not fit refused.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -40,7 +45,11 @@ expect_refusal ()
 expect_refusal "device: the name first" device=bad/name:1M
 expect_refusal "device: d1: '' is not a size" device=d1
 expect_refusal "device: d1: '1k' is not a size of 4096 bytes or more" device=d1:1k
-expect_refusal "device: d1: 'comp=brotli' is not comp=lz4|zstd or level=N" device=d1:1M:comp=brotli
+expect_refusal "device: d1: 'comp=brotli' is not comp=lz4|zstd, level=N, cap=SIZE or floor=SIZE" device=d1:1M:comp=brotli
+expect_refusal "device: d1: 'cap=lots' is not cap=SIZE" device=d1:1M:cap=lots
+expect_refusal "device: d1: floor= needs mem_limit" device=d1:1M:floor=1M
+expect_refusal "device: d1: floor=2097152 is above cap=1048576" device=d1:1M:cap=1M:floor=2M mem_limit=8M
+expect_refusal "device: d2: floor=4194304 and the other floors (4194304) do not fit in mem_limit (6291456)" device=d1:8M:floor=4M device=d2:8M:floor=4M mem_limit=6M
 expect_refusal "device: d1: level 99 is not a valid zstd level" device=d1:1M:comp=zstd:level=99
 expect_refusal "device: d1 is declared twice" device=d1:1M device=d1:2M
 expect_refusal "device: not with region= yet" device=d1:1M region="$tmp/region"
@@ -340,6 +349,77 @@ EOF2
 zram_nbdkit -U - "$PLUGIN" 16M ctl="$tmp/ctl-add" \
     --run "/usr/bin/python3 '$tmp/add-remove.py' \"\$unixsocket\" '$tmp/ctl-add'" ||
     fail "add and remove"
+
+cat > "$tmp/budget.py" <<'EOF2'
+import os, sys, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+sock, ctl = sys.argv[1], Ctl(sys.argv[2])
+B = 4096
+def connect(name):
+    h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock); return h
+def fill(h, first, count, seed):
+    """Random blocks from first on until ENOSPC: how many were stored."""
+    for i in range(count):
+        try:
+            h.pwrite(os.urandom(B), (first + i) * B)
+        except nbd.Error as e:
+            assert e.errno == "ENOSPC", e
+            return i
+    return count
+def stats(device):
+    return {l.split(": ")[0]: l.split(": ")[1] for l in ctl.ok("stats device=" + device)
+            if ": " in l}
+
+assert ctl.ok("devices")[1:] == ["capped 8388608 lz4 1 cap=1048576",
+                                 "floored 8388608 lz4 1 floor=2097152"], ctl.ok("devices")
+# The cap: 1 MiB of random blocks (one 4 KiB object each), then ENOSPC,
+# and a rewrite past it keeps the old block.
+capped = connect("capped")
+first = os.urandom(B)
+capped.pwrite(first, 0)
+stored = 1 + fill(capped, 1, 2048, 1)
+assert stored == 256, stored
+try:
+    capped.pwrite(os.urandom(B), 0)
+    raise AssertionError("a rewrite past the cap was stored")
+except nbd.Error as e:
+    assert e.errno == "ENOSPC", e
+assert capped.pread(B, 0) == first
+s = stats("capped")
+assert int(s["quota_bytes"]) == 1 << 20 and int(s["refused_for_budget"]) >= 2, s
+# The floor: the default export fills what is left of mem_limit (8 MiB)
+# short of the floor's 2 MiB, which the floored device then has.
+default = connect("")
+taken = fill(default, 0, 4096, 2)
+s = stats("")
+assert int(s["limit_used"]) + (2 << 20) <= (8 << 20) + B, s
+assert int(s["refused_for_budget"]) >= 1 and int(s["budget_unmet_floors"]) == 2 << 20, s
+floored = connect("floored")
+kept = fill(floored, 0, 512, 3)
+assert kept >= 512 - 16, kept
+assert int(stats("floored")["budget_unmet_floors"]) == (2 << 20) - kept * B
+# The metrics: cap, floor and the budget's series.
+metrics = "\n".join(ctl.ok("metrics"))
+for line in ('nbdkit_zram_cap_bytes{device="zram/capped"} 1048576',
+             'nbdkit_zram_floor_bytes{device="zram/floored"} 2097152',
+             'nbdkit_zram_budget_floors_bytes{device="zram"} 2097152'):
+    assert line in metrics, line
+assert "nbdkit_zram_budget_borrowed_bytes" in metrics
+# add with cap= and floor=; a floor that does not fit refused.
+ctl.error("add extra 4M cap=512K floor=1M", r"add: extra: floor=1048576 is above cap=524288")
+ctl.error("add extra 4M floor=7M", r"add: extra: floor=7340032 and the other floors \(2097152\) do not fit in mem_limit \(8388608\)")
+ctl.ok("add extra 4M cap=2M")
+assert ctl.ok("devices")[3] == "extra 4194304 lz4 1 cap=2097152", ctl.ok("devices")
+print("caps and floors: %d blocks under a 1 MiB cap, a rewrite past it refused "
+      "with the old block kept; the default export took %d blocks and was "
+      "refused short of a 2 MiB floor, whose device then stored %d blocks"
+      % (stored, taken, kept))
+EOF2
+zram_nbdkit -U - "$PLUGIN" 16M mem_limit=8M ctl="$tmp/ctl-budget" \
+    device=capped:8M:cap=1M device=floored:8M:floor=2M \
+    --run "/usr/bin/python3 '$tmp/budget.py' \"\$unixsocket\" '$tmp/ctl-budget'" ||
+    fail "caps and floors"
 
 # Without device=, any export name is the one device, as before.
 zram_nbdkit -U - "$PLUGIN" 1M \

@@ -8,7 +8,12 @@
  *     others ENOSPC too (their old blocks intact), and its trims give the
  *     room to them;
  *   - a store destroyed gives its objects back to the pool, one by one,
- *     and the others keep theirs.
+ *     and the others keep theirs;
+ *   - caps and floors (BUDGET in block-store.h): a capped store is
+ *     refused past its cap with its old block intact; a store with a
+ *     floor gets its floor's room while the others are refused short of
+ *     it, also while two threads write to the others as fast as they
+ *     can; the floors' unmet room follows every write, trim and destroy.
  */
 
 #include "store-fixture.h"
@@ -250,6 +255,199 @@ test_destroy_gives_back (void **state)
   store_destroy (a);
 }
 
+/* A store on a budget: the owner (mem_limit, its own pool) or one on
+ * the owner's pool with a cap and a floor.
+ */
+static struct block_store *
+make_budget_store (struct block_store *owner, struct store_budget *budget,
+                   uint64_t mem_limit, uint64_t cap, uint64_t floor)
+{
+  struct store_config config = { .size = DEVICE_BLOCKS * BS,
+                                 .algorithm = CODEC_LZ4, .level = 1,
+                                 .budget = budget, .cap = cap,
+                                 .floor = floor };
+  zs_pool_config_init (&config.pool);
+  config.pool.mem_limit = mem_limit;
+  if (owner)
+    config.shared_pool = store_pool (owner);
+  struct block_store *store = store_create (&config);
+  assert_non_null (store);
+  return store;
+}
+
+/* Random (incompressible) blocks to store from block first on, until
+ * ENOSPC or count: how many were stored.
+ */
+static uint64_t
+fill_random (struct block_store *store, uint64_t first, uint64_t count,
+             uint64_t seed)
+{
+  unsigned char buf[BS];
+  uint64_t i = 0;
+  for (; i < count; i++) {
+    random_fill (buf, seed + first + i);
+    if (store_write (store, buf, BS, (first + i) * BS) == -1) {
+      assert_int_equal (errno, ENOSPC);
+      break;
+    }
+  }
+  return i;
+}
+
+#define BUDGET_LIMIT (2 << 20)
+#define CAP (256 << 10)
+#define FLOOR (512 << 10)
+
+static void
+test_cap (void **state)
+{
+  struct store_budget budget = { 0 };
+  struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
+                                                 0, 0);
+  struct block_store *capped = make_budget_store (owner, &budget, 0, CAP, 0);
+  uint64_t stored = fill_random (capped, 0, DEVICE_BLOCKS, 0);
+  struct store_stats s;
+  store_stats (capped, &s);
+  /* Raw blocks: one 4 KiB object each, so the cap holds CAP / BS. */
+  assert_int_equal (stored, CAP / BS);
+  assert_true (s.quota_bytes <= CAP);
+  assert_true (s.refused_for_budget >= 1);
+  /* A rewrite over the cap is refused and leaves the old block. */
+  unsigned char buf[BS], got[BS];
+  random_fill (buf, 424242);
+  assert_int_equal (store_write (capped, buf, BS, 0), -1);
+  assert_int_equal (errno, ENOSPC);
+  random_fill (buf, 0);
+  assert_int_equal (store_read (capped, got, BS, 0), 0);
+  assert_memory_equal (got, buf, BS);
+  /* The owner still has the rest of the budget. */
+  uint64_t others = fill_random (owner, 0, 64, 1 << 20);
+  assert_int_equal (others, 64);
+  /* A trim gives the cap's room back. */
+  assert_int_equal (store_trim (capped, 8 * BS, 0), 0);
+  store_flush (capped);
+  assert_int_equal (fill_random (capped, 0, 8, 2 << 20), 8);
+  print_message ("cap: %" PRIu64 " blocks under a %d KiB cap (%" PRIu64
+                 " bytes counted), a rewrite past it refused with the old "
+                 "block kept\n", stored, CAP >> 10, s.quota_bytes);
+  store_destroy (capped);
+  store_destroy (owner);
+}
+
+static void
+test_floor (void **state)
+{
+  struct store_budget budget = { 0 };
+  struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
+                                                 0, 0);
+  struct block_store *floored = make_budget_store (owner, &budget, 0, 0,
+                                                   FLOOR);
+  assert_int_equal (atomic_load (&budget.unmet_floors), FLOOR);
+  /* The owner fills what the floor leaves, and no more. */
+  uint64_t taken = fill_random (owner, 0, DEVICE_BLOCKS, 0);
+  struct store_stats s;
+  store_stats (owner, &s);
+  assert_true (s.limit_used + FLOOR <= BUDGET_LIMIT + BS);
+  assert_true (s.refused_for_budget >= 1);
+  /* The floor's room is there: all of it but what the pool charges
+   * beside the objects (zspage descriptors, handle cells, the table's
+   * nodes: 6 of 128 blocks' worth here), which floors do not count.
+   */
+  uint64_t kept = fill_random (floored, 0, FLOOR / BS, 1 << 20);
+  assert_true (kept >= FLOOR / BS - 8);
+  store_stats (floored, &s);
+  assert_int_equal (s.budget_unmet_floors, FLOOR - kept * BS);
+  /* Its trims give the floor's room back to it, not to the others. */
+  assert_int_equal (store_trim (floored, kept * BS, 0), 0);
+  store_flush (floored);
+  store_stats (floored, &s);
+  assert_int_equal (s.quota_bytes, 0);
+  assert_int_equal (s.budget_unmet_floors, FLOOR);
+  assert_int_equal (fill_random (owner, taken, 16, 3 << 20), 0);
+  store_destroy (floored);
+  assert_int_equal (atomic_load (&budget.unmet_floors), 0);
+  assert_int_equal (atomic_load (&budget.floors), 0);
+  /* Without the floor, the owner takes the room. */
+  assert_true (fill_random (owner, taken, 16, 3 << 20) == 16);
+  print_message ("floor: the other store filled %" PRIu64 " blocks and was "
+                 "refused short of a %d KiB floor, whose store then stored "
+                 "%" PRIu64 " blocks\n", taken, FLOOR >> 10, kept);
+  store_destroy (owner);
+}
+
+/* Two threads write random blocks to the owner as fast as they can
+ * while one fills the floor's store: each of the floor's blocks is
+ * stored, and reads back exactly.
+ */
+struct hog {
+  struct block_store *store;
+  uint64_t first;
+  atomic_bool *stop;
+  uint64_t refused;
+};
+
+static void *
+hog_thread (void *arg)
+{
+  struct hog *hog = arg;
+  unsigned char buf[BS];
+  for (uint64_t i = 0; !atomic_load (hog->stop); i++) {
+    uint64_t block = hog->first + i % (DEVICE_BLOCKS / 2);
+    random_fill (buf, i * 7 + hog->first);
+    if (store_write (hog->store, buf, BS, block * BS) == -1)
+      hog->refused++;
+    if (i % 64 == 0)
+      store_trim (hog->store, BS,
+                  (hog->first + (i / 64) % (DEVICE_BLOCKS / 2)) * BS);
+  }
+  return NULL;
+}
+
+static void
+test_floor_beside_writers (void **state)
+{
+  struct store_budget budget = { 0 };
+  struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
+                                                 0, 0);
+  struct block_store *floored = make_budget_store (owner, &budget, 0, 0,
+                                                   FLOOR);
+  atomic_bool stop = false;
+  struct hog hogs[2] = {
+    { .store = owner, .first = 0, .stop = &stop },
+    { .store = owner, .first = DEVICE_BLOCKS / 2, .stop = &stop },
+  };
+  pthread_t threads[2];
+  for (int i = 0; i < 2; i++)
+    pthread_create (&threads[i], NULL, hog_thread, &hogs[i]);
+  /* Let them fill the budget first. */
+  while (hogs[0].refused + hogs[1].refused < 100)
+    sched_yield ();
+  unsigned char buf[BS], got[BS];
+  uint64_t blocks = FLOOR / BS - 8;
+  for (uint64_t i = 0; i < blocks; i++) {
+    random_fill (buf, 5000000 + i);
+    assert_int_equal (store_write (floored, buf, BS, i * BS), 0);
+  }
+  atomic_store (&stop, true);
+  for (int i = 0; i < 2; i++)
+    pthread_join (threads[i], NULL);
+  for (uint64_t i = 0; i < blocks; i++) {
+    random_fill (buf, 5000000 + i);
+    assert_int_equal (store_read (floored, got, BS, i * BS), 0);
+    assert_memory_equal (got, buf, BS);
+  }
+  struct store_stats s;
+  store_stats (floored, &s);
+  assert_true (s.limit_used <= BUDGET_LIMIT);
+  assert_int_equal (s.budget_unmet_floors, FLOOR - blocks * BS);
+  print_message ("floor beside 2 writers: %" PRIu64 " blocks of a %d KiB "
+                 "floor stored while the writers were refused %" PRIu64
+                 " times\n", blocks, FLOOR >> 10,
+                 hogs[0].refused + hogs[1].refused);
+  store_destroy (floored);
+  store_destroy (owner);
+}
+
 int
 main (void)
 {
@@ -257,6 +455,9 @@ main (void)
     cmocka_unit_test (test_isolation_beside_compaction),
     cmocka_unit_test (test_one_budget),
     cmocka_unit_test (test_destroy_gives_back),
+    cmocka_unit_test (test_cap),
+    cmocka_unit_test (test_floor),
+    cmocka_unit_test (test_floor_beside_writers),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
