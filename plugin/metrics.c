@@ -315,9 +315,9 @@ metrics_print_sample (const struct stats_sample *sample, FILE *fp)
    * each, which a split of the budget (kernel zram's mem_limit per
    * device) would have refused them.
    */
-  if (s->mem_limit) {
+  {
     uint64_t share = s->mem_limit / (sample->device_count + 1), borrowed = 0;
-    for (unsigned d = 0; d <= sample->device_count; d++) {
+    for (unsigned d = 0; s->mem_limit && d <= sample->device_count; d++) {
       uint64_t held = d ? sample->devices[d - 1].store.compr_data_size
         : s->compr_data_size;
       borrowed += held > share ? held - share : 0;

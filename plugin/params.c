@@ -77,7 +77,8 @@ static const struct param params_table[PARAM_COUNT] = {
     .choices = CHOICES ("lz4", "zstd") },
   [P_LEVEL] = { "level", KIND_INT, "N",
     "lz4 acceleration 1..65537, zstd level (default 1).", AT (store.level) },
-  [P_DEVICE] = { "device", KIND_CUSTOM, "NAME:SIZE[:comp=A][:level=N]",
+  [P_DEVICE] = { "device", KIND_CUSTOM,
+    "NAME:SIZE[:comp=A][:level=N][:cap=SIZE][:floor=SIZE]",
     "One more device, the export NAME, on the same\n"
     "memory budget (repeatable; default comp=, level=).",
     .set = set_device },

@@ -383,7 +383,7 @@ struct hog {
   struct block_store *store;
   uint64_t first;
   atomic_bool *stop;
-  uint64_t refused;
+  _Atomic uint64_t refused;
 };
 
 static void *
