@@ -405,7 +405,12 @@ for line in ('nbdkit_zram_cap_bytes{device="zram/capped"} 1048576',
              'nbdkit_zram_floor_bytes{device="zram/floored"} 2097152',
              'nbdkit_zram_budget_floors_bytes{device="zram"} 2097152'):
     assert line in metrics, line
-assert "nbdkit_zram_budget_borrowed_bytes" in metrics
+# Borrowed: what the exports hold beyond a third of mem_limit each.
+share = (8 << 20) // 3
+held = [int(stats(d)["compr_data_size"]) for d in ("", "capped", "floored")]
+want = sum(max(0, h - share) for h in held)
+assert 'nbdkit_zram_budget_borrowed_bytes{device="zram"} %d' % want in metrics, \
+    (want, [l for l in metrics.split("\n") if "borrowed" in l])
 # add with cap= and floor=; a floor that does not fit refused.
 ctl.error("add extra 4M cap=512K floor=1M", r"add: extra: floor=1048576 is above cap=524288")
 ctl.error("add extra 4M floor=7M", r"add: extra: floor=7340032 and the other floors \(2097152\) do not fit in mem_limit \(8388608\)")

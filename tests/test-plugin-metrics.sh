@@ -199,9 +199,12 @@ for key, (name, scale) in STATS_TO_METRIC.items():
         assert abs(got * scale - want) < 1, "%s: metric %r, stats %d" % (key, got, want)
     checked += 1
 
+# No mem_limit: nothing is borrowed (test-plugin-devices checks a sum).
+assert value(families["nbdkit_zram_budget_borrowed_bytes"]) == 0
+
 # Every family: the namespace, HELP, TYPE; counters named _total.
 seen = set(n for n, _ in STATS_TO_METRIC.values()) | CLASS_METRICS \
-    | {"nbdkit_zram_info"}          # its labels are checked below
+    | {"nbdkit_zram_info", "nbdkit_zram_budget_borrowed_bytes"}
 for name, family in families.items():
     assert name.startswith("nbdkit_zram_"), name
     assert name in seen, "metric %s is not checked against anything" % name
