@@ -123,12 +123,17 @@ command_add (struct client *client, int argc, char **argv)
   return 0;
 }
 
-/* remove NAME: a device no client is connected to. */
+/* remove NAME [force]: a device no client is connected to, or (force)
+ * one whose clients' requests fail from now on.
+ */
 static int
 command_remove (struct client *client, int argc, char **argv)
 {
   char why[256];
-  if (devices_remove (argv[1], why, sizeof why) == -1)
+  bool force = argc == 3;
+  if (force && strcmp (argv[2], "force") != 0)
+    return reply_error (client, "remove: NAME [force], not '%.32s'", argv[2]);
+  if (devices_remove (argv[1], force, why, sizeof why) == -1)
     return reply_error (client, "remove: %s", why);
   return 0;
 }

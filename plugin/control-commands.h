@@ -22,7 +22,7 @@
   COMMAND (devices, 1, 1, "devices", command_devices, 0, true) \
   COMMAND (add, 3, 5, "add NAME SIZE [comp=lz4|zstd] [level=N]", \
            command_add, 0, false) \
-  COMMAND (remove, 2, 2, "remove NAME", command_remove, 0, false) \
+  COMMAND (remove, 2, 3, "remove NAME [force]", command_remove, 0, false) \
   COMMAND (mm_stat, 1, 1, "mm_stat", command_zram_file, 0, true) \
   COMMAND (io_stat, 1, 1, "io_stat", command_zram_file, 0, true) \
   COMMAND (bd_stat, 1, 1, "bd_stat", command_zram_file, 0, true) \

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -335,12 +336,12 @@ devices_add (const char *value, char *why, size_t why_size)
 }
 
 int
-devices_remove (const char *name, char *why, size_t why_size)
+devices_remove (const char *name, bool force, char *why, size_t why_size)
 {
   pthread_mutex_lock (&lock);
   struct device *device = table_find (name);
   unsigned connections = device ? device->connections : 0;
-  if (device && !connections) {
+  if (device && (!connections || force)) {
     /* Claimed: out of the table under the lock that each connection's
      * open counts itself under, so no connection can start on it now.
      */
@@ -348,6 +349,7 @@ devices_remove (const char *name, char *why, size_t why_size)
     while (table[i] != device)
       i++;
     table[i] = table[--count];
+    atomic_store (&device->gone, true);
   }
   pthread_mutex_unlock (&lock);
   if (!device) {
@@ -355,14 +357,26 @@ devices_remove (const char *name, char *why, size_t why_size)
               name);
     return -1;
   }
-  if (connections) {
+  if (connections && !force) {
     snprintf (why, why_size, "%s: %u client%s connected: disconnect %s "
-              "first", name, connections, connections == 1 ? "" : "s",
-              connections == 1 ? "it" : "them");
+              "first (or remove %s force)", name, connections,
+              connections == 1 ? "" : "s", connections == 1 ? "it" : "them",
+              name);
     return -1;
   }
+  /* A FORCED REMOVE in devices.h: the requests that saw the device
+   * before gone was set finish first.
+   */
+  while (atomic_load (&device->in_flight) > 0)
+    sched_yield ();
   store_destroy (device->store);    /* its objects back to the pool */
-  free (device);
+  pthread_mutex_lock (&lock);
+  device->store = NULL;
+  device->removed = true;
+  bool last = device->connections == 0;
+  pthread_mutex_unlock (&lock);
+  if (last)
+    free (device);
   return 0;
 }
 
@@ -418,8 +432,28 @@ void
 device_close (struct device *device)
 {
   pthread_mutex_lock (&lock);
-  device->connections--;
+  bool last = --device->connections == 0 && device->removed;
   pthread_mutex_unlock (&lock);
+  if (last)
+    free (device);
+}
+
+struct block_store *
+device_enter (struct device *device)
+{
+  atomic_fetch_add (&device->in_flight, 1);
+  if (atomic_load (&device->gone)) {
+    device_leave (device);
+    errno = ESHUTDOWN;
+    return NULL;
+  }
+  return device->store;
+}
+
+void
+device_leave (struct device *device)
+{
+  atomic_fetch_sub (&device->in_flight, 1);
 }
 
 static void

@@ -33,6 +33,18 @@
  * before the claim made the claim fail, one after it finds no device.
  * A device removed and added again is a new store, empty.
  *
+ * A FORCED REMOVE (remove NAME force) takes a device its clients are
+ * still connected to.  nbdkit (1.32) lets a plugin close no connection
+ * but the one it serves, so the connections stay, and each of their
+ * requests from then on fails with ESHUTDOWN (NBD's "server shutting
+ * down"): a request counts itself in_flight and then reads gone
+ * (device_enter); the remove sets gone, then waits until in_flight is
+ * 0, then destroys the store.  Both are sequentially consistent, so a
+ * request either sees gone, or is counted before the remove reads the
+ * count and is waited for: no request reaches a destroyed store.  The
+ * device (its name and spec, the connections' handles) is freed by
+ * whichever comes last of the remove and the last close.
+ *
  * CAPS AND FLOORS.  A device may have a cap (its objects take at most
  * that much, as cgroup v2's memory.zswap.max) and a floor (the room
  * below it is the device's: another device's write that would take it
@@ -57,6 +69,7 @@
 #ifndef ZRAM_DEVICES_H
 #define ZRAM_DEVICES_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -81,8 +94,15 @@ struct device_spec {
 
 struct device {
   struct device_spec spec;
-  struct block_store *store;
+  struct block_store *store;      /* NULL once a forced remove destroyed
+                                     it (then gone is set) */
   unsigned connections;           /* open on it (device_open); lock */
+  bool removed;                   /* out of the table, its store gone:
+                                     the last close frees it; lock */
+  atomic_bool gone;               /* a forced remove began: requests
+                                     fail (device_enter) */
+  _Atomic unsigned in_flight;     /* requests between device_enter and
+                                     device_leave */
 };
 
 /* device=VALUE: parse and remember it.  0, or -1 after nbdkit_error
@@ -115,7 +135,8 @@ extern void devices_destroy (void);
  * the client: naming the device, never echoing its whole text).
  */
 extern int devices_add (const char *value, char *why, size_t why_size);
-extern int devices_remove (const char *name, char *why, size_t why_size);
+extern int devices_remove (const char *name, bool force, char *why,
+                           size_t why_size);
 
 extern unsigned devices_count (void);
 /* Whether a device was ever declared or added: then an export name must
@@ -135,6 +156,12 @@ extern struct device *device_find (const char *name);
  */
 extern struct device *device_open (const char *name);
 extern void device_close (struct device *device);
+/* A request on a connection's device: its store, or NULL (with errno
+ * ESHUTDOWN) once a forced remove took it; device_leave after each
+ * request that got a store.
+ */
+extern struct block_store *device_enter (struct device *device);
+extern void device_leave (struct device *device);
 
 /* Each device's share of a housekeeping round: its deferred frees and
  * its decode cache's stale slots.

@@ -530,10 +530,22 @@ zram_close (void *handle)
     device_close (handle);
 }
 
+/* The store a request on handle works on, read after request_begin (a
+ * standby's takeover replaces the default one), or NULL with errno
+ * ESHUTDOWN: its device was removed by force (devices.h, A FORCED
+ * REMOVE).  request_store_done after a request that got one.
+ */
 static struct block_store *
-store_of (void *handle)
+request_store (void *handle)
 {
-  return handle == &default_export ? store : ((struct device *) handle)->store;
+  return handle == &default_export ? store : device_enter (handle);
+}
+
+static void
+request_store_done (void *handle, struct block_store *the_store)
+{
+  if (handle != &default_export && the_store)
+    device_leave (handle);
 }
 
 static int64_t
@@ -746,8 +758,10 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
   if (standby_waiting ())
     return standby_refuse ("read");
   uint64_t faults = request_begin (false);
-  return request_end (store_read (store_of (handle), buf, count, offset),
-                      "read", false, faults, count, offset);
+  struct block_store *the_store = request_store (handle);
+  int r = the_store ? store_read (the_store, buf, count, offset) : -1;
+  request_store_done (handle, the_store);
+  return request_end (r, "read", false, faults, count, offset);
 }
 
 /* Whether a store_write or store_zero that returned r is tried again
@@ -782,13 +796,16 @@ zram_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
   if (standby_waiting ())
     return standby_refuse ("write");
   uint64_t faults = request_begin (true);
+  struct block_store *the_store = request_store (handle);
   if (swap_mode != SWAP_OFF && store_reserve_low (store))
     housekeeper_wake ();
   uint64_t started_ms = 0;
-  int r;
-  do
-    r = store_write (store_of (handle), buf, count, offset);
-  while (reserve_wait_worth_it (store_of (handle), r, &started_ms));
+  int r = -1;
+  if (the_store)
+    do
+      r = store_write (the_store, buf, count, offset);
+    while (reserve_wait_worth_it (the_store, r, &started_ms));
+  request_store_done (handle, the_store);
   return request_end (r, "write", true, faults, count, offset);
 }
 
@@ -804,8 +821,10 @@ zram_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   if (standby_waiting ())
     return standby_refuse ("trim");
   uint64_t faults = request_begin (true);
-  return request_end (store_trim (store_of (handle), count, offset), "trim",
-                      true, faults, count, offset);
+  struct block_store *the_store = request_store (handle);
+  int r = the_store ? store_trim (the_store, count, offset) : -1;
+  request_store_done (handle, the_store);
+  return request_end (r, "trim", true, faults, count, offset);
 }
 
 /* Zeroing is always cheap here (whole blocks just drop their object), so
@@ -817,12 +836,14 @@ zram_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   if (standby_waiting ())
     return standby_refuse ("zero");
   uint64_t faults = request_begin (true);
+  struct block_store *the_store = request_store (handle);
   uint64_t started_ms = 0;
-  int r;
-  do
-    r = store_zero (store_of (handle), count, offset,
-                    flags & NBDKIT_FLAG_MAY_TRIM);
-  while (reserve_wait_worth_it (store_of (handle), r, &started_ms));
+  int r = -1;
+  if (the_store)
+    do
+      r = store_zero (the_store, count, offset, flags & NBDKIT_FLAG_MAY_TRIM);
+    while (reserve_wait_worth_it (the_store, r, &started_ms));
+  request_store_done (handle, the_store);
   return request_end (r, "zero", true, faults, count, offset);
 }
 
@@ -845,9 +866,15 @@ zram_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
   if (standby_waiting ())
     return standby_refuse ("extents");
   handover_request_enter ();
-  int r = store_extents (store_of (handle), count, offset, add_extent,
-                         extents);
+  struct block_store *the_store = request_store (handle);
+  int r = the_store
+    ? store_extents (the_store, count, offset, add_extent, extents) : -1;
+  request_store_done (handle, the_store);
   handover_request_exit ();
+  if (!the_store) {
+    nbdkit_error ("extents: %s", error_text (ESHUTDOWN));
+    nbdkit_set_error (ESHUTDOWN);
+  }
   return r;
 }
 

@@ -267,7 +267,7 @@ for i in range(256):
 assert int(ctl.ok("mm_stat device=d1")[0].split()[0]) == 256 * B
 full = pages()
 assert full >= empty + 64 * B, (empty, full)
-ctl.error("remove d1", r"remove: d1: 1 client connected: disconnect it first")
+ctl.error("remove d1", r"remove: d1: 1 client connected: disconnect it first \(or remove d1 force\)")
 h.shutdown()
 deadline = time.monotonic() + 10
 while True:
@@ -345,6 +345,67 @@ assert all_met(), (removed, busy, served, refusals)
 print("beside 4 clients: %d removes done, %d refused while a client was "
       "connected; %d connections served, %d refused, every block read back"
       % (removed, busy, served[0], refusals[0]))
+
+# A forced remove: the connected clients' requests fail with ESHUTDOWN
+# from then on (never reaching a store destroyed or a device added
+# again under the name), the memory comes back at once.  Two clients
+# write and read back in a loop while it happens: every request before
+# it succeeds with the right bytes, every one after it fails.
+ctl.ok("add f1 8M")
+empty = pages()
+hs = [connect("f1") for _ in range(2)]
+errors, after_ok = [[], []], [0]
+removed_at = [None]
+def hammer(k):
+    h = hs[k]
+    i = 0
+    while True:
+        block = (k * 1000 + i % 500) * B
+        data = os.urandom(B // 2) * 2
+        try:
+            h.pwrite(data, block)
+            assert h.pread(B, block) == data, "a forced remove let a read see other bytes"
+            if removed_at[0] is not None:
+                after_ok[0] += 1
+        except nbd.Error as e:
+            errors[k].append(e.errno)
+            return
+        i += 1
+threads = [threading.Thread(target=hammer, args=(k,)) for k in range(2)]
+for t in threads: t.start()
+time.sleep(0.5)
+full = pages()
+assert full >= empty + 64 * B, (empty, full)
+ctl.error("remove f1", r"2 clients connected: disconnect them first \(or remove f1 force\)")
+ctl.error("remove f1 now", r"remove: NAME \[force\], not 'now'")
+ctl.ok("remove f1 force")
+removed_at[0] = time.monotonic()
+for t in threads: t.join(30)
+assert not any(t.is_alive() for t in threads), "a client's request hung after a forced remove"
+assert errors == [["ESHUTDOWN"], ["ESHUTDOWN"]], errors
+# A request that passed its device's check before the remove may end
+# after it: at most one a client.
+assert after_ok[0] <= 2, after_ok
+assert "f1" not in " ".join(ctl.ok("devices"))
+gone = pages()
+assert gone <= empty + 4 * B, (empty, gone)
+# Added again under the name: the old connections still fail, a new one
+# finds the new device, empty.
+ctl.ok("add f1 8M")
+try:
+    hs[0].pread(B, 0)
+    raise AssertionError("an old connection reached the device added again")
+except nbd.Error as e:
+    assert e.errno == "ESHUTDOWN", e
+h = connect("f1")
+assert h.pread(B, 0) == bytes(B)
+h.shutdown()
+for h in hs: h.shutdown()
+ctl.ok("remove f1")
+print("forced remove: 2 clients writing, each got ESHUTDOWN after it (%d "
+      "requests ended after it, passed before), the pool's pages %d KiB "
+      "empty, %d KiB with the device's data, %d KiB after; the name added "
+      "again empty" % (after_ok[0], empty >> 10, full >> 10, gone >> 10))
 EOF2
 zram_nbdkit -U - "$PLUGIN" 16M ctl="$tmp/ctl-add" \
     --run "/usr/bin/python3 '$tmp/add-remove.py' \"\$unixsocket\" '$tmp/ctl-add'" ||
