@@ -79,16 +79,18 @@ progress_keep_going (void *opaque)
 }
 
 /* devices: the server's exports, the default first (named -, "" on the
- * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL, then cap=SIZE and
- * floor=SIZE where the device has them.
+ * wire), one line each: NAME DISKSIZE ALGORITHM LEVEL, then for a device
+ * clients=N (connected now: the swap tool's swap off asks), and cap=SIZE
+ * and floor=SIZE where it has them.  Under the table's lock
+ * (devices_each): the counts are of one moment.
  */
 static void
 device_line (struct device *device, void *opaque)
 {
   FILE *out = opaque;
-  fprintf (out, "%s %" PRIu64 " %s %d", device->spec.name,
+  fprintf (out, "%s %" PRIu64 " %s %d clients=%u", device->spec.name,
            device->spec.size, codec_name (device->spec.algorithm),
-           device->spec.level);
+           device->spec.level, device->connections);
   if (device->spec.cap)
     fprintf (out, " cap=%" PRIu64, device->spec.cap);
   if (device->spec.floor)

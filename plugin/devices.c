@@ -46,6 +46,10 @@ static struct store_budget budget;
 static const char *refused;
 static struct store_config base_config;
 static struct block_store *owner_store;
+/* Swap mode: the threads each device's contexts are made for (0: not in
+ * swap mode, devices_keep_resident not called).  The control thread's.
+ */
+static unsigned resident_threads;
 /* An export name a shell, a URI and nbd-client take as it is. */
 static bool
 name_is_plain (const char *name)
@@ -313,6 +317,14 @@ devices_add (const char *value, char *why, size_t why_size)
     free (device);
     return -1;
   }
+  if (resident_threads
+      && store_keep_resident (device->store, resident_threads) == -1) {
+    snprintf (why, why_size, "%s: cannot make its table and contexts "
+              "ready for swap: %s", spec.name, error_text (errno));
+    store_destroy (device->store);
+    free (device);
+    return -1;
+  }
   device->spec = spec;
   /* Made outside the lock; kept only if the name is still free. */
   pthread_mutex_lock (&lock);
@@ -454,6 +466,22 @@ void
 device_leave (struct device *device)
 {
   atomic_fetch_sub (&device->in_flight, 1);
+}
+
+int
+devices_keep_resident (unsigned threads, char *why, size_t why_size)
+{
+  resident_threads = threads;
+  pthread_mutex_lock (&lock);
+  int r = 0;
+  for (unsigned i = 0; i < count && r == 0; i++)
+    if (store_keep_resident (table[i]->store, threads) == -1) {
+      snprintf (why, why_size, "%s: %s", table[i]->spec.name,
+                error_text (errno));
+      r = -1;
+    }
+  pthread_mutex_unlock (&lock);
+  return r;
 }
 
 static void

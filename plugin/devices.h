@@ -54,8 +54,13 @@
  * add); cap >= floor.  The default export has neither, but its writes
  * respect the devices' floors as theirs do.
  *
- * Not yet (issue 44): devices with region=, standby=, swap= or
- * backing= (refused at start, naming the parameter).
+ * SWAP.  In swap mode the devices are swap devices as the default one
+ * is: they share its pool, so its reserve, its resident-only pages and
+ * its full-device watch, and each device's table and contexts are made
+ * resident as the default store's (devices_keep_resident).
+ *
+ * Not yet (issue 44): devices with region=, standby= or backing=
+ * (refused at start, naming the parameter).
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table
@@ -162,6 +167,14 @@ extern void device_close (struct device *device);
  */
 extern struct block_store *device_enter (struct device *device);
 extern void device_leave (struct device *device);
+
+/* Swap mode (swap-mode.h): each device's table, scratch and contexts for
+ * threads made ready as the default store's are (store_keep_resident),
+ * and every device added from now on too (an add that cannot is
+ * refused).  0, or -1 with why naming the device.
+ */
+extern int devices_keep_resident (unsigned threads, char *why,
+                                  size_t why_size);
 
 /* Each device's share of a housekeeping round: its deferred frees and
  * its decode cache's stale slots.

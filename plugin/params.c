@@ -718,7 +718,6 @@ params_complete (struct zram_params *params)
   /* What the devices do not go with yet (devices.h). */
   const char *refused = params->region_path ? "region"
     : params->standby_path ? "standby"
-    : swap_mode != SWAP_OFF ? "swap"
     : params->backing_target ? "backing" : NULL;
   if (!refused)
     store->budget = devices_budget ();

@@ -291,6 +291,15 @@ serve_start (void)
     if (swap_mode == SWAP_ON)
       return -1;
   }
+  char why[256];
+  if (swap_mode != SWAP_OFF
+      && devices_keep_resident (SWAP_SERVING_THREADS, why, sizeof why) == -1) {
+    nbdkit_error ("swap=%s: device %s: cannot make its block table and "
+                  "compression contexts ready", swap_mode == SWAP_ON ? "on"
+                  : "try", why);
+    if (swap_mode == SWAP_ON)
+      return -1;
+  }
   /* Then the heap for the requests (nbdkit's buffers): room of its own,
    * not what the contexts took (zstd's take 4 MiB).  The allocator's
    * metadata gets its room from the reserve keeper as the data grows

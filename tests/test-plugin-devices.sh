@@ -2,7 +2,8 @@
 # Devices: named exports beside the default one, on one memory budget
 # (device=NAME:SIZE[:comp=A][:level=N], plugin/devices.h).
 #   - bad declarations refused at start, each naming device= and what is
-#     wrong; the parameters devices do not go with yet refused by name;
+#     wrong; the parameters devices do not go with yet refused by name
+#     (swap= they do: test-plugin-swap-burst);
 #   - the exports listed (NBD_OPT_LIST: the default and every device,
 #     with its size and algorithm), each its own size, an unknown name
 #     refused at the handshake;
@@ -54,7 +55,6 @@ expect_refusal "device: d1: level 99 is not a valid zstd level" device=d1:1M:com
 expect_refusal "device: d1 is declared twice" device=d1:1M device=d1:2M
 expect_refusal "device: not with region= yet" device=d1:1M region="$tmp/region"
 expect_refusal "device: not with backing= yet" device=d1:1M backing="$tmp/cold"
-expect_refusal "device: not with swap= yet" device=d1:1M swap=try mem_limit=8M
 
 cat > "$tmp/devices.py" <<'EOF'
 import os, random, subprocess, sys, threading, nbd
@@ -142,8 +142,8 @@ print("8 connections over 4 exports: %d blocks stored, every one read back "
 
 # The control channel, per device.
 lines = ctl.ok("devices")
-assert lines == ["- 16777216 lz4 1", "a 8388608 lz4 1", "b 8388608 zstd 1",
-                 "c 4194304 lz4 3"], lines
+assert lines == ["- 16777216 lz4 1", "a 8388608 lz4 1 clients=0", "b 8388608 zstd 1 clients=0",
+                 "c 4194304 lz4 3 clients=0"], lines
 info = dict(l.split(" ", 1) for l in ctl.ok("info device=b"))
 assert info["disksize"] == "8388608" and info["algorithm"] == "zstd", info
 for name in ("a", "b", "c"):
@@ -259,12 +259,13 @@ def refused(name):
 assert connect("anything").get_size() == 16 << 20
 empty = pages()
 ctl.ok("add d1 8M comp=zstd")
-assert ctl.ok("devices")[1:] == ["d1 8388608 zstd 1"], ctl.ok("devices")
+assert ctl.ok("devices")[1:] == ["d1 8388608 zstd 1 clients=0"], ctl.ok("devices")
 h = connect("d1")
 assert h.get_size() == 8 << 20
 for i in range(256):
     h.pwrite(os.urandom(B // 2) * 2, i * B)
 assert int(ctl.ok("mm_stat device=d1")[0].split()[0]) == 256 * B
+assert ctl.ok("devices")[1:] == ["d1 8388608 zstd 1 clients=1"], ctl.ok("devices")
 full = pages()
 assert full >= empty + 64 * B, (empty, full)
 ctl.error("remove d1", r"remove: d1: 1 client connected: disconnect it first \(or remove d1 force\)")
@@ -432,8 +433,8 @@ def stats(device):
     return {l.split(": ")[0]: l.split(": ")[1] for l in ctl.ok("stats device=" + device)
             if ": " in l}
 
-assert ctl.ok("devices")[1:] == ["capped 8388608 lz4 1 cap=1048576",
-                                 "floored 8388608 lz4 1 floor=2097152"], ctl.ok("devices")
+assert ctl.ok("devices")[1:] == ["capped 8388608 lz4 1 clients=0 cap=1048576",
+                                 "floored 8388608 lz4 1 clients=0 floor=2097152"], ctl.ok("devices")
 # The cap: 1 MiB of random blocks (one 4 KiB object each), then ENOSPC,
 # and a rewrite past it keeps the old block.
 capped = connect("capped")
@@ -476,7 +477,7 @@ assert 'nbdkit_zram_budget_borrowed_bytes{device="zram"} %d' % want in metrics, 
 ctl.error("add extra 4M cap=512K floor=1M", r"add: extra: floor=1048576 is above cap=524288")
 ctl.error("add extra 4M floor=7M", r"add: extra: floor=7340032 and the other floors \(2097152\) do not fit in mem_limit \(8388608\)")
 ctl.ok("add extra 4M cap=2M")
-assert ctl.ok("devices")[3] == "extra 4194304 lz4 1 cap=2097152", ctl.ok("devices")
+assert ctl.ok("devices")[3] == "extra 4194304 lz4 1 clients=0 cap=2097152", ctl.ok("devices")
 print("caps and floors: %d blocks under a 1 MiB cap, a rewrite past it refused "
       "with the old block kept; the default export took %d blocks and was "
       "refused short of a 2 MiB floor, whose device then stored %d blocks"

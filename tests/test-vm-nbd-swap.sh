@@ -120,6 +120,10 @@
 #   ZRAM_VM_KERNEL, ZRAM_VM_MODULES, ZRAM_VM_BUSYBOX, ZRAM_VM_NBD_CLIENT
 #                        the kernel (default: the newest /boot/vmlinuz-*),
 #                        its modules, a static busybox, nbd-client
+#   ZRAM_VM_SECOND_DEVICE  NAME:SIZE: a second swap device of the same
+#                        server (device=), attached as /dev/nbd1 and
+#                        swapped on after nbd0 (a lower priority); the
+#                        run fails unless it took writes
 #   VM_REQUIRED          a missing tool fails instead of skipping
 set -euo pipefail
 # shellcheck source=tests/functions.sh
@@ -255,6 +259,7 @@ MAX_SECTORS_KB='${ZRAM_VM_MAX_SECTORS_KB:-}'
 RESTARTS='${ZRAM_VM_RESTARTS:-}'
 STANDBYS='${ZRAM_VM_STANDBYS:-}'
 NO_NOTICE='${ZRAM_VM_NO_NOTICE:-}'
+SECOND_DEVICE='${ZRAM_VM_SECOND_DEVICE:-}'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \

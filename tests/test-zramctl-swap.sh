@@ -10,7 +10,9 @@
 # refused, naming what would fit; status for a user who cannot read the
 # state refused with a non-zero exit; a --restartable device whose
 # supervisor was killed: status says its server serves on unsupervised
-# and its standby is orphaned, exit 1, and off stops both.  The real path (the kernel's nbd
+# and its standby is orphaned, exit 1, and off stops both; off refused
+# while the server's other device (device=) has a client, and done once
+# it went.  The real path (the kernel's nbd
 # driver swapping to the server, SIGTERM during swap on, swap off with
 # memory short) is `make check-swap`, in a guest.
 set -euo pipefail
@@ -342,5 +344,48 @@ if [ "$(id -u)" = 0 ]; then
     kill -0 "$early" 2>/dev/null && kill -0 "$live" 2>/dev/null ||
         fail "swap off signalled a process that was not the device's"
     [ ! -e "$d" ] || fail "swap off left $d: $(ls -A "$d")"
+fi
+# A server that also serves another device (device=) with a client
+# connected: swap off refuses, naming it, and changes nothing (stopping
+# the server would take the pages a kernel swapped to that device); once
+# the client went, swap off stops the server.
+if [ "$(id -u)" = 0 ]; then
+    d=$tmp/run/nbd10
+    mkdir -p "$d"
+    env ${_nbdkit_env[@]+"${_nbdkit_env[@]}"} "$NBDKIT" --unix "$d/sock" \
+        --pidfile "$d/pid" "$PLUGIN" 16M ctl="$d/ctl" device=swap2:16M
+    for i in $(seq 100); do [ -s "$d/pid" ] && [ -S "$d/ctl" ] && break; sleep 0.1; done
+    [ -s "$d/pid" ] || fail "the server with a second device wrote no pid file"
+    busy_server=$(cat "$d/pid")
+    cleanup_add "kill $busy_server 2>/dev/null"
+    printf 'device=/dev/nbd10\nserver_pid=%s\nserver_start=%s\nserver_exe=%s\nphase=on\n' \
+        "$busy_server" "$(start_of "$busy_server")" "$(readlink -f "/proc/$busy_server/exe")" > "$d/state"
+    /usr/bin/python3 -c '
+import sys, time, nbd
+h = nbd.NBD(); h.set_export_name("swap2"); h.connect_unix(sys.argv[1])
+open(sys.argv[2], "w").close()
+time.sleep(60)' "$d/sock" "$tmp/client.up" &
+    client=$!
+    cleanup_add "kill $client 2>/dev/null"
+    for i in $(seq 100); do [ -e "$tmp/client.up" ] && break; sleep 0.1; done
+    [ -e "$tmp/client.up" ] || fail "the client of the second device did not connect"
+    rc=0
+    "$ZRAMCTL" swap off /dev/nbd10 > "$tmp/out" 2> "$tmp/err" || rc=$?
+    [ "$rc" = 1 ] || fail "swap off with another device's client connected: exit status $rc, not 1: $(cat "$tmp/out" "$tmp/err")"
+    grep -q "swap off /dev/nbd10: refused: its server also serves swap2 (1 client): swapoff and detach those first" "$tmp/err" ||
+        fail "swap off with another device's client connected: $(cat "$tmp/err")"
+    kill -0 "$busy_server" && [ -f "$d/state" ] ||
+        fail "swap off refused but stopped the server or removed its state"
+    echo "ok: swap off refused: $(cat "$tmp/err")"
+    kill "$client"; wait "$client" 2>/dev/null || :
+    for i in $(seq 50); do
+        "$ZRAMCTL" devices "$d/ctl" | grep -q "clients=0" && break
+        sleep 0.1
+    done
+    "$ZRAMCTL" swap off /dev/nbd10 > "$tmp/out" 2>&1 ||
+        fail "swap off once the other device's client went: $(cat "$tmp/out")"
+    ! kill -0 "$busy_server" 2>/dev/null ||
+        [ "$(awk '$1 == "State:" { print $2 }' "/proc/$busy_server/status" 2>/dev/null)" = Z ] ||
+        fail "swap off did not stop the server once the other device was free"
 fi
 echo "ok: nbdkit-zramctl swap"
