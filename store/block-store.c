@@ -596,7 +596,7 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->refused_for_budget = atomic_load (&store->refused_for_budget);
   if (store->budget) {
     stats->budget_floors = atomic_load (&store->budget->floors);
-    stats->budget_unmet_floors = atomic_load (&store->budget->unmet_floors);
+    stats->budget_unmet_floors = budget_unmet_floors (store->budget);
   }
   stats->decode_cache_hits = atomic_load (&store->decode_cache_hits);
   stats->decode_cache_misses = atomic_load (&store->decode_cache_misses);

@@ -191,9 +191,21 @@
 
 /* BUDGET, above: what the stores on one pool share besides the pool. */
 struct store_budget {
-  _Atomic uint64_t unmet_floors;  /* the floors' room not used yet */
+  /* The floors' room not used yet.  Signed: each store's steps land in
+   * any order, so the sum may be read a step early (below 0 for a
+   * moment) or late; budget_unmet_floors reads it clamped at 0.
+   */
+  _Atomic int64_t unmet_floors;
   _Atomic uint64_t floors;        /* the floors' sum */
 };
+
+/* The budget's unmet floors now, clamped at 0 (see above). */
+static inline uint64_t
+budget_unmet_floors (struct store_budget *budget)
+{
+  int64_t unmet = atomic_load (&budget->unmet_floors);
+  return unmet > 0 ? (uint64_t) unmet : 0;
+}
 
 struct store_config {
   uint64_t size;                  /* device size in bytes, >= 1 */

@@ -6,8 +6,9 @@
  * quota_bytes from old to new in one atomic add, and moves the budget's
  * sum by exactly max(0, floor - new) - max(0, floor - old).  The sum of
  * such steps is the sum of the stores' unmet room whatever the order of
- * the adds.  A check reads the sum once and may see a step late: it is
- * off by the claims in flight, never by a lost update.
+ * the adds.  A check reads the sum once and may see a step early or
+ * late (block-store.h, struct store_budget): it is off by the claims in
+ * flight, never by a lost update.
  */
 
 #include <errno.h>
@@ -33,10 +34,9 @@ quota_move (struct block_store *store, uint64_t delta, bool add)
   uint64_t now = add ? old + delta : old - delta;
   if (store->floor) {
     uint64_t before = unmet (store, old), after = unmet (store, now);
-    if (before > after)
-      atomic_fetch_sub (&store->budget->unmet_floors, before - after);
-    else if (after > before)
-      atomic_fetch_add (&store->budget->unmet_floors, after - before);
+    if (before != after)
+      atomic_fetch_add (&store->budget->unmet_floors,
+                        (int64_t) after - (int64_t) before);
   }
   return now;
 }
@@ -57,7 +57,7 @@ object_charge (struct block_store *store, zs_handle_t handle)
       goto refused;
     }
   }
-  uint64_t floors = atomic_load (&store->budget->unmet_floors);
+  uint64_t floors = budget_unmet_floors (store->budget);
   if (floors > own_unmet) {
     uint64_t limit = zs_pool_mem_limit (store->pool);
     if (limit && zs_pool_bytes (store->pool) + (floors - own_unmet) > limit) {
@@ -137,7 +137,7 @@ quota_init (struct block_store *store, const struct store_config *config)
   store->quota_counted = config->cap || config->floor;
   if (store->floor) {
     atomic_fetch_add (&store->budget->floors, store->floor);
-    atomic_fetch_add (&store->budget->unmet_floors, store->floor);
+    atomic_fetch_add (&store->budget->unmet_floors, (int64_t) store->floor);
   }
   return 0;
 }
@@ -147,7 +147,7 @@ quota_leave (struct block_store *store)
 {
   if (store->floor) {
     atomic_fetch_sub (&store->budget->unmet_floors,
-                      unmet (store, atomic_load (&store->quota_bytes)));
+                      (int64_t) unmet (store, atomic_load (&store->quota_bytes)));
     atomic_fetch_sub (&store->budget->floors, store->floor);
   }
 }
