@@ -7,9 +7,10 @@
 #   - the exports listed (NBD_OPT_LIST: the default and every device,
 #     with its size and algorithm), each its own size, an unknown name
 #     refused at the handshake;
-#   - 8 connections over 4 exports at once, random writes, trims and
-#     reads against one exact model per export (a block's bytes name its
-#     export): 0 reads of another export's or a stale block;
+#   - 18 connections over the default export and 8 devices at once,
+#     random writes, trims and reads against one exact model per export
+#     (a block's bytes name its export): 0 reads of another export's or a
+#     stale block;
 #   - one budget: a device that fills mem_limit leaves the default
 #     export ENOSPC too (its old blocks intact), and its trims give the
 #     room back;
@@ -63,6 +64,7 @@ from ctl_client import Ctl
 sock, ctl = sys.argv[1], Ctl(sys.argv[2])
 B = 4096
 EXPORTS = {"": 16 << 20, "a": 8 << 20, "b": 8 << 20, "c": 4 << 20}
+EXPORTS.update({"d%d" % i: 2 << 20 for i in range(4, 9)})   # 8 devices
 
 def connect(name, opt=False):
     h = nbd.NBD()
@@ -90,7 +92,7 @@ except nbd.Error as e:
     print("unknown export refused: %s" % e)
 print("listed: %s" % listed)
 
-# 8 connections over 4 exports, one model each.
+# 18 connections over the default export and 8 devices, one model each.
 def content(name, block, version):
     head = b"%s/%d/%d " % (name.encode() or b"-", block, version)
     return (head * (B // len(head) + 1))[:B]
@@ -105,7 +107,7 @@ def worker(seed, name):
     blocks = EXPORTS[name] // B
     model = models[name]
     try:
-        for _ in range(1500):
+        for _ in range(800):
             block = r.randrange(blocks)
             with locks[name][block]:
                 what = r.random()
@@ -123,8 +125,8 @@ def worker(seed, name):
                         failures.append((name, block, got[:24]))
     finally:
         h.shutdown()
-threads = [threading.Thread(target=worker, args=(i, list(EXPORTS)[i % 4]))
-           for i in range(8)]
+threads = [threading.Thread(target=worker, args=(i, list(EXPORTS)[i % len(EXPORTS)]))
+           for i in range(2 * len(EXPORTS))]
 for t in threads: t.start()
 for t in threads: t.join()
 assert not failures, failures[:5]
@@ -137,16 +139,17 @@ for name, size in EXPORTS.items():
         assert got == want, (name, block, got[:24])
     stored += len(models[name])
     h.shutdown()
-print("8 connections over 4 exports: %d blocks stored, every one read back "
-      "as its export's, 0 from another" % stored)
+print("%d connections over %d exports: %d blocks stored, every one read back "
+      "as its export's, 0 from another" % (len(threads), len(EXPORTS), stored))
 
 # The control channel, per device.
 lines = ctl.ok("devices")
 assert lines == ["- 16777216 lz4 1", "a 8388608 lz4 1 clients=0", "b 8388608 zstd 1 clients=0",
-                 "c 4194304 lz4 3 clients=0"], lines
+                 "c 4194304 lz4 3 clients=0"] + ["d%d 2097152 lz4 1 clients=0" % i
+                                                for i in range(4, 9)], lines
 info = dict(l.split(" ", 1) for l in ctl.ok("info device=b"))
 assert info["disksize"] == "8388608" and info["algorithm"] == "zstd", info
-for name in ("a", "b", "c"):
+for name in list(EXPORTS)[1:]:
     mm = [int(x) for x in ctl.ok("mm_stat device=%s" % name)[0].split()]
     assert mm[0] == len(models[name]) * B, (name, mm, len(models[name]))
 mm = [int(x) for x in ctl.ok("mm_stat")[0].split()]
@@ -162,7 +165,8 @@ path = sys.argv[2]
 assert [r[:3] for r in rows] == [[path, "16777216", "lz4"],
                                  [path + "/a", "8388608", "lz4"],
                                  [path + "/b", "8388608", "zstd"],
-                                 [path + "/c", "4194304", "lz4"]], rows
+                                 [path + "/c", "4194304", "lz4"]] + \
+    [[path + "/d%d" % i, "2097152", "lz4"] for i in range(4, 9)], rows
 assert [int(r[3]) for r in rows] == [len(models[n]) * B for n in EXPORTS], rows
 print("nbdkit-zramctl: a row each: %s" % " ".join(r[0].rsplit("/", 1)[-1] for r in rows))
 # The metrics: each device's own figures as a series with its device
@@ -171,15 +175,15 @@ from prometheus_client.parser import text_string_to_metric_families
 families = {f.name: f for f in text_string_to_metric_families(
     "\n".join(ctl.ok("metrics")) + "\n")}
 orig = {s.labels["device"]: s.value for s in families["nbdkit_zram_orig_data_bytes"].samples}
-assert orig == {"zram": len(models[""]) * B, "zram/a": len(models["a"]) * B,
-                "zram/b": len(models["b"]) * B, "zram/c": len(models["c"]) * B}, orig
+assert orig == {("zram/" + n if n else "zram"): len(models[n]) * B for n in EXPORTS}, orig
 sizes = {s.labels["device"]: s.value for s in families["nbdkit_zram_disk_size_bytes"].samples}
 assert sizes["zram/c"] == 4 << 20, sizes
 assert [s.labels["device"] for s in families["nbdkit_zram_mem_used_bytes"].samples] == ["zram"]
 print("metrics: a series per device: %s" % sorted(orig))
 EOF
 zram_nbdkit -U - "$PLUGIN" 16M device=a:8M device=b:8M:comp=zstd \
-    device=c:4M:level=3 ctl="$tmp/ctl" \
+    device=c:4M:level=3 device=d4:2M device=d5:2M device=d6:2M device=d7:2M \
+    device=d8:2M ctl="$tmp/ctl" \
     --run "/usr/bin/python3 '$tmp/devices.py' \"\$unixsocket\" '$tmp/ctl'" ||
     fail "devices"
 
