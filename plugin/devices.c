@@ -12,7 +12,8 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
-#include "block-store-internal.h"   /* store_decode_cache_sweep */
+#include "block-store.h"
+#include "zsalloc.h"
 #include "codec.h"
 #include "devices.h"
 #include "error-text.h"
@@ -484,15 +485,13 @@ devices_keep_resident (unsigned threads, char *why, size_t why_size)
   return r;
 }
 
-static void
-device_housekeeping (struct device *device, void *opaque)
-{
-  store_flush (device->store);
-  store_decode_cache_sweep (device->store);
-}
-
 void
-devices_housekeeping (void)
+devices_housekeeping (void (*visit) (struct block_store *store,
+                                     unsigned devices, void *opaque),
+                      void *opaque)
 {
-  devices_each (device_housekeeping, NULL);
+  pthread_mutex_lock (&lock);
+  for (unsigned i = 0; i < count; i++)
+    visit (table[i]->store, count, opaque);
+  pthread_mutex_unlock (&lock);
 }

@@ -176,9 +176,14 @@ extern void device_leave (struct device *device);
 extern int devices_keep_resident (unsigned threads, char *why,
                                   size_t why_size);
 
-/* Each device's share of a housekeeping round: its deferred frees and
- * its decode cache's stale slots.
+/* A housekeeping round's share for the devices (housekeeper.h,
+ * devices_round): visit each device's store, with the number of
+ * devices, under the table's lock (so that no remove destroys a store
+ * being visited).
  */
-extern void devices_housekeeping (void);
+extern void devices_housekeeping (void (*visit) (struct block_store *store,
+                                                 unsigned devices,
+                                                 void *opaque),
+                                  void *opaque);
 
 #endif /* ZRAM_DEVICES_H */

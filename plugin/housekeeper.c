@@ -105,32 +105,66 @@ writeback_above_watermark (void)
                          within_round_budget, &deadline, &result);
 }
 
+/* The policy's idle marking, recompression and packing for one store,
+ * which shares each step's budget (blocks and time) with shares - 1
+ * others: the server's devices share one store's budget, so that a
+ * round takes as long with 64 devices as with one.
+ */
 static void
-policy_round (void)
+policy_store_round (struct block_store *the_store, unsigned shares)
 {
+  uint64_t blocks = POLICY_BLOCKS_PER_ROUND / shares;
+  uint64_t ns = POLICY_NS_PER_ROUND / shares;
+  if (blocks < 64)
+    blocks = 64;
+  if (ns < 1000000)
+    ns = 1000000;
   if (policy.idle_after)
-    store_mark_idle (store, policy.idle_after, NULL, NULL);
+    store_mark_idle (the_store, policy.idle_after, NULL, NULL);
   if (policy.recompress_after) {
     struct store_recompress_request request = {
       .type = RECOMPRESS_IDLE,
-      .max_blocks = POLICY_BLOCKS_PER_ROUND,
+      .max_blocks = blocks,
       .min_age = policy.recompress_after,
     };
     struct store_recompress_result result;
-    uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
-    store_recompress (store, &request, within_round_budget, &deadline, &result);
+    uint64_t deadline = monotonic_ns () + ns;
+    store_recompress (the_store, &request, within_round_budget, &deadline,
+                      &result);
   }
   if (policy.pack_after) {
     /* Each its own age: idle_after may mark blocks idle sooner. */
-    uint64_t deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
-    store_pack_dissolve (store, 50, within_round_budget, &deadline);
+    uint64_t deadline = monotonic_ns () + ns;
+    store_pack_dissolve (the_store, 50, within_round_budget, &deadline);
     struct store_pack_result result;
-    deadline = monotonic_ns () + POLICY_NS_PER_ROUND;
-    store_pack (store, POLICY_BLOCKS_PER_ROUND, policy.pack_after,
-                within_round_budget, &deadline, &result);
+    deadline = monotonic_ns () + ns;
+    store_pack (the_store, blocks, policy.pack_after, within_round_budget,
+                &deadline, &result);
   }
+}
+
+static void
+policy_round (void)
+{
+  policy_store_round (store, 1);
   if (policy.writeback_watermark)
     writeback_above_watermark ();
+}
+
+/* A device's share of the round (policy.devices_round): its deferred
+ * frees, and unless it is the last round, its decode cache's stale slots
+ * and the policy, on a share of the policy's budget (*opaque: the
+ * number of devices, 0 in the last round).
+ */
+static void
+device_round (struct block_store *device_store, unsigned devices, void *opaque)
+{
+  bool last = *(const bool *) opaque;
+  store_flush (device_store);
+  if (!last) {
+    store_decode_cache_sweep (device_store);
+    policy_store_round (device_store, devices);
+  }
 }
 
 /* Compact when the pages compaction could free are at least
@@ -176,7 +210,7 @@ housekeeping_round (bool last)
   handover_alive ();            /* a crash's downtime counts from here */
   store_flush (store);          /* first: pending frees are waste too */
   if (policy.devices_round)
-    policy.devices_round ();
+    policy.devices_round (device_round, &last);
   /* The decode cache is charged to mem_limit and serves runs of reads:
    * a slot not read for a round goes (kept in swap mode), and one left
    * holding no unit goes in any case.

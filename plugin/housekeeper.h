@@ -4,8 +4,9 @@
  * second of being freed even when no request arrives, frees the decode
  * cache's slots not read since the last round (store_decode_cache_sweep;
  * kept in swap mode), compacts the pool when enough of it is waste
- * (compact=auto), runs the automatic idle and
- * recompression policy (housekeeper_set_policy), tops up the swap reserve
+ * (compact=auto), runs the automatic idle, recompression and packing
+ * policy (housekeeper_set_policy) on the default store and on every
+ * device (sharing one store's budget), tops up the swap reserve
  * (swap mode), then rewrites the stats= file when there is one.  A
  * request that finds the reserve below half wakes it early
  * (housekeeper_wake).
@@ -59,9 +60,13 @@ struct housekeeper_policy {
                                      and memory populated before it
                                      serves may be what only swapping,
                                      through it, can give back) */
-  void (*devices_round) (void);  /* each round, after the store's frees:
-                                     the server's other devices' share
-                                     (devices.h), or NULL */
+  /* Each round, after the store's frees: visit(device's store, number
+   * of devices, opaque) for each of the server's other devices
+   * (devices.h), or NULL.
+   */
+  void (*devices_round) (void (*visit) (struct block_store *store,
+                                        unsigned devices, void *opaque),
+                         void *opaque);
   void (*reserve_tick) (void);   /* with reserve_always: called
                                      by the reserve keeper after each
                                      refill, a few times a second (the

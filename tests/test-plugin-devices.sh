@@ -26,7 +26,8 @@
 #     its old block intact, the default export refused short of another
 #     device's floor, whose device then stores its floor's worth; the
 #     listing, stats and metrics show them; add with cap= and floor=,
-#     and a floor that does not fit refused.
+#     and a floor that does not fit refused;
+#   - the automatic policy (pack_after=) packs each device's idle blocks.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -491,6 +492,44 @@ zram_nbdkit -U - "$PLUGIN" 16M mem_limit=8M ctl="$tmp/ctl-budget" \
     device=capped:8M:cap=1M device=floored:8M:floor=2M \
     --run "/usr/bin/python3 '$tmp/budget.py' \"\$unixsocket\" '$tmp/ctl-budget'" ||
     fail "caps and floors"
+
+# The automatic policy (pack_after=) packs each device's idle blocks as
+# it packs the default export's, and the packed blocks read back.
+cat > "$tmp/policy.py" <<'EOF2'
+import os, sys, time, nbd
+sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
+from ctl_client import Ctl
+sock, ctl = sys.argv[1], Ctl(sys.argv[2])
+B = 4096
+def stats(device):
+    return {l.split(": ")[0]: l.split(": ")[1] for l in ctl.ok("stats device=" + device)
+            if ": " in l}
+blocks = {}
+for name in ("p1", "p2"):
+    h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock)
+    for i in range(256):
+        blocks[name, i] = (b"%s block %d " % (name.encode(), i)) * 500
+        blocks[name, i] = blocks[name, i][:B]
+        h.pwrite(blocks[name, i], i * B)
+    h.shutdown()
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    packed = [int(stats(n)["packed_blocks"]) for n in ("p1", "p2")]
+    if all(packed):
+        break
+    time.sleep(0.5)
+assert all(packed), "the policy packed no device's blocks: %r" % packed
+for name in ("p1", "p2"):
+    h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock)
+    for i in range(256):
+        assert h.pread(B, i * B) == blocks[name, i], (name, i)
+    h.shutdown()
+print("policy: pack_after=1 packed %r blocks of devices p1, p2; all read back" % packed)
+EOF2
+zram_nbdkit -U - "$PLUGIN" 4M pack_after=1 ctl="$tmp/ctl-policy" \
+    device=p1:4M device=p2:4M:comp=zstd \
+    --run "/usr/bin/python3 '$tmp/policy.py' \"\$unixsocket\" '$tmp/ctl-policy'" ||
+    fail "the policy on devices"
 
 # Without device=, any export name is the one device, as before.
 zram_nbdkit -U - "$PLUGIN" 1M \
