@@ -139,9 +139,10 @@ reply_error (struct client *client, const char *format, ...)
   return -1;
 }
 
-/* True while the client is connected and the server is not stopping:
- * asked between pieces of a long command, on the control thread or on
- * the worker (which then owns client->gone).  A stop leaves the client
+/* True while the client is connected, the server is not stopping and
+ * the command's device (if any) is not being removed: asked between
+ * pieces of a long command, on the control thread or on the worker
+ * (which then owns client->gone).  A stop leaves the client
  * connected: a handover's still sends the worker's reply.
  */
 bool
@@ -151,7 +152,8 @@ client_still_there (void *opaque)
   struct pollfd fds[] = { { .fd = client->fd, .events = 0 } };
   if (poll (fds, 1, 0) > 0 && (fds[0].revents & (POLLHUP | POLLERR)))
     client->gone = true;
-  return !client->gone && !atomic_load (&stopping);
+  return !client->gone && !atomic_load (&stopping)
+    && !(client->device && atomic_load (&client->device->gone));
 }
 
 const char *

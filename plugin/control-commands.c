@@ -118,8 +118,8 @@ command_add (struct client *client, int argc, char **argv)
   for (int i = 3; i < argc && used < sizeof value; i++)
     used += snprintf (value + used, sizeof value - used, ":%s", argv[i]);
   if (used >= sizeof value || strchr (argv[1], ':') || strchr (argv[2], ':'))
-    return reply_error (client, "add: NAME SIZE [comp=lz4|zstd] [level=N] "
-                        "[cap=SIZE] [floor=SIZE]");
+    return reply_error (client, "usage: %s", "add NAME SIZE [comp=lz4|zstd] "
+                        "[level=N] [cap=SIZE] [floor=SIZE]");
   if (devices_add (value, why, sizeof why) == -1)
     return reply_error (client, "add: %s", why);
   return 0;
@@ -256,6 +256,14 @@ command_mem_limit (struct client *client, int argc, char **argv)
                         argv[1]);
   if (limit == 0 && swap_mode != SWAP_OFF)
     return reply_error (client, "mem_limit: swap mode needs a limit");
+  /* The devices' floors are room kept in the limit: a limit that cannot
+   * hold them would refuse every other write (and none turns them off).
+   */
+  uint64_t floors = atomic_load (&devices_budget ()->floors);
+  if (floors && (limit == 0 || (uint64_t) limit < floors))
+    return reply_error (client, "mem_limit: %s cannot hold the devices' "
+                        "floors (%" PRIu64 " bytes): a floor needs a limit "
+                        "above it", argv[1], floors);
   /* The pool checks and sets the limit in one step, after draining its
    * deferred frees, and says what it held when it refused.
    */

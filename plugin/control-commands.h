@@ -20,7 +20,7 @@
 #define CONTROL_COMMANDS(COMMAND) \
   COMMAND (info, 1, 1, "info", command_info, 0, true) \
   COMMAND (devices, 1, 1, "devices", command_devices, 0, true) \
-  COMMAND (add, 3, 5, "add NAME SIZE [comp=lz4|zstd] [level=N]", \
+  COMMAND (add, 3, 7, "add NAME SIZE [comp=lz4|zstd] [level=N] [cap=SIZE] [floor=SIZE]", \
            command_add, 0, false) \
   COMMAND (remove, 2, 3, "remove NAME [force]", command_remove, 0, false) \
   COMMAND (mm_stat, 1, 1, "mm_stat", command_zram_file, 0, true) \

@@ -31,7 +31,7 @@ struct client {
   struct block_store *store;    /* what the commands act on: the
                                    default export's store, or the
                                    device= of the line being run */
-  const struct device *device;  /* that device, or NULL: the default */
+  struct device *device;  /* that device, or NULL: the default */
   const struct control_info *info;
   bool gone;                    /* hung up, a send failed or timed out */
   bool read_only;               /* came in on ctl_ro=: reads_only commands */

@@ -132,6 +132,11 @@ static void *
 worker_main (void *arg)
 {
   job.result = job.command->run (job.client, job.argc, job.argv);
+  /* A device's command held it in flight (worker_start): let a remove
+   * waiting on the control thread go on.
+   */
+  if (job.client->device)
+    device_leave (job.client->device);
   char byte = 0;
   ssize_t written = write (worker_done_pipe[1], &byte, 1);
   (void) written;               /* a pipe with room: one byte per job */
@@ -157,6 +162,17 @@ worker_start (struct client *client, const struct control_command *command,
   if (refused)
     return reply_error (client, "%s: the server is stopping", command->name);
 
+  /* A command on a device holds it in flight until it ends, so that a
+   * remove (on this thread) waits for it, and tells it to stop
+   * (client_still_there): devices.h, A FORCED REMOVE.
+   */
+  if (client->device && !device_enter (client->device)) {
+    pthread_mutex_lock (&worker_lock);
+    worker_running = false;
+    pthread_mutex_unlock (&worker_lock);
+    return reply_error (client, "%s: device %s was removed", command->name,
+                        client->device->spec.name);
+  }
   job.client = client;
   job.command = command;
   job.argc = argc;
@@ -166,6 +182,8 @@ worker_start (struct client *client, const struct control_command *command,
   client->on_worker = true;
   int err = pthread_create (&worker_thread, NULL, worker_main, NULL);
   if (err) {
+    if (client->device)
+      device_leave (client->device);
     client->on_worker = false;
     job.client = NULL;
     pthread_mutex_lock (&worker_lock);

@@ -475,8 +475,8 @@ devices_keep_resident (unsigned threads, char *why, size_t why_size)
   resident_threads = threads;
   pthread_mutex_lock (&lock);
   int r = 0;
-  for (unsigned i = 0; i < count && r == 0; i++)
-    if (store_keep_resident (table[i]->store, threads) == -1) {
+  for (unsigned i = 0; i < count; i++)     /* each, even after a failure */
+    if (store_keep_resident (table[i]->store, threads) == -1 && r == 0) {
       snprintf (why, why_size, "%s: %s", table[i]->spec.name,
                 error_text (errno));
       r = -1;

@@ -117,8 +117,8 @@ policy_store_round (struct block_store *the_store, unsigned shares)
   uint64_t ns = POLICY_NS_PER_ROUND / shares;
   if (blocks < 64)
     blocks = 64;
-  if (ns < 1000000)
-    ns = 1000000;
+  if (ns < 200000)
+    ns = 200000;
   if (policy.idle_after)
     store_mark_idle (the_store, policy.idle_after, NULL, NULL);
   if (policy.recompress_after) {

@@ -42,14 +42,17 @@ quota_move (struct block_store *store, uint64_t delta, bool add)
 }
 
 /* Charge handle's object, newly allocated, to store: true, or false
- * with the charge taken back (the caller frees the object).
+ * with the charge taken back (the caller frees the object).  An object
+ * counts its room (its size class's bytes), which a rewrite in place
+ * (zs_resize, block_encode_in_place) never changes: the charge and the
+ * discharge are the same bytes.
  */
 static bool
 object_charge (struct block_store *store, zs_handle_t handle)
 {
   uint64_t own_unmet = 0;
   if (store->quota_counted) {
-    size_t bytes = zs_object_size (store->pool, handle);
+    size_t bytes = zs_object_room (store->pool, handle);
     uint64_t now = quota_move (store, bytes, true);
     own_unmet = unmet (store, now);
     if (store->cap && now > store->cap) {
@@ -62,7 +65,7 @@ object_charge (struct block_store *store, zs_handle_t handle)
     uint64_t limit = zs_pool_mem_limit (store->pool);
     if (limit && zs_pool_bytes (store->pool) + (floors - own_unmet) > limit) {
       if (store->quota_counted)
-        quota_move (store, zs_object_size (store->pool, handle), false);
+        quota_move (store, zs_object_room (store->pool, handle), false);
       goto refused;
     }
   }
@@ -76,7 +79,7 @@ static void
 object_discharge (struct block_store *store, zs_handle_t handle)
 {
   if (store->quota_counted)
-    quota_move (store, zs_object_size (store->pool, handle), false);
+    quota_move (store, zs_object_room (store->pool, handle), false);
 }
 
 zs_handle_t

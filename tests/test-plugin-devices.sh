@@ -275,6 +275,10 @@ full = pages()
 assert full >= empty + 64 * B, (empty, full)
 ctl.error("remove d1", r"remove: d1: 1 client connected: disconnect it first \(or remove d1 force\)")
 h.shutdown()
+# A command the worker thread runs, on the device, holds it until it
+# ends (a remove waits for it): this one ends at once (no backing store)
+# and lets the remove below go on.
+ctl.error("writeback idle device=d1", r"writeback")
 deadline = time.monotonic() + 10
 while True:
     lines, good, last = ctl.command("remove d1")
@@ -479,6 +483,14 @@ want = sum(max(0, h - share) for h in held)
 assert 'nbdkit_zram_budget_borrowed_bytes{device="zram"} %d' % want in metrics, \
     (want, [l for l in metrics.split("\n") if "borrowed" in l])
 # add with cap= and floor=; a floor that does not fit refused.
+# mem_limit at run time cannot go below the floors (it would refuse
+# every other write), nor to none (floors need a limit).
+ctl.error("mem_limit 1M", r"mem_limit: 1M cannot hold the devices' floors \(2097152 bytes\)")
+ctl.error("mem_limit 0", r"mem_limit: 0 cannot hold the devices' floors")
+# add takes every option on one line.
+ctl.ok("add full 4M comp=zstd level=3 cap=2M floor=1M")
+assert "full 4194304 zstd 3 clients=0 cap=2097152 floor=1048576" in ctl.ok("devices"), ctl.ok("devices")
+ctl.ok("remove full")
 ctl.error("add extra 4M cap=512K floor=1M", r"add: extra: floor=1048576 is above cap=524288")
 ctl.error("add extra 4M floor=7M", r"add: extra: floor=7340032 and the other floors \(2097152\) do not fit in mem_limit \(8388608\)")
 ctl.ok("add extra 4M cap=2M")

@@ -308,6 +308,7 @@ test_cap (void **state)
   uint64_t stored = fill_random (capped, 0, DEVICE_BLOCKS, 0);
   struct store_stats s;
   store_stats (capped, &s);
+  uint64_t counted = s.quota_bytes;
   /* Raw blocks: one 4 KiB object each, so the cap holds CAP / BS. */
   assert_int_equal (stored, CAP / BS);
   assert_true (s.quota_bytes <= CAP);
@@ -327,9 +328,29 @@ test_cap (void **state)
   assert_int_equal (store_trim (capped, 8 * BS, 0), 0);
   store_flush (capped);
   assert_int_equal (fill_random (capped, 0, 8, 2 << 20), 8);
+  /* Rewrites in place (a partial zero re-encodes the block in its own
+   * object) and trims leave the count exact: all of it back at the end.
+   */
+  unsigned char half[BS];
+  memset (half, 0x5a, BS);
+  assert_int_equal (store_trim (capped, DEVICE_BLOCKS * BS, 0), 0);
+  store_flush (capped);
+  for (uint64_t i = 0; i < 32; i++) {
+    memcpy (buf, half, BS);
+    buf[i] = (unsigned char) i;
+    assert_int_equal (store_write (capped, buf, BS, i * BS), 0);
+    assert_int_equal (store_zero (capped, 1000, i * BS + 2000, false), 0);
+    random_fill (buf, i);
+    assert_int_equal (store_write (capped, buf, BS / 2, i * BS), 0);
+  }
+  assert_int_equal (store_trim (capped, DEVICE_BLOCKS * BS, 0), 0);
+  store_flush (capped);
+  store_stats (capped, &s);
+  assert_int_equal (s.quota_bytes, 0);
   print_message ("cap: %" PRIu64 " blocks under a %d KiB cap (%" PRIu64
                  " bytes counted), a rewrite past it refused with the old "
-                 "block kept\n", stored, CAP >> 10, s.quota_bytes);
+                 "block kept; rewrites in place and trims left 0 counted\n",
+                 stored, CAP >> 10, counted);
   store_destroy (capped);
   store_destroy (owner);
 }
