@@ -165,6 +165,10 @@ static const struct param params_table[PARAM_COUNT] = {
     "Swap mode: populated pages kept ready (default\n"
     "RAM/32 within 4M..64M, at most mem_limit/8).",
     AT (store.pool.reserve_bytes) },
+  [P_SWAP_RESERVE_WAIT] = { "swap_reserve_wait", KIND_UNSIGNED, "MILLISECONDS",
+    "Swap mode: how long a write that finds the\n"
+    "reserve empty waits for its refill (default 250).",
+    AT (swap_reserve_wait), 0, 10000, .what = "milliseconds" },
   [P_SWAP_FULL] = { "swap_full", KIND_CUSTOM, "oom|fail",
     "Swap mode, device full and memory short: ask the\n"
     "kernel's OOM killer to act (default oom).", .set = set_swap_full,
@@ -213,6 +217,7 @@ params_init (struct zram_params *params)
   *params = (struct zram_params) {
     .backing_timeout = 30,
     .compact_threshold = 2,
+    .swap_reserve_wait = 250,
   };
   params->store.algorithm = CODEC_LZ4;
   zs_pool_config_init (&params->store.pool);
@@ -586,9 +591,12 @@ swap_complete (struct zram_params *params)
   bool reserve_given = params->given[P_SWAP_RESERVE];
   if (swap_mode_check_config (pool->mem_limit) == -1)
     return -1;
-  if ((reserve_given || params->given[P_SWAP_FULL]) && swap_mode == SWAP_OFF) {
+  if ((reserve_given || params->given[P_SWAP_FULL]
+       || params->given[P_SWAP_RESERVE_WAIT]) && swap_mode == SWAP_OFF) {
     nbdkit_error ("%s: only with swap=on or swap=try",
-                  reserve_given ? "swap_reserve" : "swap_full");
+                  reserve_given ? "swap_reserve"
+                  : params->given[P_SWAP_FULL] ? "swap_full"
+                  : "swap_reserve_wait");
     return -1;
   }
   /* Swap: a write takes only memory that is resident already, pages

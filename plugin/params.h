@@ -25,7 +25,8 @@ enum param_id {
   P_PACK_LEVEL, P_PACK_BLOCKS, P_DECODE_CACHE, P_WRITE_BATCH,
   P_BACKING, P_BACKING_DIRECT, P_BACKING_TIMEOUT, P_BACKING_SYNC,
   P_WRITEBACK_LIMIT, P_WRITEBACK_BATCH_SIZE, P_WRITEBACK_WATERMARK,
-  P_COMPACT, P_COMPACT_THRESHOLD, P_SWAP, P_SWAP_RESERVE, P_SWAP_FULL,
+  P_COMPACT, P_COMPACT_THRESHOLD, P_SWAP, P_SWAP_RESERVE, P_SWAP_RESERVE_WAIT,
+  P_SWAP_FULL,
   P_REGION, P_STANDBY, P_CHAIN, P_LOCK, P_FREE,
   PARAM_COUNT
 };
@@ -47,6 +48,7 @@ struct zram_params {
   bool backing_direct;
   unsigned backing_timeout;     /* seconds an NBD backing request may take */
   unsigned compact_threshold;   /* percent of the pool's pages */
+  unsigned swap_reserve_wait;   /* ms a swap write waits for the reserve */
 };
 
 /* The defaults (.load). */

@@ -664,12 +664,11 @@ failure_log_allowed (void)
  * (EAGAIN: a burst of swap-outs took the reserve faster than the keeper
  * refills it) waits for refills, trying again after each, before it
  * fails (ENOMEM: the kernel keeps the page and writes it again later,
- * but logs an I/O error for it).  One keeper round: well inside the
- * kernel's request timeout.  The wait is on the keeper
+ * but logs an I/O error for it), swap_reserve_wait ms at most (default
+ * 250: one keeper round, well inside the kernel's request timeout).  The wait is on the keeper
  * (housekeeper_wait_refill), never on reclaim: a keeper held in reclaim
  * costs a request this long, then it fails as before.
  */
-#define RESERVE_WAIT_MS 250
 
 /* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
  * ENOSPC on the wire, ENOMEM and EIO pass through.  In swap mode a store
@@ -706,8 +705,8 @@ request_failed (const char *what, bool stores, uint64_t count, uint64_t offset)
                     room_failure ? room_failure : "");
     else if (unready)
       nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": no memory ready "
-                    "(the swap reserve stayed empty for %d ms)", what, count,
-                    offset, RESERVE_WAIT_MS);
+                    "(the swap reserve stayed empty for %u ms)", what, count,
+                    offset, params.swap_reserve_wait);
     else
       nbdkit_error ("%s of %" PRIu64 " bytes at %" PRIu64 ": %s",
                     what, count, offset, error_text (err));
@@ -774,7 +773,7 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
 }
 
 /* Whether a store_write or store_zero that returned r is tried again
- * (swap mode, RESERVE_WAIT_MS from its first refusal, *started_ms): a
+ * (swap mode, swap_reserve_wait ms from its first refusal, *started_ms): a
  * refused store may have written some of its blocks, and writing the
  * same data again is the same request.  One given up on counts as a
  * failed write then (the store leaves EAGAIN's to its caller): a write
@@ -790,8 +789,8 @@ reserve_wait_worth_it (struct block_store *the_store, int r,
   if (!*started_ms)
     *started_ms = now;          /* the first refusal: the clock starts */
   uint64_t waited = now - *started_ms;
-  bool refilled = swap_mode != SWAP_OFF && waited < RESERVE_WAIT_MS
-    && housekeeper_wait_refill (RESERVE_WAIT_MS - waited);
+  bool refilled = swap_mode != SWAP_OFF && waited < params.swap_reserve_wait
+    && housekeeper_wait_refill (params.swap_reserve_wait - waited);
   if (!refilled)
     store_failed_write (the_store);     /* given up: a failed write */
   errno = EAGAIN;
