@@ -2,12 +2,12 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -381,7 +381,7 @@ devices_remove (const char *name, bool force, char *why, size_t why_size)
    * before gone was set finish first.
    */
   while (atomic_load (&device->in_flight) > 0)
-    sched_yield ();
+    nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
   store_destroy (device->store);    /* its objects back to the pool */
   pthread_mutex_lock (&lock);
   device->store = NULL;
