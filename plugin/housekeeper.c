@@ -152,9 +152,9 @@ policy_round (void)
 }
 
 /* A device's share of the round (policy.devices_round): its deferred
- * frees, and unless it is the last round, its decode cache's stale slots
- * and the policy, on a share of the policy's budget (*opaque: the
- * number of devices, 0 in the last round).
+ * frees, and unless it is the last round (*opaque: housekeeping_round's
+ * last), its decode cache's stale slots and the policy, on its share of
+ * the policy's budget (one of devices).
  */
 static void
 device_round (struct block_store *device_store, unsigned devices, void *opaque)

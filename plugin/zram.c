@@ -660,16 +660,6 @@ failure_log_allowed (void)
   return false;
 }
 
-/* Swap mode: how long a store refused for want of memory made ready
- * (EAGAIN: a burst of swap-outs took the reserve faster than the keeper
- * refills it) waits for refills, trying again after each, before it
- * fails (ENOMEM: the kernel keeps the page and writes it again later,
- * but logs an I/O error for it), swap_reserve_wait ms at most (default
- * 250: one keeper round, well inside the kernel's request timeout).  The wait is on the keeper
- * (housekeeper_wait_refill), never on reclaim: a keeper held in reclaim
- * costs a request this long, then it fails as before.
- */
-
 /* Report a store failure to nbdkit: ENOSPC (memory limit) maps to
  * ENOSPC on the wire, ENOMEM and EIO pass through.  In swap mode a store
  * refused for room is counted for the full-device watch (swap-full.h),
@@ -772,9 +762,16 @@ zram_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
   return request_end (r, "read", false, faults, count, offset);
 }
 
-/* Whether a store_write or store_zero that returned r is tried again
- * (swap mode, swap_reserve_wait ms from its first refusal, *started_ms): a
- * refused store may have written some of its blocks, and writing the
+/* Whether a store_write or store_zero that returned r is tried again.
+ * In swap mode a store refused for want of memory made ready (EAGAIN: a
+ * burst of swap-outs took the reserve faster than the keeper refills
+ * it) waits for refills, trying again after each, swap_reserve_wait ms
+ * at most from its first refusal (*started_ms; default 250: one keeper
+ * round, well inside the kernel's request timeout), then fails (ENOMEM:
+ * the kernel keeps the page and writes it again later, but logs an I/O
+ * error for it).  The wait is on the keeper (housekeeper_wait_refill),
+ * never on reclaim: a keeper held in reclaim costs a request this long.
+ * A refused store may have written some of its blocks, and writing the
  * same data again is the same request.  One given up on counts as a
  * failed write then (the store leaves EAGAIN's to its caller): a write
  * that waited and was stored is none.

@@ -48,3 +48,9 @@ class Ctl:
     def fields(self, line):
         """A reply of 'key value' lines as a dict of ints."""
         return {k: int(v) for k, v in (l.split() for l in self.ok(line))}
+
+    def stats(self, device=None):
+        """The stats command's 'key: value' lines as a dict of strings,
+        of the default export or of the device named device."""
+        line = "stats" + (" device=" + device if device else "")
+        return dict(l.split(": ", 1) for l in self.ok(line) if ": " in l)

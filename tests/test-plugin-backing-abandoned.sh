@@ -58,8 +58,7 @@ def block(b, tag):
 def random_block(b):
     return os.urandom(B)
 
-def stats():
-    return dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+stats = ctl.stats
 
 def backed():
     return int(ctl.ok("bd_stat")[0].split()[0])

@@ -41,8 +41,7 @@ else:
     # again (after a backoff), then they reach the empty export.
     import time
     deadline = time.monotonic() + 60
-    corrupt = lambda: int(dict(l.split(": ", 1) for l in ctl.ok("stats")
-                               if ": " in l)["backing_corrupt"])
+    corrupt = lambda: int(ctl.stats()["backing_corrupt"])
     while corrupt() == 0 and time.monotonic() < deadline:
         try:
             h.pread(B, 0)
@@ -59,7 +58,7 @@ for b, d in data.items():
     except nbd.Error as e:
         assert e.errno == "EIO", e
         bad += 1
-stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+stats = ctl.stats()
 print("%s: %d blocks EIO, %d right; backing_corrupt %s" % (how, bad, good, stats["backing_corrupt"]))
 assert bad > 0, "no block noticed the damage"
 if how == "flip":

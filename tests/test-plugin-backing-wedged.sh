@@ -78,7 +78,7 @@ try:
 except nbd.Error as e:
     assert e.errno == "EIO", e
 print("partial write of a written-back block: EIO after %.1f s" % (time.monotonic() - start))
-stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+stats = ctl.stats()
 assert int(stats["backing_timeouts"]) >= 2, stats["backing_timeouts"]
 assert int(ctl.ok("bd_stat")[0].split()[0]) == 64
 print("backing_timeouts: %s" % stats["backing_timeouts"])

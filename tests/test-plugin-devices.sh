@@ -438,9 +438,6 @@ def fill(h, first, count, seed):
             assert e.errno == "ENOSPC", e
             return i
     return count
-def stats(device):
-    return {l.split(": ")[0]: l.split(": ")[1] for l in ctl.ok("stats device=" + device)
-            if ": " in l}
 
 assert ctl.ok("devices")[1:] == ["capped 8388608 lz4 1 clients=0 cap=1048576",
                                  "floored 8388608 lz4 1 clients=0 floor=2097152"], ctl.ok("devices")
@@ -457,19 +454,19 @@ try:
 except nbd.Error as e:
     assert e.errno == "ENOSPC", e
 assert capped.pread(B, 0) == first
-s = stats("capped")
+s = ctl.stats("capped")
 assert int(s["quota_bytes"]) == 1 << 20 and int(s["refused_for_budget"]) >= 2, s
 # The floor: the default export fills what is left of mem_limit (8 MiB)
 # short of the floor's 2 MiB, which the floored device then has.
 default = connect("")
 taken = fill(default, 0, 4096, 2)
-s = stats("")
+s = ctl.stats("")
 assert int(s["limit_used"]) + (2 << 20) <= (8 << 20) + B, s
 assert int(s["refused_for_budget"]) >= 1 and int(s["budget_unmet_floors"]) == 2 << 20, s
 floored = connect("floored")
 kept = fill(floored, 0, 512, 3)
 assert kept >= 512 - 16, kept
-assert int(stats("floored")["budget_unmet_floors"]) == (2 << 20) - kept * B
+assert int(ctl.stats("floored")["budget_unmet_floors"]) == (2 << 20) - kept * B
 # The metrics: cap, floor and the budget's series.
 metrics = "\n".join(ctl.ok("metrics"))
 for line in ('nbdkit_zram_cap_bytes{device="zram/capped"} 1048576',
@@ -478,7 +475,7 @@ for line in ('nbdkit_zram_cap_bytes{device="zram/capped"} 1048576',
     assert line in metrics, line
 # Borrowed: what the exports hold beyond a third of mem_limit each.
 share = (8 << 20) // 3
-held = [int(stats(d)["compr_data_size"]) for d in ("", "capped", "floored")]
+held = [int(ctl.stats(d)["compr_data_size"]) for d in ("", "capped", "floored")]
 want = sum(max(0, h - share) for h in held)
 assert 'nbdkit_zram_budget_borrowed_bytes{device="zram"} %d' % want in metrics, \
     (want, [l for l in metrics.split("\n") if "borrowed" in l])
@@ -513,9 +510,6 @@ sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
 from ctl_client import Ctl
 sock, ctl = sys.argv[1], Ctl(sys.argv[2])
 B = 4096
-def stats(device):
-    return {l.split(": ")[0]: l.split(": ")[1] for l in ctl.ok("stats device=" + device)
-            if ": " in l}
 blocks = {}
 for name in ("p1", "p2"):
     h = nbd.NBD(); h.set_export_name(name); h.connect_unix(sock)
@@ -526,7 +520,7 @@ for name in ("p1", "p2"):
     h.shutdown()
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:
-    packed = [int(stats(n)["packed_blocks"]) for n in ("p1", "p2")]
+    packed = [int(ctl.stats(n)["packed_blocks"]) for n in ("p1", "p2")]
     if all(packed):
         break
     time.sleep(0.5)

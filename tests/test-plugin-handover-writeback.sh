@@ -108,7 +108,7 @@ h = nbd.NBD(); h.connect_uri(uri)
 want = blocks(int(version))
 bad = [b for b, data in want.items() if h.pread(B, b * B) != data]
 assert not bad, "blocks that differ after the handover: %s" % bad[:10]
-stats = dict(l.split(": ", 1) for l in Ctl(ctl_path).ok("stats") if ": " in l)
+stats = Ctl(ctl_path).stats()
 print("round %s: every block of %d read back after the handover; bd_count "
       "%s (the writeback's reply: %d); recoveries %s"
       % (version, len(want), stats["bd_count"], written, stats["recoveries"]))

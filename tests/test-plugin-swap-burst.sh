@@ -29,12 +29,9 @@ EXPORTS = sys.argv[3:] or [""]          # the burst split over these
 # 4 writes in flight, split over the exports.
 W, TOTAL = 1 << 20, 128 << 20
 PART, DEPTH = TOTAL // len(EXPORTS), 4 // len(EXPORTS)
-def stats(export):
-    line = "stats" + (" device=" + export if export else "")
-    return dict(l.split(": ", 1) for l in ctl.ok(line) if ": " in l)
 # In swap mode each device's table is made resident before any write.
 for export in EXPORTS:
-    s = stats(export)
+    s = ctl.stats(export)
     blocks = int(s["disk_size"]) // 4096
     assert int(s["table_bytes"]) >= 16 * blocks, (export, s["table_bytes"])
 data = os.urandom(TOTAL)                # incompressible, made beforehand
@@ -63,8 +60,8 @@ def burst(k, export):
 threads = [threading.Thread(target=burst, args=(k, e)) for k, e in enumerate(EXPORTS)]
 for t in threads: t.start()
 for t in threads: t.join()
-misses = int(stats("")["reserve_misses"])
-failed_writes = [int(stats(e)["failed_writes"]) for e in EXPORTS]
+misses = int(ctl.stats()["reserve_misses"])
+failed_writes = [int(ctl.stats(e)["failed_writes"]) for e in EXPORTS]
 print("burst over %s: %d writes of 1 MiB, %d failed; the reserve ran dry %d times"
       % (EXPORTS, TOTAL // W, len(failed), misses))
 assert not failed, "writes failed: %r" % failed[:5]
@@ -105,7 +102,7 @@ for i in range(128):
                  i * W, completion=done)
 while h.aio_in_flight() > 0:
     h.poll(-1)
-stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+stats = ctl.stats()
 misses = int(stats["reserve_misses"])
 print("no wait: %d writes of 1 MiB failed, the reserve ran dry %d times" % (failed[0], misses))
 assert misses == 0 or failed[0] > 0, "the reserve ran dry and no write failed without the wait"

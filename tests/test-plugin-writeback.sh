@@ -88,7 +88,7 @@ for i in range(3, N, 5):
 verify()
 left = len(range(4, N, 5)) + RAW
 assert bd_stat()[0] == left, (bd_stat(), left)
-stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+stats = ctl.stats()
 print("%s: %d blocks left in the backing store, %s bytes in use there"
       % (kind, left, stats["backing_used"]))
 
@@ -140,7 +140,7 @@ if kind == "nbd":
         except nbd.Error:
             assert time.monotonic() < deadline, "no reconnection in 10 s"
             time.sleep(0.3)
-    stats = dict(l.split(": ", 1) for l in ctl.ok("stats") if ": " in l)
+    stats = ctl.stats()
     assert int(stats["backing_reconnects"]) >= 1, stats
     assert int(stats["backing_failed"]) >= 1, stats
     print("nbd: reconnected (%s reconnects, %s failed requests)"
