@@ -14,9 +14,12 @@
  * whole, per 4 KiB page of it (what a random read of a packed page pays
  * at most, on top of the request itself).
  *
- * Rows by default: 4:3 (zram's zstd, one page at a time), 32:3 (nbdkit
- * memory allocator=zstd), 64:6 (packing's defaults), then larger units
- * and higher levels.
+ * UNIT_KIB:LEVEL:dict compresses each unit with a dictionary trained as
+ * packing trains one (STORE_DICTIONARY_SAMPLES pages spread over the
+ * image, codec_dictionary_train).  Rows by default: 4:3 (zram's zstd,
+ * one page at a time), 16:6 alone and with a dictionary (packing's
+ * frames), 32:3 (nbdkit memory allocator=zstd), 64:6 (packing's units
+ * before frames), then larger units and higher levels.
  */
 
 #include <inttypes.h>
@@ -41,9 +44,38 @@ now_seconds (void)
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* One row: units of unit_pages pages at level. */
+/* A dictionary trained as the store trains packing's (pack.c): from
+ * STORE_DICTIONARY_SAMPLES pages spread evenly over the image.  Returns
+ * its size (0: none could be made).
+ */
+static size_t
+train (const unsigned char *pages, size_t count, unsigned char *dictionary)
+{
+  size_t samples = count < STORE_DICTIONARY_SAMPLES ? count
+    : STORE_DICTIONARY_SAMPLES;
+  unsigned char *sample = malloc (samples * PAGE);
+  size_t *sizes = malloc (samples * sizeof *sizes);
+  if (!sample || !sizes) {
+    fprintf (stderr, "compress-bound: out of memory\n");
+    exit (1);
+  }
+  for (size_t i = 0; i < samples; i++) {
+    memcpy (sample + i * PAGE, pages + i * (count / samples) * PAGE, PAGE);
+    sizes[i] = PAGE;
+  }
+  size_t size = codec_dictionary_train (dictionary, STORE_DICTIONARY_BYTES,
+                                        sample, sizes, samples);
+  free (sample);
+  free (sizes);
+  return size;
+}
+
+/* One row: units of unit_pages pages at level, each compressed alone or
+ * (dictionary_size not 0) with the dictionary.
+ */
 static void
-row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
+row (const unsigned char *pages, size_t count, size_t unit_pages, int level,
+     const unsigned char *dictionary, size_t dictionary_size)
 {
   size_t unit_bytes = unit_pages * PAGE;
   size_t capacity = ZSTD_compressBound (unit_bytes);
@@ -51,7 +83,12 @@ row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
   unsigned char *plain = malloc (unit_bytes);
   ZSTD_CCtx *cctx = ZSTD_createCCtx ();
   ZSTD_DCtx *dctx = ZSTD_createDCtx ();
-  if (!compressed || !plain || !cctx || !dctx) {
+  ZSTD_CDict *cdict = dictionary_size
+    ? ZSTD_createCDict (dictionary, dictionary_size, level) : NULL;
+  ZSTD_DDict *ddict = dictionary_size
+    ? ZSTD_createDDict (dictionary, dictionary_size) : NULL;
+  if (!compressed || !plain || !cctx || !dctx
+      || (dictionary_size && (!cdict || !ddict))) {
     fprintf (stderr, "compress-bound: out of memory\n");
     exit (1);
   }
@@ -60,8 +97,11 @@ row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
   for (size_t first = 0; first < count; first += unit_pages) {
     size_t n = count - first < unit_pages ? count - first : unit_pages;
     size_t length = n * PAGE;
-    size_t r = ZSTD_compressCCtx (cctx, compressed, capacity,
-                                  pages + first * PAGE, length, level);
+    size_t r = cdict
+      ? ZSTD_compress_usingCDict (cctx, compressed, capacity,
+                                  pages + first * PAGE, length, cdict)
+      : ZSTD_compressCCtx (cctx, compressed, capacity,
+                           pages + first * PAGE, length, level);
     if (ZSTD_isError (r)) {
       fprintf (stderr, "compress-bound: %s\n", ZSTD_getErrorName (r));
       exit (1);
@@ -74,7 +114,10 @@ row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
     }
     total += r;
     double start = now_seconds ();
-    size_t out = ZSTD_decompressDCtx (dctx, plain, unit_bytes, compressed, r);
+    size_t out = ddict
+      ? ZSTD_decompress_usingDDict (dctx, plain, unit_bytes, compressed, r,
+                                    ddict)
+      : ZSTD_decompressDCtx (dctx, plain, unit_bytes, compressed, r);
     decode_seconds += now_seconds () - start;
     if (ZSTD_isError (out) || out != length
         || memcmp (plain, pages + first * PAGE, length) != 0) {
@@ -82,9 +125,12 @@ row (const unsigned char *pages, size_t count, size_t unit_pages, int level)
       exit (1);
     }
   }
-  printf ("| %4zu KiB | %2d | %9.2f MiB | %6.2f MiB | %8.2f us |\n",
-          unit_bytes / 1024, level, total / 1048576.0, raw / 1048576.0,
+  printf ("| %4zu KiB%s | %2d | %9.2f MiB | %6.2f MiB | %8.2f us |\n",
+          unit_bytes / 1024, dictionary_size ? " + dictionary" : "", level,
+          total / 1048576.0, raw / 1048576.0,
           units ? decode_seconds * 1e6 / units / unit_pages : 0.0);
+  ZSTD_freeCDict (cdict);
+  ZSTD_freeDDict (ddict);
   ZSTD_freeCCtx (cctx);
   ZSTD_freeDCtx (dctx);
   free (compressed);
@@ -95,7 +141,7 @@ int
 main (int argc, char *argv[])
 {
   if (argc < 2) {
-    fprintf (stderr, "usage: compress-bound IMAGE [UNIT_KIB:LEVEL ...]\n");
+    fprintf (stderr, "usage: compress-bound IMAGE [UNIT_KIB:LEVEL[:dict] ...]\n");
     return 2;
   }
   FILE *fp = fopen (argv[1], "rb");
@@ -130,22 +176,38 @@ main (int argc, char *argv[])
   printf ("|---:|---:|---:|---:|---:|\n");
 
   static const char *const defaults[] = {
-    "4:3", "32:3", "64:6", "64:9", "128:6", "256:6", "256:19", "1024:19",
+    "4:3", "16:6", "16:6:dict", "16:9:dict", "32:3", "64:6", "64:9",
+    "64:6:dict", "128:6", "256:6", "256:19", "1024:19",
   };
+  unsigned char *dictionary = malloc (STORE_DICTIONARY_BYTES);
+  size_t dictionary_size = 0;
+  if (!dictionary) {
+    fprintf (stderr, "compress-bound: out of memory\n");
+    return 1;
+  }
   int rows = argc > 2 ? argc - 2 : (int) (sizeof defaults / sizeof *defaults);
   for (int i = 0; i < rows; i++) {
     const char *spec = argc > 2 ? argv[i + 2] : defaults[i];
     unsigned kib;
-    int level;
-    if (sscanf (spec, "%u:%d", &kib, &level) != 2 || kib < 4 || kib % 4
-        || level < 1 || level > ZSTD_maxCLevel ()) {
-      fprintf (stderr, "compress-bound: '%s' is not UNIT_KIB:LEVEL "
+    int level, end = 0;
+    char with[8] = "";
+    int fields = sscanf (spec, "%u:%d%n:%7s", &kib, &level, &end, with);
+    bool dict = fields == 3 && strcmp (with, "dict") == 0;
+    if (fields < 2 || (fields == 2 && spec[end]) || (fields == 3 && !dict)
+        || kib < 4 || kib % 4 || level < 1 || level > ZSTD_maxCLevel ()) {
+      fprintf (stderr, "compress-bound: '%s' is not UNIT_KIB:LEVEL[:dict] "
                "(UNIT_KIB a multiple of 4, LEVEL 1..%d)\n", spec,
                ZSTD_maxCLevel ());
       return 2;
     }
-    row (pages, count, kib / 4, level);
+    if (dict && !dictionary_size
+        && !(dictionary_size = train (pages, count, dictionary))) {
+      fprintf (stderr, "compress-bound: no dictionary could be trained\n");
+      return 1;
+    }
+    row (pages, count, kib / 4, level, dictionary, dict ? dictionary_size : 0);
   }
+  free (dictionary);
   free (pages);
   return 0;
 }

@@ -166,6 +166,7 @@ memory_account_print (const struct memory_account *account,
   LINE ("store_metadata", store->metadata_bytes);
   LINE ("store_codec", store->codec_bytes);
   LINE ("store_decode_cache", store->decode_cache_bytes);
+  LINE ("store_pack_dictionaries", store->pack_dictionary_bytes);
   uint64_t counted = store_stats_memory (store);
   /* The rest of the memory the process itself holds: neither the files
    * it maps nor what the store counts.

@@ -118,6 +118,8 @@ stats_print_sample (const struct stats_sample *sample, FILE *fp)
   FIELD (recomp_bytes_saved);
   FIELD (packed_blocks);
   FIELD (pack_units);
+  FIELD (pack_dictionaries);
+  FIELD (pack_dictionary_bytes);
   FIELD (decode_cache_bytes);
   FIELD (decode_cache_hits);
   FIELD (decode_cache_misses);

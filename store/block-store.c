@@ -64,6 +64,7 @@ process_parts_make (struct block_store *store, const struct store_config *config
   for (unsigned i = 0; i < slots; i++)
     pthread_mutex_init (&store->unit_cache[i].lock, NULL);
   pthread_mutex_init (&store->units_lock, NULL);
+  pthread_mutex_init (&store->dictionary_lock, NULL);
   pthread_mutex_init (&store->writeback_lock, NULL);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_init (&store->stripes[i], NULL);
@@ -94,6 +95,7 @@ process_parts_free (struct block_store *store)
   if (!slots)
     return;                     /* the locks below were not made */
   pthread_mutex_destroy (&store->units_lock);
+  pthread_mutex_destroy (&store->dictionary_lock);
   pthread_mutex_destroy (&store->writeback_lock);
   for (unsigned i = 0; i < STORE_STRIPES; i++)
     pthread_mutex_destroy (&store->stripes[i]);
@@ -299,6 +301,7 @@ store_adopt (struct block_store *store, const struct store_config *config,
     store->codecs[p] = NULL;
   store->pack_codec = NULL;
   store->backing = NULL;
+  dictionaries_adopt (store);
   if (process_parts_make (store, config) == -1) {
     snprintf (why, why_bytes, "cannot make the codecs and caches: %m");
     process_parts_free (store);
@@ -349,6 +352,7 @@ store_destroy (struct block_store *store)
     store_flush (store);
   }
   quota_leave (store);
+  dictionaries_free_all (store);
   block_table_destroy (&store->table);
   if (!store->shares_pool)
     zs_pool_destroy (store->pool);
@@ -545,7 +549,8 @@ uint64_t
 store_stats_memory (const struct store_stats *stats)
 {
   return stats->mem_used_total + stats->reserve_bytes + stats->table_bytes
-    + stats->metadata_bytes + stats->codec_bytes + stats->decode_cache_bytes;
+    + stats->metadata_bytes + stats->codec_bytes + stats->decode_cache_bytes
+    + stats->pack_dictionary_bytes;
 }
 
 void
@@ -582,6 +587,9 @@ store_stats (struct block_store *store, struct store_stats *stats)
   stats->recomp_blocks = atomic_load (&store->recomp_blocks);
   stats->packed_blocks = atomic_load (&store->packed_blocks);
   stats->pack_units = atomic_load (&store->pack_units);
+  for (unsigned place = 0; place < STORE_DICTIONARIES; place++)
+    stats->pack_dictionaries += atomic_load (&store->dictionaries[place]) != NULL;
+  stats->pack_dictionary_bytes = atomic_load (&store->dictionary_bytes);
   stats->recomp_bytes_saved = atomic_load (&store->recomp_bytes_saved);
   stats->reserve_bytes = pool.reserve_bytes;
   stats->reserve_refills = pool.reserve_refills;

@@ -37,6 +37,14 @@
  *                the slot of the unit it frees (only a decode of another
  *                unit or a trim can hold it then: no read can reach a
  *                unit whose last block went).
+ *   dictionary_lock  packing's dictionaries: their places, which one is
+ *                current, and when one was trained (pack-dictionary.c);
+ *                held to install, take or free one.  Taken under a
+ *                stripe lock (a unit's last block gone frees the unit and
+ *                may free its dictionary) and before the allocator's
+ *                locks (a region's heap); no other store lock under it.
+ *                A dictionary's decoder is made without it (one
+ *                compare-and-swap).
  *   writeback_lock  one writeback run at a time, and the writeback
  *                limit's changes; held for a whole run.
  *   backing locks  the backing store's space map (its lock,
@@ -47,7 +55,8 @@
  *   allocator locks (alloc/zsalloc-internal.h).
  *
  *   Order: writeback_lock -> stripe lock -> unit cache slot lock ->
- *   allocator locks; units_lock and the backing locks are leaves;
+ *   allocator locks; stripe lock -> dictionary_lock -> allocator locks;
+ *   units_lock and the backing locks are leaves;
  *   walk_lock is never held with another.
  *   Every thread holds one stripe lock at a time (the table's reclaim
  *   takes each in turn for its grace period).  Full-block writes
@@ -183,7 +192,7 @@
  * a structure the store keeps there (struct block_store, the table, the
  * units), as REGION_LAYOUT_VERSION for the allocator's.
  */
-#define STORE_LAYOUT_VERSION 4
+#define STORE_LAYOUT_VERSION 5
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32
@@ -293,6 +302,9 @@ struct store_stats {
   uint64_t recomp_bytes_saved;    /* bytes that saved, ever */
   uint64_t packed_blocks;         /* blocks in packed units now */
   uint64_t pack_units;            /* packed units now */
+  uint64_t pack_dictionaries;     /* packing's dictionaries now */
+  uint64_t pack_dictionary_bytes; /* theirs, their decoders' and the
+                                     encoder's (while packing) */
   uint64_t decode_cache_bytes;    /* decoded units kept for reads now
                                      (charged to mem_limit) */
   uint64_t decode_cache_hits;     /* packed reads it served, ever */
@@ -579,15 +591,19 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
  * takes less than the blocks did, and kept only if it takes less than
  * the blocks that really moved in did (a block written meanwhile stays
  * out; if not all moved in and the unit is not worth it for the others,
- * they are put back and it goes).  Units are compressed in steps of 4
- * blocks: reading a packed block decodes its unit from the start up to
- * the step that holds it and the blocks its request reads after it,
- * into the decode cache (decode_cache bytes of store-owned slots, made
- * on first use and charged to mem_limit, given up to a write the limit
- * refuses before it is tried again; each unit has two slots it may
- * use, the least recently read is replaced; readers of a unit being
- * decoded wait for that decode, which goes on through the blocks they
- * want; a read that goes on past a cached prefix decodes the rest);
+ * they are put back and it goes).  A unit is a run of zstd frames of 4
+ * blocks (STORE_PACK_FRAME), each decodable alone, compressed with a
+ * dictionary the store trained on its own blocks (pack-dictionary.c: a
+ * run trains one from a sample of its candidates when the store has
+ * none or has been written over once since; up to 4 live at once, each
+ * freed with its last unit): small frames with a dictionary hold a
+ * memory image in as little as 4 times larger frames alone, and a read
+ * of a packed block decodes its own frame only, into the decode cache
+ * (decode_cache bytes of store-owned slots, made on first use and
+ * charged to mem_limit, given up to a write the limit refuses before it
+ * is tried again; each unit has two slots it may use, the least
+ * recently read is replaced; readers of a unit being decoded wait for
+ * that decode, then decode the frames they want that it did not);
  * writing, trimming or zeroing it moves it out; writeback writes it out
  * alone; a unit goes when its last block does.  Blocks move in and out
  * by the move protocol (MOVING A BLOCK).

@@ -8,12 +8,16 @@
 #include <stdlib.h>
 
 #include <lz4.h>
-/* ZSTD_d_stableOutBuffer (codec_stream_*): in zstd's experimental API,
- * exported by the shared library since 1.4.4.
+/* ZSTD_d_stableOutBuffer (codec_stream_*), dictionaries made by
+ * reference (codec_encoder_make, codec_decoder_make) and trained with
+ * given parameters (codec_dictionary_train): in zstd's experimental
+ * API, exported by the shared library since 1.4.4.
  */
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
+#define ZDICT_STATIC_LINKING_ONLY
+#include <zdict.h>
 
 #include "codec.h"
 
@@ -314,36 +318,140 @@ codec_compress_bytes (struct codec *codec, const void *src, size_t length,
   return result;
 }
 
-int
-codec_compress_steps (struct codec *codec, const void *src, size_t length,
-                      size_t step, void *dst, size_t capacity)
+/* ---- dictionaries and frames (cold packing) ---- */
+
+struct codec_encoder {
+  ZSTD_CDict *dictionary;
+};
+
+struct codec_decoder {
+  ZSTD_DDict *dictionary;
+};
+
+size_t
+codec_dictionary_train (void *dictionary, size_t capacity, const void *samples,
+                        const size_t *sizes, unsigned count)
 {
-  if (codec->algorithm == CODEC_LZ4 || step >= length)
-    return codec_compress_bytes (codec, src, length, dst, capacity);
+  /* fastCover with fixed parameters: on a memory image as good as its
+   * search for them (within 0.2 %) in half the time (0.1 s for 1,024
+   * blocks).
+   */
+  ZDICT_fastCover_params_t parameters = {
+    .k = 200, .d = 6, .f = 20, .accel = 1,
+  };
+  size_t size = ZDICT_trainFromBuffer_fastCover (dictionary, capacity, samples,
+                                                 sizes, count, parameters);
+  return ZDICT_isError (size) ? 0 : size;
+}
+
+struct codec_encoder *
+codec_encoder_make (struct codec *codec, const void *dictionary, size_t size)
+{
+  if (codec->algorithm != CODEC_ZSTD) {
+    errno = EINVAL;
+    return NULL;
+  }
+  struct codec_encoder *encoder = malloc (sizeof *encoder);
+  if (!encoder)
+    return NULL;
+  /* By reference: the dictionary's bytes outlive the run. */
+  encoder->dictionary = ZSTD_createCDict_advanced
+    (dictionary, size, ZSTD_dlm_byRef, ZSTD_dct_fullDict,
+     ZSTD_getCParams (codec->level, 0, size), ZSTD_defaultCMem);
+  if (!encoder->dictionary) {
+    free (encoder);
+    errno = ENOMEM;
+    return NULL;
+  }
+  return encoder;
+}
+
+void
+codec_encoder_free (struct codec_encoder *encoder)
+{
+  if (encoder) {
+    ZSTD_freeCDict (encoder->dictionary);
+    free (encoder);
+  }
+}
+
+struct codec_decoder *
+codec_decoder_make (const void *dictionary, size_t size)
+{
+  struct codec_decoder *decoder = malloc (sizeof *decoder);
+  if (!decoder)
+    return NULL;
+  decoder->dictionary = ZSTD_createDDict_advanced
+    (dictionary, size, ZSTD_dlm_byRef, ZSTD_dct_fullDict, ZSTD_defaultCMem);
+  if (!decoder->dictionary) {
+    free (decoder);
+    errno = ENOMEM;
+    return NULL;
+  }
+  return decoder;
+}
+
+void
+codec_decoder_free (struct codec_decoder *decoder)
+{
+  if (decoder) {
+    ZSTD_freeDDict (decoder->dictionary);
+    free (decoder);
+  }
+}
+
+size_t
+codec_encoder_bytes (const struct codec_encoder *encoder)
+{
+  return sizeof *encoder + ZSTD_sizeof_CDict (encoder->dictionary);
+}
+
+size_t
+codec_decoder_bytes (const struct codec_decoder *decoder)
+{
+  return sizeof *decoder + ZSTD_sizeof_DDict (decoder->dictionary);
+}
+
+int
+codec_compress_frames (struct codec *codec, const struct codec_encoder *encoder,
+                       const void *src, size_t length, size_t frame,
+                       void *dst, size_t capacity, uint32_t *lengths)
+{
+  if (codec->algorithm != CODEC_ZSTD) {
+    errno = EINVAL;
+    return -1;
+  }
   struct codec_context *context = zstd_context_borrow (codec, true);
   if (!context)
     return -1;
   ZSTD_CCtx *cctx = context->zstd_compress;
   int result = 0;
+  size_t out = 0;
+  /* No content size, checksum or dictionary ID in the frames' headers:
+   * the unit knows them (6 bytes a frame).
+   */
   ZSTD_CCtx_reset (cctx, ZSTD_reset_session_and_parameters);
   if (ZSTD_isError (ZSTD_CCtx_setParameter (cctx, ZSTD_c_compressionLevel,
                                             codec->level))
-      || ZSTD_isError (ZSTD_CCtx_setPledgedSrcSize (cctx, length)))
+      || ZSTD_isError (ZSTD_CCtx_setParameter (cctx, ZSTD_c_contentSizeFlag, 0))
+      || ZSTD_isError (ZSTD_CCtx_setParameter (cctx, ZSTD_c_dictIDFlag, 0))
+      || (encoder && ZSTD_isError (ZSTD_CCtx_refCDict (cctx,
+                                                        encoder->dictionary))))
     result = -1;
-  ZSTD_outBuffer out = { dst, capacity, 0 };
-  for (size_t at = 0; at < length && result == 0; at += step) {
-    size_t n = length - at < step ? length - at : step;
-    ZSTD_inBuffer in = { (const unsigned char *) src + at, n, 0 };
-    ZSTD_EndDirective mode = at + n == length ? ZSTD_e_end : ZSTD_e_flush;
-    size_t left;
-    do {
-      left = ZSTD_compressStream2 (cctx, &out, &in, mode);
-      if (ZSTD_isError (left))
-        result = -1;
-      else if (left > 0 && out.pos == out.size)
-        result = 1;             /* does not fit in capacity */
-    } while (result == 0 && left > 0);
+  for (size_t at = 0, i = 0; at < length && result == 0; at += frame, i++) {
+    size_t n = length - at < frame ? length - at : frame;
+    size_t r = ZSTD_compress2 (cctx, (unsigned char *) dst + out,
+                               capacity - out,
+                               (const unsigned char *) src + at, n);
+    if (ZSTD_isError (r))
+      result = ZSTD_getErrorCode (r) == ZSTD_error_dstSize_tooSmall ? 1 : -1;
+    else {
+      lengths[i] = r;
+      out += r;
+    }
   }
+  /* The context goes back with no dictionary referenced. */
+  ZSTD_CCtx_reset (cctx, ZSTD_reset_session_and_parameters);
   context_account (context);
   context_return (context);
   if (result == 1)
@@ -352,11 +460,12 @@ codec_compress_steps (struct codec *codec, const void *src, size_t length,
     errno = EIO;
     return -1;
   }
-  return out.pos;
+  return out;
 }
 
 int
 codec_stream_begin (struct codec *codec, struct codec_stream *stream,
+                    const struct codec_decoder *decoder,
                     void *dst, size_t capacity)
 {
   stream->context = NULL;
@@ -374,9 +483,12 @@ codec_stream_begin (struct codec *codec, struct codec_stream *stream,
   /* Decoded straight into dst, which stays the same buffer to the end:
    * no window buffer, no copy.
    */
-  ZSTD_DCtx_reset (context->zstd_decompress, ZSTD_reset_session_only);
-  if (ZSTD_isError (ZSTD_DCtx_setParameter (context->zstd_decompress,
-                                            ZSTD_d_stableOutBuffer, 1))) {
+  ZSTD_DCtx *dctx = context->zstd_decompress;
+  ZSTD_DCtx_reset (dctx, ZSTD_reset_session_and_parameters);
+  if (ZSTD_isError (ZSTD_DCtx_setParameter (dctx, ZSTD_d_stableOutBuffer, 1))
+      || (decoder && ZSTD_isError (ZSTD_DCtx_refDDict (dctx,
+                                                        decoder->dictionary)))) {
+    ZSTD_DCtx_reset (dctx, ZSTD_reset_session_and_parameters);
     context_return (context);
     errno = EIO;
     return -1;
@@ -409,6 +521,9 @@ codec_stream_end (struct codec_stream *stream)
 {
   if (!stream->context)
     return;
+  /* The context goes back with no dictionary referenced. */
+  ZSTD_DCtx_reset (stream->context->zstd_decompress,
+                   ZSTD_reset_session_and_parameters);
   context_account (stream->context);
   context_return (stream->context);
   stream->context = NULL;

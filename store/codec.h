@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define CODEC_BLOCK_SIZE 4096
 
@@ -70,14 +71,46 @@ extern int codec_decompress_bytes (struct codec *codec, const void *src,
                                    size_t length, bool padded, void *dst,
                                    size_t expected);
 
-/* codec_compress_bytes for a zstd frame made of blocks of step bytes
- * (the last may be shorter): each ends where its input does, so a
- * stream can stop decoding at any step's end.  A bit bigger than one
- * block, cheaper to decode in part.  lz4: codec_compress_bytes.
+/* Dictionaries (cold packing's frames, block-store.h): zstd's, trained
+ * from samples of a store's blocks, so that a frame of a few blocks
+ * compresses about as well as a frame many times its size would alone.
+ * A dictionary's bytes are its owner's; these objects only refer to
+ * them and must go first.  An encoder is made for one packing run (it
+ * holds zstd's tables for the level: about a megabyte), a decoder for
+ * as long as units use the dictionary (about 30 KiB beside the bytes).
  */
-extern int codec_compress_steps (struct codec *codec, const void *src,
-                                 size_t length, size_t step, void *dst,
-                                 size_t capacity);
+struct codec_encoder;
+struct codec_decoder;
+/* Train a dictionary of at most capacity bytes from count samples laid
+ * end to end in samples (their sizes in sizes).  Returns its size, or 0
+ * (too few or too alike samples: pack without one).
+ */
+extern size_t codec_dictionary_train (void *dictionary, size_t capacity,
+                                      const void *samples,
+                                      const size_t *sizes, unsigned count);
+/* NULL with errno (ENOMEM; EINVAL: not zstd, or not a dictionary). */
+extern struct codec_encoder *codec_encoder_make (struct codec *codec,
+                                                 const void *dictionary,
+                                                 size_t size);
+extern void codec_encoder_free (struct codec_encoder *encoder);
+extern struct codec_decoder *codec_decoder_make (const void *dictionary,
+                                                 size_t size);
+extern void codec_decoder_free (struct codec_decoder *decoder);
+/* The memory each holds, beside the dictionary's bytes. */
+extern size_t codec_encoder_bytes (const struct codec_encoder *encoder);
+extern size_t codec_decoder_bytes (const struct codec_decoder *decoder);
+
+/* Compress src (length bytes) as frames of frame bytes each (the last
+ * may be shorter), each a zstd frame of its own that decodes alone (with
+ * the encoder's dictionary; NULL: none), one after the other into dst:
+ * frame i's compressed length in lengths[i].  Returns the total, 0 if it
+ * does not fit in capacity, -1 with errno.  zstd only.
+ */
+extern int codec_compress_frames (struct codec *codec,
+                                  const struct codec_encoder *encoder,
+                                  const void *src, size_t length, size_t frame,
+                                  void *dst, size_t capacity,
+                                  uint32_t *lengths);
 
 /* Decoding a zstd frame fed in pieces, straight into dst, stopping when
  * enough is out.  Holds a borrowed context from begin to end.
@@ -89,8 +122,11 @@ struct codec_stream {
   size_t produced;              /* bytes decoded into dst so far */
   bool finished;                /* the frame ended */
 };
-/* 0, or -1 with errno (EINVAL: not zstd). */
+/* 0, or -1 with errno (EINVAL: not zstd).  decoder: the frame's
+ * dictionary (NULL: none), kept by the caller to the end.
+ */
 extern int codec_stream_begin (struct codec *codec, struct codec_stream *stream,
+                               const struct codec_decoder *decoder,
                                void *dst, size_t capacity);
 /* Decodes what it can of src (length bytes), stopping once produced
  * reaches wanted (whole zstd blocks: it may pass it) or the frame ends;

@@ -47,7 +47,7 @@ size_t
 decode_cache_slot_free (struct block_store *store, struct unit_cache *slot)
 {
   atomic_store (&slot->id, 0);
-  slot->blocks = 0;
+  slot->frames = 0;
   if (!slot->data)
     return 0;
   int err = errno;
@@ -81,6 +81,7 @@ decode_cache_trim (struct block_store *store)
     freed += decode_cache_slot_free (store, slot);
     pthread_mutex_unlock (&slot->lock);
   }
+  dictionary_sweep (store);
   return freed;
 }
 
@@ -101,6 +102,7 @@ store_decode_cache_sweep (struct block_store *store)
       freed += decode_cache_slot_free (store, slot);
     pthread_mutex_unlock (&slot->lock);
   }
+  dictionary_sweep (store);
   return freed;
 }
 

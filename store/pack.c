@@ -98,6 +98,10 @@ struct pack_run {
   uint64_t max_blocks;
   uint32_t now, min_age;
   unsigned char *plain, *compressed;   /* pack_blocks blocks each */
+  bool encoder_asked;             /* dictionary_encoder_borrow ran */
+  struct codec_encoder *encoder;  /* borrowed at the first compression
+                                     (NULL: none) */
+  unsigned dictionary;            /* its dictionary's number (0: none) */
   struct store_pack_result *result;
   bool (*keep_going) (void *opaque);
   void *opaque;
@@ -130,12 +134,15 @@ members_unclaim (struct block_store *store, const struct pack_member *members,
     entry_unclaim (store, members[i].block);
 }
 
-/* A unit of count blocks, its parts holding compressed (length bytes),
- * charged to the pool; its own reference in live.  NULL with errno.
+/* A unit of count blocks, its parts holding compressed (length bytes:
+ * its frames, of frame_lengths, compressed with dictionary number),
+ * charged to the pool; its own reference in live, and one taken on the
+ * dictionary.  NULL with errno.
  */
 static struct pack_unit *
 unit_create (struct block_store *store, const struct pack_member *members,
-             unsigned count, const unsigned char *compressed, size_t length)
+             unsigned count, const unsigned char *compressed, size_t length,
+             const uint32_t *frame_lengths, unsigned dictionary)
 {
   unsigned parts = (length + STORE_PACK_PART - 1) / STORE_PACK_PART;
   size_t descriptor = unit_bytes (parts, count);
@@ -153,11 +160,12 @@ unit_create (struct block_store *store, const struct pack_member *members,
   unit->dissolve_retry = 0;
   unit->id = atomic_fetch_add (&store->unit_ids, 1) + 1;
   unit->parts = parts;
+  unit->dictionary = dictionary;
   atomic_init (&unit->live, 1);
   uint64_t blocks[STORE_PACK_MAX];
   for (unsigned i = 0; i < count; i++)
     blocks[i] = members[i].block;
-  unit_blocks_set (unit, blocks);
+  unit_layout_set (unit, blocks, frame_lengths);
   for (unsigned i = 0; i < parts; i++) {
     size_t at = (size_t) i * STORE_PACK_PART;
     size_t part = length - at < STORE_PACK_PART ? length - at : STORE_PACK_PART;
@@ -174,6 +182,7 @@ unit_create (struct block_store *store, const struct pack_member *members,
     zs_write (store->pool, handle, compressed + at, part);
     unit_parts (unit)[i] = handle;
   }
+  dictionary_get (store, dictionary);
   counter_add (&store->compr_bytes, length);
   counter_add (&store->pack_units, 1);
   return unit;
@@ -228,10 +237,17 @@ pack_group (struct pack_run *run, const uint64_t *blocks, unsigned n,
   /* A unit is worth it only if it takes less than its blocks did.  A
    * compression that fails skips this group: the run goes on.
    */
-  int length = codec_compress_steps (store->pack_codec, run->plain,
-                                     (size_t) count * STORE_BLOCK_SIZE,
-                                     (size_t) STORE_PACK_STEP * STORE_BLOCK_SIZE,
-                                     run->compressed, before);
+  if (!run->encoder_asked) {
+    /* Not before: a run with nothing to pack makes no encoder. */
+    run->encoder = dictionary_encoder_borrow (store, &run->dictionary);
+    run->encoder_asked = true;
+  }
+  uint32_t frame_lengths[STORE_PACK_MAX / STORE_PACK_FRAME];
+  int length = codec_compress_frames (store->pack_codec, run->encoder,
+                                      run->plain,
+                                      (size_t) count * STORE_BLOCK_SIZE,
+                                      (size_t) STORE_PACK_FRAME * STORE_BLOCK_SIZE,
+                                      run->compressed, before, frame_lengths);
   unsigned parts = length > 0 ? (length + STORE_PACK_PART - 1) / STORE_PACK_PART
     : 0;
   if (length <= 0 || (size_t) length + unit_bytes (parts, count) >= before) {
@@ -239,7 +255,7 @@ pack_group (struct pack_run *run, const uint64_t *blocks, unsigned n,
     return 0;
   }
   struct pack_unit *unit = unit_create (store, members, count, run->compressed,
-                                        length);
+                                        length, frame_lengths, run->dictionary);
   if (!unit) {
     int err = errno;
     members_unclaim (store, members, count);
@@ -308,6 +324,115 @@ pack_some (void *opaque, const uint64_t *blocks, unsigned n)
   return r;
 }
 
+/* ---- the dictionary ---------------------------------------------------- */
+
+/* Sampling the candidates for a dictionary: a uniform sample of up to
+ * STORE_DICTIONARY_SAMPLES of them in one walk (reservoir sampling; the
+ * random numbers are xorshift's, from a fixed seed: nothing here needs
+ * to be unpredictable).
+ */
+struct dictionary_sampling {
+  struct pack_run *run;
+  unsigned char *samples;         /* STORE_DICTIONARY_SAMPLES blocks */
+  uint64_t seen;                  /* candidates met */
+  unsigned taken;                 /* samples held */
+  uint64_t random;
+};
+
+static bool
+sampling_candidate (void *opaque, uint64_t block, uint64_t state)
+{
+  const struct dictionary_sampling *sampling = opaque;
+  return pack_candidate (sampling->run, block, state);
+}
+
+static bool
+sampling_more (void *opaque, unsigned *group)
+{
+  struct dictionary_sampling *sampling = opaque;
+  struct pack_run *run = sampling->run;
+  return !(run->keep_going && !run->keep_going (run->opaque));
+}
+
+static int
+sampling_work (void *opaque, const uint64_t *blocks, unsigned n)
+{
+  struct dictionary_sampling *sampling = opaque;
+  struct pack_run *run = sampling->run;
+  struct block_store *store = run->store;
+  for (unsigned i = 0; i < n; i++) {
+    uint64_t at = sampling->seen++;
+    if (at >= STORE_DICTIONARY_SAMPLES) {
+      sampling->random ^= sampling->random << 13;
+      sampling->random ^= sampling->random >> 7;
+      sampling->random ^= sampling->random << 17;
+      at = sampling->random % sampling->seen;
+      if (at >= STORE_DICTIONARY_SAMPLES)
+        continue;
+    }
+    /* Claimed to be read as packing reads it; nothing moves. */
+    struct block_content old;
+    if (!entry_claim (store, blocks[i], pack_candidate, run, &old)) {
+      sampling->seen--;
+      continue;
+    }
+    int r = block_decode (store, &old,
+                          sampling->samples + at * STORE_BLOCK_SIZE);
+    pthread_mutex_unlock (stripe_for (store, blocks[i]));
+    entry_unclaim (store, blocks[i]);
+    if (r == -1)
+      memset (sampling->samples + at * STORE_BLOCK_SIZE, 0, STORE_BLOCK_SIZE);
+    if (at == sampling->taken)
+      sampling->taken++;
+  }
+  return 0;
+}
+
+/* Train a dictionary from the run's candidates and make it the store's
+ * current one, if one is wanted (dictionary_wanted).  Packing goes on
+ * without it if it cannot be made: -1 only if the walk failed.
+ */
+static int
+dictionary_train (struct pack_run *run)
+{
+  struct block_store *store = run->store;
+  /* Training takes some 8 MiB for a moment (the samples, zstd's
+   * tables): not in a store kept resident (swap mode), whose memory is
+   * made ready before it is needed.
+   */
+  if (atomic_load (&store->keep_resident) || !dictionary_wanted (store))
+    return 0;
+  struct dictionary_sampling sampling = {
+    .run = run, .random = 0x9e3779b97f4a7c15ull,
+    .samples = malloc ((size_t) STORE_DICTIONARY_SAMPLES * STORE_BLOCK_SIZE),
+  };
+  unsigned char *dictionary = malloc (STORE_DICTIONARY_BYTES);
+  size_t *sizes = malloc (STORE_DICTIONARY_SAMPLES * sizeof *sizes);
+  int r = 0;
+  if (sampling.samples && dictionary && sizes) {
+    struct candidates walk = {
+      .first = 0, .last = UINT64_MAX, .group = store->pack_blocks,
+      .wanted = sampling_candidate, .more = sampling_more,
+      .work = sampling_work,
+      .opaque = &sampling,
+    };
+    r = candidates_walk (store, &walk);
+    size_t size = 0;
+    if (r == 0 && sampling.taken >= STORE_DICTIONARY_SAMPLES_MIN) {
+      for (unsigned i = 0; i < sampling.taken; i++)
+        sizes[i] = STORE_BLOCK_SIZE;
+      size = codec_dictionary_train (dictionary, STORE_DICTIONARY_BYTES,
+                                     sampling.samples, sizes, sampling.taken);
+    }
+    if (size == 0 || dictionary_install (store, dictionary, size) == -1)
+      dictionary_tried (store);
+  }
+  free (sampling.samples);
+  free (dictionary);
+  free (sizes);
+  return r;
+}
+
 int
 store_pack (struct block_store *store, uint64_t max_blocks, uint32_t min_age,
             bool (*keep_going) (void *opaque), void *opaque,
@@ -326,7 +451,13 @@ store_pack (struct block_store *store, uint64_t max_blocks, uint32_t min_age,
     .wanted = pack_candidate, .more = pack_more, .work = pack_some,
     .opaque = &run, .progress = &result->progress,
   };
-  int r = run.plain && run.compressed ? candidates_walk (store, &walk) : -1;
+  /* Training walks first: its progress (keep_going) says none walked. */
+  result->progress.to_walk = store->blocks;
+  int r = run.plain && run.compressed ? dictionary_train (&run) : -1;
+  if (r == 0)
+    r = candidates_walk (store, &walk);
+  if (run.encoder)
+    dictionary_encoder_return (store, result->units > 0);
   free (run.plain);
   free (run.compressed);
   return r;

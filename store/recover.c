@@ -15,6 +15,8 @@
  *   3. each unit that entries still name is claimed with its parts, its
  *      live count set to those entries, the list of units made anew;
  *      units no entry names are free (a pack or dissolve cut short);
+ *      then each dictionary units name (or the current one) is checked
+ *      (its CRC) and claimed, its count set to those units;
  *   4. the pool rebuilt around the handles (zs_recover_end), the
  *      region's heap closed (region_recover_end: what nothing reached is
  *      given back), the counters recomputed from the walk;
@@ -184,6 +186,7 @@ units_recover (struct recovery_walk *walk)
 {
   struct block_store *store = walk->store;
   uint64_t charged = 0, units = 0;
+  uint32_t dictionary_units[STORE_DICTIONARIES] = { 0 };
   store->units = NULL;
   for (size_t i = 0; i < walk->unit_capacity; i++) {
     struct pack_unit *unit = walk->units[i].unit;
@@ -197,8 +200,12 @@ units_recover (struct recovery_walk *walk)
     bool whole = true;
     for (unsigned p = 0; p < unit->parts; p++)
       whole &= zs_recover_handle (walk->pool, unit_parts (unit)[p]);
-    if (!whole)
+    if (unit->dictionary > STORE_DICTIONARIES)
+      unit->dictionary = 0;     /* damaged: its reads fail (EIO) */
+    if (!whole || !dictionary_recover_check (store, unit->dictionary))
       walk->result->lost_units++;
+    if (unit->dictionary)
+      dictionary_units[unit->dictionary - 1]++;
     atomic_store (&unit->live, walk->units[i].entries);
     unit->dissolve_retry = 0;
     unit->prev = NULL;
@@ -211,7 +218,7 @@ units_recover (struct recovery_walk *walk)
     units++;
   }
   atomic_store (&store->pack_units, units);
-  return charged;
+  return charged + dictionaries_recover (store, dictionary_units);
 }
 
 struct block_store *

@@ -1,4 +1,4 @@
-/* Packed units read back: a unit's blocks decoded from its parts,
+/* Packed units read back: a unit's frames decoded from its parts,
  * through the decode cache (block-store-internal.h, struct unit_cache).
  * The encoding layer: above the entries (it reads what an entry names,
  * under the block's stripe lock, which keeps the unit alive), below the
@@ -12,72 +12,77 @@
 
 #include "block-store-internal.h"
 
-/* Decode a unit's blocks, from its first, into data (room for count
- * blocks) until at least through of them are out, or more if *more (the
- * blocks other readers of its cache slot wait for; NULL: none) grows
- * meanwhile, streamed straight from its parts: units are compressed in
- * steps of STORE_PACK_STEP blocks (pack_group), so decoding stops at the
- * end of the step that holds the last block wanted.  Returns the blocks
- * decoded, or -1 with errno.
+/* The blocks frame number of a unit holds. */
+static unsigned
+frame_blocks (const struct pack_unit *unit, unsigned number)
+{
+  unsigned first = number * STORE_PACK_FRAME;
+  return unit->count - first < STORE_PACK_FRAME ? unit->count - first
+    : STORE_PACK_FRAME;
+}
+
+/* Decode frame number of a unit alone (with the unit's dictionary) into
+ * data (room for its blocks), streamed straight from the parts that hold
+ * it.  0, or -1 with errno.
  */
 static int
-unit_decode_prefix (struct block_store *store, const struct pack_unit *unit,
-                    unsigned through, _Atomic unsigned *more,
-                    unsigned char *data)
+unit_decode_frame (struct block_store *store, const struct pack_unit *unit,
+                   unsigned number, unsigned char *data)
 {
+  const struct codec_decoder *decoder = NULL;
+  if (unit->dictionary
+      && !(decoder = dictionary_decoder (store, unit->dictionary)))
+    return -1;
+  size_t plain = (size_t) frame_blocks (unit, number) * STORE_BLOCK_SIZE;
+  size_t at, length;
+  unit_frame_at (unit, number, &at, &length);
+  if (at + length > unit->length) {
+    errno = EIO;                /* damaged: the frames outrun the unit */
+    return -1;
+  }
   struct codec_stream stream;
-  if (codec_stream_begin (store->pack_codec, &stream, data,
-                          (size_t) unit->count * STORE_BLOCK_SIZE) == -1)
+  if (codec_stream_begin (store->pack_codec, &stream, decoder, data,
+                          plain) == -1)
     return -1;
   const zs_handle_t *part = unit_parts_const (unit);
+  size_t end = at + length;
   int r = 0;
-  for (unsigned i = 0; i < unit->parts && r == 0; i++) {
-    unsigned waited = more ? atomic_load (more) : 0;
-    size_t wanted = (size_t) (waited > through ? waited : through)
-      * STORE_BLOCK_SIZE;
-    if (stream.produced >= wanted)
-      break;
-    size_t at = (size_t) i * STORE_PACK_PART;
-    size_t length = unit->length - at < STORE_PACK_PART
-      ? unit->length - at : STORE_PACK_PART;
-    const void *bytes = zs_read_begin (store->pool, part[i], NULL);
-    r = codec_stream_feed (&stream, bytes, length, wanted);
+  while (r == 0 && at < end && stream.produced < plain) {
+    unsigned i = at / STORE_PACK_PART;
+    size_t offset = at % STORE_PACK_PART;
+    size_t part_length = unit->length - (size_t) i * STORE_PACK_PART
+      < STORE_PACK_PART ? unit->length - (size_t) i * STORE_PACK_PART
+      : STORE_PACK_PART;
+    size_t n = part_length - offset < end - at ? part_length - offset
+      : end - at;
+    const unsigned char *bytes = zs_read_begin (store->pool, part[i], NULL);
+    r = codec_stream_feed (&stream, bytes + offset, n, plain);
     zs_read_end (store->pool, part[i], bytes);
+    at += n;
   }
   size_t produced = stream.produced;
   codec_stream_end (&stream);
-  if (r == 0 && produced < (size_t) through * STORE_BLOCK_SIZE) {
-    errno = EIO;                /* the unit ended early */
+  if (r == 0 && produced != plain) {
+    errno = EIO;                /* the frame ended early */
     r = -1;
   }
-  return r == -1 ? -1 : (int) (produced / STORE_BLOCK_SIZE);
-}
-
-static void
-atomic_raise (_Atomic unsigned *value, unsigned to)
-{
-  unsigned now = atomic_load (value);
-  while (now < to && !atomic_compare_exchange_weak (value, &now, to))
-    ;
+  return r;
 }
 
 /* The cache slot for unit id, locked: the one of its two places that
- * holds the unit or is decoding it (waiting for that decode, after
- * asking it to go on through block through), else the least recently
- * used of them that is free (made to hold nothing of the unit yet: the
- * caller decodes into it); with make false, only one whose data is made
- * already (no memory is taken).  NULL if there is none: a reader never
- * waits for another unit's decode.
+ * holds the unit or is decoding some of it (waiting for that decode),
+ * else the least recently used of them that is free (made to hold
+ * nothing of the unit yet: the caller decodes into it); with make false,
+ * only one whose data is made already (no memory is taken).  NULL if
+ * there is none: a reader never waits for another unit's decode.
  */
 static struct unit_cache *
-cache_slot_lock (struct block_store *store, uint64_t id, unsigned through,
-                 bool make)
+cache_slot_lock (struct block_store *store, uint64_t id, bool make)
 {
   struct unit_cache *place[2];
   decode_cache_places (store, id, place);
   for (unsigned i = 0; i < 2; i++)
     if (atomic_load (&place[i]->id) == id) {
-      atomic_raise (&place[i]->wanted, through);
       pthread_mutex_lock (&place[i]->lock);
       if (atomic_load (&place[i]->id) == id)
         return place[i];
@@ -95,8 +100,7 @@ cache_slot_lock (struct block_store *store, uint64_t id, unsigned through,
           pthread_mutex_unlock (&place[i]->lock);
           continue;
         }
-        place[i]->blocks = 0;
-        atomic_store (&place[i]->wanted, through);
+        place[i]->frames = 0;
         atomic_store (&place[i]->id, id);
       }
       return place[i];
@@ -105,34 +109,32 @@ cache_slot_lock (struct block_store *store, uint64_t id, unsigned through,
 }
 
 /* Block index of unit out of a slot locked for it (cache_slot_lock,
- * its data made), decoding the unit through block through first if the
- * slot does not hold the block yet; the slot unlocked on return.  A
- * decode that fails empties the slot.  counted: a read (the hit and
- * miss counters count reads).
+ * its data made), decoding first the frames from the block's through
+ * frame last that the slot does not hold yet; the slot unlocked on
+ * return.  A decode that fails empties the slot.  counted: a read (the
+ * hit and miss counters count reads).
  */
 static int
 cache_slot_read (struct block_store *store, struct unit_cache *slot,
                  const struct pack_unit *unit, unsigned index,
-                 unsigned through, unsigned char *block, bool counted)
+                 unsigned last, unsigned char *block, bool counted)
 {
   int r = 0;
-  if (index < slot->blocks) {
+  unsigned first = index / STORE_PACK_FRAME;
+  if (slot->frames & (UINT32_C (1) << first)) {
     if (counted)
       counter_add (&store->decode_cache_hits, 1);
   }
   else {
     if (counted)
       counter_add (&store->decode_cache_misses, 1);
-    /* Past a prefix decoded already: reads go through the unit. */
-    if (slot->blocks > 0)
-      through = unit->count;
-    slot->blocks = 0;
-    if ((r = unit_decode_prefix (store, unit, through, &slot->wanted,
-                                 slot->data)) >= 0) {
-      slot->blocks = r;
-      r = 0;
-    }
-    else
+    for (unsigned f = first; f <= last && r == 0; f++)
+      if (!(slot->frames & (UINT32_C (1) << f))
+          && (r = unit_decode_frame (store, unit, f, slot->data
+                                     + (size_t) f * STORE_PACK_FRAME
+                                     * STORE_BLOCK_SIZE)) == 0)
+        slot->frames |= UINT32_C (1) << f;
+    if (r == -1)
       decode_cache_slot_free (store, slot);
   }
   if (r == 0)
@@ -148,26 +150,25 @@ static int
 unit_decode_alone (struct block_store *store, const struct pack_unit *unit,
                    unsigned index, unsigned char *block)
 {
-  unsigned char *data = malloc ((size_t) unit->count * STORE_BLOCK_SIZE);
+  unsigned number = index / STORE_PACK_FRAME;
+  unsigned char *data = malloc ((size_t) frame_blocks (unit, number)
+                                * STORE_BLOCK_SIZE);
   if (!data)
     return -1;
-  int r = unit_decode_prefix (store, unit, index + 1, NULL, data);
-  if (r >= 0) {
-    memcpy (block, data + (size_t) index * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
-    r = 0;
-  }
+  int r = unit_decode_frame (store, unit, number, data);
+  if (r == 0)
+    memcpy (block, data + (size_t) (index % STORE_PACK_FRAME)
+            * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
   free (data);
   return r;
 }
 
 /* One block of a unit (and, ahead, how many of the blocks after it the
  * same request reads), through the decode cache.  A miss decodes the
- * unit up to the step holding the last block wanted, by this read and by
- * the readers that came for the same unit meanwhile and wait for the
- * decode (a sequential reader's requests in flight, a run of neighbours:
- * one decode serves them all); a read past a cached prefix decodes the
- * rest.  Under the block's stripe lock, which keeps the unit alive (the
- * entry points to it).
+ * frames that hold the block and the ones after it that the request
+ * reads; readers of the same unit meanwhile wait for that decode, then
+ * decode what they want of the rest.  Under the block's stripe lock,
+ * which keeps the unit alive (the entry points to it).
  */
 int
 unit_decode (struct block_store *store, const struct block_content *content,
@@ -175,17 +176,18 @@ unit_decode (struct block_store *store, const struct block_content *content,
 {
   const struct pack_unit *unit = content_unit (content);
   unsigned index = content->value & UNIT_INDEX_MASK;
-  unsigned through = ahead < unit->count - index ? index + 1 + ahead
-    : unit->count;
+  unsigned through = ahead < unit->count - index ? index + ahead
+    : unit->count - 1u;
 
-  struct unit_cache *slot = cache_slot_lock (store, unit->id, through, true);
+  struct unit_cache *slot = cache_slot_lock (store, unit->id, true);
   if (slot && !decode_cache_slot_make (store, slot)) {
     atomic_store (&slot->id, 0);
     pthread_mutex_unlock (&slot->lock);
     slot = NULL;
   }
   if (slot)
-    return cache_slot_read (store, slot, unit, index, through, block, true);
+    return cache_slot_read (store, slot, unit, index,
+                            through / STORE_PACK_FRAME, block, true);
   /* Both places busy with other units, or no memory for a slot: decode
    * for this read alone.
    */
@@ -195,7 +197,7 @@ unit_decode (struct block_store *store, const struct block_content *content,
 
 /* Writeback's decode: see block-store-internal.h.  Through a slot that
  * holds the unit, or one of its places whose memory is made and free
- * (writeback goes through a unit's blocks in order: the whole unit is
+ * (writeback goes through a unit's blocks in order: each frame is
  * decoded there once), else alone.
  */
 int
@@ -205,16 +207,15 @@ unit_decode_uncached (struct block_store *store,
 {
   const struct pack_unit *unit = content_unit (content);
   unsigned index = content->value & UNIT_INDEX_MASK;
-  struct unit_cache *slot = cache_slot_lock (store, unit->id, unit->count,
-                                             false);
+  struct unit_cache *slot = cache_slot_lock (store, unit->id, false);
   if (slot && !slot->data) {    /* held the unit with no data: not kept */
     atomic_store (&slot->id, 0);
     pthread_mutex_unlock (&slot->lock);
     slot = NULL;
   }
   if (slot)
-    return cache_slot_read (store, slot, unit, index, unit->count, block,
-                            false);
+    return cache_slot_read (store, slot, unit, index,
+                            index / STORE_PACK_FRAME, block, false);
   return unit_decode_alone (store, unit, index, block);
 }
 

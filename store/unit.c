@@ -1,8 +1,9 @@
 /* A packed unit's life: made by pack.c (unit_create), freed with its
  * parts and its decode cache slots when the last entry naming it lets
  * go (the entry layer's content_release, pack.c's unit_put), and all of
- * them at store_destroy.  Below the entries: it calls only the allocator
- * and the decode cache's slots (decode-cache.c).
+ * them at store_destroy.  Below the entries: it calls only the allocator,
+ * the decode cache's slots (decode-cache.c) and the dictionaries
+ * (pack-dictionary.c).
  */
 
 #include <stdlib.h>
@@ -27,6 +28,7 @@ unit_destroy (struct block_store *store, struct pack_unit *unit)
   counter_add (&store->pack_units, -1);
   zs_pool_discharge (store->pool, unit_bytes (unit->parts, unit->count));
   decode_cache_forget (store, unit->id);
+  dictionary_put (store, unit->dictionary);
   region_memory_free (store->region, unit);
 }
 

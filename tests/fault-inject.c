@@ -30,7 +30,7 @@ static const char *const names[FAULT_POINTS] = {
   [FAULT_LZ4_DECOMPRESS] = "LZ4_decompress_safe",
   [FAULT_LZ4_DECOMPRESS_PARTIAL] = "LZ4_decompress_safe_partial",
   [FAULT_ZSTD_DECOMPRESS] = "ZSTD_decompressDCtx",
-  [FAULT_ZSTD_COMPRESS_STREAM] = "ZSTD_compressStream2",
+  [FAULT_ZSTD_COMPRESS_FRAME] = "ZSTD_compress2",
   [FAULT_ZSTD_DECOMPRESS_STREAM] = "ZSTD_decompressStream",
   [FAULT_PTHREAD_CREATE] = "pthread_create",
   [FAULT_FOPEN] = "fopen", [FAULT_MKOSTEMP] = "mkostemp",
@@ -362,24 +362,22 @@ __wrap_ZSTD_decompressDCtx (ZSTD_DCtx *context, void *dst, size_t capacity,
   return __real_ZSTD_decompressDCtx (context, dst, capacity, src, length);
 }
 
-/* Packed units: compressed in steps, decoded from their parts.  A
- * stream is damaged only where a frame starts (its magic number), so the
- * nth damaged decoding is the nth unit decoded, whichever part a read
- * of it stops at.
+/* Packed units: compressed a frame at a time, each frame decoded from
+ * the parts that hold it.  A stream is damaged only where a frame starts
+ * (its magic number), so the nth damaged decoding is the nth frame
+ * decoded.
  */
-size_t __real_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
-                                    ZSTD_inBuffer *input,
-                                    ZSTD_EndDirective end);
-size_t __wrap_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
-                                    ZSTD_inBuffer *input,
-                                    ZSTD_EndDirective end);
+size_t __real_ZSTD_compress2 (ZSTD_CCtx *context, void *dst, size_t capacity,
+                              const void *src, size_t length);
+size_t __wrap_ZSTD_compress2 (ZSTD_CCtx *context, void *dst, size_t capacity,
+                              const void *src, size_t length);
 size_t
-__wrap_ZSTD_compressStream2 (ZSTD_CCtx *context, ZSTD_outBuffer *output,
-                             ZSTD_inBuffer *input, ZSTD_EndDirective end)
+__wrap_ZSTD_compress2 (ZSTD_CCtx *context, void *dst, size_t capacity,
+                       const void *src, size_t length)
 {
-  FAIL_WITH (FAULT_ZSTD_COMPRESS_STREAM, 0,
+  FAIL_WITH (FAULT_ZSTD_COMPRESS_FRAME, 0,
              (size_t) -ZSTD_error_memory_allocation);
-  return __real_ZSTD_compressStream2 (context, output, input, end);
+  return __real_ZSTD_compress2 (context, dst, capacity, src, length);
 }
 
 size_t __real_ZSTD_decompressStream (ZSTD_DCtx *context, ZSTD_outBuffer *output,

@@ -243,23 +243,21 @@ __wrap_ZSTD_compressCCtx (ZSTD_CCtx *cctx, void *dst, size_t capacity,
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
-/* Packing compresses a unit in steps (codec_compress_steps). */
-size_t __real_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
-                                    ZSTD_inBuffer *input,
-                                    ZSTD_EndDirective end);
-size_t __wrap_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
-                                    ZSTD_inBuffer *input,
-                                    ZSTD_EndDirective end);
+/* Packing compresses a unit a frame at a time (codec_compress_frames):
+ * the window opens at a unit's first frame (it is armed once).
+ */
+size_t __real_ZSTD_compress2 (ZSTD_CCtx *cctx, void *dst, size_t capacity,
+                              const void *src, size_t size);
+size_t __wrap_ZSTD_compress2 (ZSTD_CCtx *cctx, void *dst, size_t capacity,
+                              const void *src, size_t size);
 size_t
-__wrap_ZSTD_compressStream2 (ZSTD_CCtx *cctx, ZSTD_outBuffer *output,
-                             ZSTD_inBuffer *input, ZSTD_EndDirective end)
+__wrap_ZSTD_compress2 (ZSTD_CCtx *cctx, void *dst, size_t capacity,
+                       const void *src, size_t size)
 {
-  if (input->pos == 0) {
-    /* A unit's input, a step at a time: more than a block (2 at least). */
-    window_open (WINDOW_PACK, input->src, input->size + BS);
-    window_sleep ();
-  }
-  return __real_ZSTD_compressStream2 (cctx, output, input, end);
+  /* Frames of a unit of 2 blocks or more: more than a block. */
+  window_open (WINDOW_PACK, src, size + BS);
+  window_sleep ();
+  return __real_ZSTD_compress2 (cctx, dst, capacity, src, size);
 }
 
 ssize_t __real_pwrite (int fd, const void *buf, size_t count, off_t offset);

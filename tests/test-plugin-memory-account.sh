@@ -62,7 +62,8 @@ for line in Ctl(ctl_path).ok("stats"):
         stats[key] = value
 files, beyond = int(stats["process_rss_files"]), int(stats["process_rss_beyond_store"])
 store = sum(int(stats[k]) for k in ("mem_used_total", "reserve_bytes", "table_bytes",
-                                     "metadata_bytes", "codec_bytes", "decode_cache_bytes"))
+                                     "metadata_bytes", "codec_bytes", "decode_cache_bytes",
+                                     "pack_dictionary_bytes"))
 print(where, "stats: files %d, beyond the store %d, store %d, RSS %s"
       % (files, beyond, store, stats["process_rss"]))
 assert files + beyond + store == int(stats["process_rss"]), stats

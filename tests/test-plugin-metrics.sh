@@ -122,6 +122,8 @@ STATS_TO_METRIC = {
     "recomp_bytes_saved": ("nbdkit_zram_recompress_saved_bytes", 1),
     "packed_blocks": ("nbdkit_zram_packed_blocks", 1),
     "pack_units": ("nbdkit_zram_pack_units", 1),
+    "pack_dictionaries": ("nbdkit_zram_pack_dictionaries", 1),
+    "pack_dictionary_bytes": ("nbdkit_zram_pack_dictionary_bytes", 1),
     "decode_cache_bytes": ("nbdkit_zram_decode_cache_bytes", 1),
     "decode_cache_hits": ("nbdkit_zram_decode_cache_hits", 1),
     "decode_cache_misses": ("nbdkit_zram_decode_cache_misses", 1),

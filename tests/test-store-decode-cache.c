@@ -12,10 +12,10 @@
  * content or its new one, never a mix, the counters match the blocks,
  * and nothing the batch allocated is left behind.
  */
-/* The decode cache: a packed read decodes its unit only up to the step
- * holding the blocks its request reads, a read past a cached prefix
- * decodes the rest, the slots are charged to mem_limit and given back,
- * and every read returns its block.
+/* The decode cache: a packed read decodes only the frames holding the
+ * blocks its request reads, a read of another frame decodes that one,
+ * the slots are charged to mem_limit and given back, and every read
+ * returns its block.
  */
 static void
 check_cache (struct block_store *store, uint64_t first, unsigned count,
@@ -85,19 +85,21 @@ test_decode_cache (void **state)
   struct store_stats before, after;
   store_stats (store, &before);
   assert_int_equal (before.decode_cache_bytes, 0);
-  /* One block: its step (blocks 0-3) decoded into a slot, charged. */
+  /* One block: its frame (blocks 0-3) decoded into a slot, charged. */
   check_cache (store, 0, 1, 0, 1, "block 0");
   store_stats (store, &after);
   assert_int_equal (after.decode_cache_bytes, unit_bytes);
   assert_int_equal (after.limit_used - before.limit_used, unit_bytes);
-  check_cache (store, 1, 3, 3, 0, "blocks 1-3 (the step decoded)");
-  /* Past the prefix: the rest of the unit, then all hits. */
-  check_cache (store, 4, 1, 0, 1, "block 4 (past the prefix)");
-  check_cache (store, 5, 11, 11, 0, "blocks 5-15 (the rest decoded)");
-  /* A request of 8 blocks decodes through its last (two steps) once. */
+  check_cache (store, 1, 3, 3, 0, "blocks 1-3 (the frame decoded)");
+  /* Another frame: decoded alone, then hits. */
+  check_cache (store, 4, 1, 0, 1, "block 4 (the next frame)");
+  check_cache (store, 5, 3, 3, 0, "blocks 5-7 (its frame decoded)");
+  /* A request of 8 blocks decodes its two frames at its first block. */
+  check_cache (store, 8, 8, 7, 1, "blocks 8-15 in one request");
   check_cache (store, 16, 8, 7, 1, "blocks 16-23 in one request");
-  check_cache (store, 24, 1, 0, 1, "block 24 (past the request's steps)");
-  check_cache (store, 25, 7, 7, 0, "blocks 25-31");
+  check_cache (store, 24, 1, 0, 1, "block 24 (past the request's frames)");
+  check_cache (store, 25, 3, 3, 0, "blocks 25-27");
+  check_cache (store, 28, 4, 3, 1, "blocks 28-31 (the last frame)");
   /* A request across two units; the cache holds two units at most. */
   check_cache (store, 44, 8, 6, 2, "blocks 44-51 (two units)");
   store_stats (store, &after);
@@ -273,8 +275,11 @@ test_decode_cache_freed_with_units (void **state)
   store_stats (store, &stats);
   assert_int_equal (stats.pack_units, 0);
   assert_int_equal (stats.decode_cache_bytes, 0);
-  /* A housekeeping round's sweep finds nothing left to free. */
-  assert_int_equal (store_decode_cache_sweep (store), 0);
+  /* A housekeeping round's sweep finds no slot left to free; three
+   * rounds free packing's encoder and its dictionary (dictionary_sweep).
+   */
+  for (int round = 0; round < 3; round++)
+    assert_int_equal (store_decode_cache_sweep (store), 0);
   store_flush (store);
   store_stats (store, &stats);
   /* What is left: the table, the space map, the reserve, and the

@@ -362,6 +362,9 @@ test_take_over_refused (void **state)
 
 /* ---- kill points: recovered after SIGKILL -------------------------------- */
 
+/* Recoveries that found packed units and their dictionaries. */
+static uint64_t recovered_with_dictionaries;
+
 #define KILL_BLOCKS 2048
 #define KILL_WRITERS 2
 
@@ -581,6 +584,9 @@ kill_recover_and_check (const char *path, const char *cold_path,
   assert_true (walk.stored >= stored);
   assert_int_equal (walk.written_back, stats.bd_count);
   *backed += stats.bd_count;
+  /* Units recovered with their dictionaries (packing trains one). */
+  if (stats.pack_units > 0 && stats.pack_dictionaries > 0)
+    recovered_with_dictionaries++;
 
   /* Serves on: every block written again, packed, read back. */
   unsigned char buf[BS];
@@ -621,8 +627,12 @@ test_kill_points (void **state)
   uint64_t seed = 42, checked = 0, writes = 0, movers = 0, torn = 0;
   uint64_t backed = 0;
   for (unsigned point = 0; point < points; point++) {
-    kill_child_at (path, cold_path, shadow, seed + point,
-                   5000 + xorshift64 (&seed) % 60000);
+    /* Every tenth child lives long enough to train a dictionary for its
+     * packing (0.1 s or so) and pack with it.
+     */
+    uint64_t delay_us = point % 10 == 9 ? 200000 + xorshift64 (&seed) % 400000
+      : 5000 + xorshift64 (&seed) % 60000;
+    kill_child_at (path, cold_path, shadow, seed + point, delay_us);
     writes += shadow->writes;
     movers += shadow->movers;
     checked += kill_recover_and_check (path, cold_path, shadow, &torn,
@@ -631,9 +641,12 @@ test_kill_points (void **state)
   print_message ("%u kill points: %" PRIu64 " acknowledged writes, %" PRIu64
                  " mover rounds; %" PRIu64 " acknowledged blocks checked, 0 "
                  "mismatches, %" PRIu64 " torn entries put back, %" PRIu64
-                 " blocks found in the cold tier\n", points,
-                 writes, movers, checked, torn, backed);
+                 " blocks found in the cold tier; %" PRIu64 " recoveries "
+                 "found units and their dictionaries\n", points,
+                 writes, movers, checked, torn, backed,
+                 recovered_with_dictionaries);
   assert_true (backed > 0);
+  assert_true (recovered_with_dictionaries > 0);
   unlink (cold_path);
   munmap (shadow, sizeof *shadow);
 }

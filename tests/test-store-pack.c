@@ -285,6 +285,125 @@ test_pack_beside_io (void **state)
   assert_true (run_beside_io (pack_round, "pack") > 0);
 }
 
+/* Packing's dictionaries beside I/O.  The first half of the store is
+ * packed once (its units use the first dictionary) and then only read,
+ * by two threads checking every block; a writer turns the second half
+ * over and reads its own blocks back, so that packing rounds train new
+ * dictionaries while the readers decode units of the old one, and every
+ * third round sweeps three times (the encoder goes, then a current
+ * dictionary no unit uses).  Two dictionaries must be seen live at once;
+ * at the end the first half is trimmed (its dictionary goes with its
+ * last unit) and the rest reads back.
+ */
+enum { DICT_BLOCKS = 1024, DICT_HALF = DICT_BLOCKS / 2 };
+
+struct dictionary_io {
+  struct block_store *store;
+  atomic_bool stop;
+  _Atomic uint64_t reads;
+  unsigned versions[DICT_HALF];   /* the writer's: the second half's */
+};
+
+static void *
+dictionary_reader_main (void *opaque)
+{
+  struct dictionary_io *io = opaque;
+  uint64_t seed = (uintptr_t) &seed;
+  unsigned char want[BS], got[BS];
+  while (!atomic_load (&io->stop)) {
+    uint64_t b = xorshift64 (&seed) % DICT_HALF;
+    text_fill (want, b, 1);
+    if (store_read (io->store, got, BS, b * BS) != 0
+        || memcmp (got, want, BS) != 0)
+      return (void *) "a block of the first half reads back wrong";
+    atomic_fetch_add (&io->reads, 1);
+  }
+  return NULL;
+}
+
+static void *
+dictionary_writer_main (void *opaque)
+{
+  struct dictionary_io *io = opaque;
+  uint64_t seed = 99;
+  unsigned char buf[BS], got[BS];
+  while (!atomic_load (&io->stop)) {
+    unsigned i = xorshift64 (&seed) % DICT_HALF;
+    uint64_t b = DICT_HALF + i;
+    text_fill (buf, b, ++io->versions[i] + 1);
+    if (store_write (io->store, buf, BS, b * BS) != 0)
+      return (void *) "a write failed";
+    unsigned j = xorshift64 (&seed) % DICT_HALF;
+    text_fill (buf, DICT_HALF + j, io->versions[j] + 1);
+    if (store_read (io->store, got, BS, (DICT_HALF + j) * BS) != 0
+        || memcmp (got, buf, BS) != 0)
+      return (void *) "a block of the second half reads back wrong";
+    if (i % 64 == 0) {
+      struct timespec pause = { 0, 100000 };
+      nanosleep (&pause, NULL);         /* let some go idle */
+    }
+  }
+  return NULL;
+}
+
+static void
+test_pack_dictionaries_beside_io (void **state)
+{
+  (void) state;
+  struct dictionary_io io = {
+    .store = make_packing_store (DICT_BLOCKS, 16),
+  };
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < DICT_BLOCKS; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_write (io.store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (io.store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (io.store, DICT_HALF, 0, NULL, NULL, &result),
+                    0);
+  pthread_t threads[3];
+  assert_int_equal (pthread_create (&threads[0], NULL, dictionary_writer_main,
+                                    &io), 0);
+  for (int t = 1; t < 3; t++)
+    assert_int_equal (pthread_create (&threads[t], NULL,
+                                      dictionary_reader_main, &io), 0);
+  unsigned most = 0;
+  uint64_t packed = 0;
+  for (int round = 0; round < 60 || (most < 2 && round < 600); round++) {
+    store_mark_idle (io.store, 0, NULL, NULL);
+    assert_int_equal (store_pack (io.store, 0, 0, NULL, NULL, &result), 0);
+    packed += result.blocks;
+    store_pack_dissolve (io.store, 50, NULL, NULL);
+    struct store_stats stats;
+    store_stats (io.store, &stats);
+    if (stats.pack_dictionaries > most)
+      most = stats.pack_dictionaries;
+    if (round % 3 == 2)
+      for (int sweep = 0; sweep < 3; sweep++)
+        store_decode_cache_sweep (io.store);
+  }
+  atomic_store (&io.stop, true);
+  for (int t = 0; t < 3; t++) {
+    void *failure;
+    pthread_join (threads[t], &failure);
+    if (failure)
+      fail_msg ("%s", (const char *) failure);
+  }
+  print_message ("dictionaries beside I/O: %" PRIu64 " blocks packed, %" PRIu64
+                 " reads of the first half, at most %u dictionaries live\n",
+                 packed, atomic_load (&io.reads), most);
+  assert_true (most >= 2);
+  assert_int_equal (store_trim (io.store, (uint64_t) DICT_HALF * BS, 0), 0);
+  unsigned char got[BS];
+  for (unsigned i = 0; i < DICT_HALF; i++) {
+    text_fill (buf, DICT_HALF + i, io.versions[i] + 1);
+    assert_int_equal (store_read (io.store, got, BS, (DICT_HALF + i) * BS), 0);
+    assert_memory_equal (got, buf, BS);
+  }
+  store_destroy (io.store);
+}
+
 /* Dissolving beside trims that empty the same units.  A trim that moves
  * a unit's last block out frees the unit; dissolving must never pin a
  * unit in that state (it used to: the unit was freed twice, found by
@@ -401,15 +520,17 @@ __wrap_ZSTD_compressCCtx (void *cctx, void *dst, size_t capacity,
   return __real_ZSTD_compressCCtx (cctx, dst, capacity, src, size, level);
 }
 
-/* Packing compresses a unit in steps (codec_compress_steps): the same
- * hook, once per call (a failure ends that unit's compression).
+/* Packing compresses a unit a frame at a time (codec_compress_frames):
+ * the same hook, once per frame (a failure ends that unit's
+ * compression).
  */
-size_t __real_ZSTD_compressStream2 (void *cctx, void *output, void *input,
-                                    int end);
-size_t __wrap_ZSTD_compressStream2 (void *cctx, void *output, void *input,
-                                    int end);
+size_t __real_ZSTD_compress2 (void *cctx, void *dst, size_t capacity,
+                              const void *src, size_t size);
+size_t __wrap_ZSTD_compress2 (void *cctx, void *dst, size_t capacity,
+                              const void *src, size_t size);
 size_t
-__wrap_ZSTD_compressStream2 (void *cctx, void *output, void *input, int end)
+__wrap_ZSTD_compress2 (void *cctx, void *dst, size_t capacity,
+                       const void *src, size_t size)
 {
   compression_action_fn action = atomic_exchange (&compression_action, NULL);
   if (action)
@@ -419,7 +540,7 @@ __wrap_ZSTD_compressStream2 (void *cctx, void *output, void *input, int end)
     if (atomic_compare_exchange_weak (&compression_failures, &failures,
                                       failures - 1))
       return (size_t) -1;       /* ZSTD_isError: ZSTD_error_GENERIC */
-  return __real_ZSTD_compressStream2 (cctx, output, input, end);
+  return __real_ZSTD_compress2 (cctx, dst, capacity, src, size);
 }
 
 /* pack_after's age: store_pack packs only idle blocks that old. */
@@ -712,6 +833,141 @@ test_pack_blocks_bounds (void **state)
   }
 }
 
+/* Packing's dictionaries: the first run trains one (from samples of its
+ * candidates) and its units use it; once as many blocks were written as
+ * the store held, the next run trains another, and the older units keep
+ * theirs (two live, every block read back through its own); the old one
+ * goes with its last unit, and the current one when no unit is left.
+ */
+static void
+check_texts (struct block_store *store, uint64_t first, uint64_t count,
+             unsigned version, const char *what)
+{
+  unsigned char want[BS], got[BS];
+  for (uint64_t b = first; b < first + count; b++) {
+    text_fill (want, b, version);
+    assert_int_equal (store_read (store, got, BS, b * BS), 0);
+    if (memcmp (got, want, BS) != 0)
+      fail_msg ("%s: block %" PRIu64 " reads back wrong", what, b);
+  }
+}
+
+static void
+test_pack_dictionaries (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 512, HALF = BLOCKS / 2 };
+  struct block_store *store = make_packing_store (BLOCKS, 16);
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  struct store_stats stats;
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 0);
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  assert_int_equal (result.blocks, BLOCKS);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 1);
+  /* The dictionary (112 KiB at most) and the encoder kept for the next
+   * runs (zstd's tables at level 6: under 1 MiB).
+   */
+  assert_true (stats.pack_dictionary_bytes > (112 << 10) / 2);
+  assert_true (stats.pack_dictionary_bytes < (112 << 10) + (1 << 20));
+  check_texts (store, 0, BLOCKS, 1, "with the first dictionary");
+  store_stats (store, &stats);
+
+  /* Packed again, unwritten: no new dictionary. */
+  store_pack_dissolve (store, 101, NULL, NULL);
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 1);
+
+  /* The second half written twice (as many writes as blocks stored):
+   * the next run trains another; the first half keeps its units.
+   */
+  for (unsigned version = 2; version <= 3; version++)
+    for (uint64_t b = HALF; b < BLOCKS; b++) {
+      text_fill (buf, b, version);
+      assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+    }
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  assert_int_equal (result.blocks, HALF);
+  store_stats (store, &stats);
+  assert_int_equal (stats.packed_blocks, BLOCKS);
+  assert_int_equal (stats.pack_dictionaries, 2);
+  check_texts (store, 0, HALF, 1, "the older units");
+  check_texts (store, HALF, HALF, 3, "the newer units");
+  /* The first half trimmed: its units, and their dictionary, go. */
+  assert_int_equal (store_trim (store, (uint64_t) HALF * BS, 0), 0);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 1);
+  check_texts (store, HALF, HALF, 3, "the newer units alone");
+  /* Everything trimmed: the current one stays until a sweep finds it
+   * unused, then the store holds none and charges nothing for it.
+   */
+  store_stats (store, &stats);
+  uint64_t limit_before = stats.limit_used;
+  assert_int_equal (store_trim (store, (uint64_t) BLOCKS * BS, 0), 0);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_units, 0);
+  assert_int_equal (stats.pack_dictionaries, 1);
+  /* The first sweep finds the encoder used since the last one, the
+   * second frees it and finds the dictionary unused, the third frees
+   * the dictionary.
+   */
+  store_decode_cache_sweep (store);
+  store_decode_cache_sweep (store);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 1);
+  store_decode_cache_sweep (store);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 0);
+  assert_int_equal (stats.pack_dictionary_bytes, 0);
+  assert_true (stats.limit_used < limit_before);
+  /* And the next run trains one again. */
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    text_fill (buf, b, 4);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 1);
+  check_texts (store, 0, BLOCKS, 4, "after a new start");
+  store_destroy (store);
+}
+
+/* Too few candidates teach a dictionary nothing: units go without one,
+ * and read back.
+ */
+static void
+test_pack_without_dictionary (void **state)
+{
+  (void) state;
+  enum { BLOCKS = 32 };
+  struct block_store *store = make_packing_store (BLOCKS, 16);
+  unsigned char buf[BS];
+  for (uint64_t b = 0; b < BLOCKS; b++) {
+    text_fill (buf, b, 1);
+    assert_int_equal (store_write (store, buf, BS, b * BS), 0);
+  }
+  store_mark_idle (store, 0, NULL, NULL);
+  struct store_pack_result result;
+  assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
+  assert_int_equal (result.blocks, BLOCKS);
+  struct store_stats stats;
+  store_stats (store, &stats);
+  assert_int_equal (stats.pack_dictionaries, 0);
+  check_texts (store, 0, BLOCKS, 1, "packed without a dictionary");
+  store_destroy (store);
+}
+
 int
 main (void)
 {
@@ -722,6 +978,7 @@ main (void)
     cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) 3),
     cmocka_unit_test_prestate (test_pack, (void *) (uintptr_t) STORE_PACK_MAX),
     cmocka_unit_test (test_pack_beside_io),
+    cmocka_unit_test (test_pack_dictionaries_beside_io),
     cmocka_unit_test (test_dissolve_beside_trims),
     cmocka_unit_test (test_pack_blocks_bounds),
     cmocka_unit_test (test_pack_respects_age),
@@ -729,6 +986,8 @@ main (void)
     cmocka_unit_test (test_compression_failure_skipped),
     cmocka_unit_test (test_dissolve_budget_and_retry),
     cmocka_unit_test (test_pack_far_apart),
+    cmocka_unit_test (test_pack_dictionaries),
+    cmocka_unit_test (test_pack_without_dictionary),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
