@@ -485,12 +485,16 @@ kill_child (const char *path, const char *cold_path,
   }
   uint64_t mover_seed = seed;
   for (;;) {
+    /* Writeback first: a packing run that trains a dictionary takes a
+     * while (much longer under TSan), and a child killed within it must
+     * still have written blocks back for the cold tier's recovery.
+     */
+    uint64_t first = xorshift64 (&mover_seed) % KILL_BLOCKS;
+    write_back (store, first, KILL_BLOCKS - 1, 16);
     struct store_pack_result packed;
     store_mark_idle (store, 0, NULL, NULL);
     store_pack (store, 64, 0, NULL, NULL, &packed);
     store_pack_dissolve (store, 60, NULL, NULL);
-    uint64_t first = xorshift64 (&mover_seed) % KILL_BLOCKS;
-    write_back (store, first, KILL_BLOCKS - 1, 16);
     store_compact (store);
     store_flush (store);
     atomic_fetch_add (&shadow->movers, 1);
