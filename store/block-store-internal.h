@@ -177,6 +177,11 @@ struct pack_dictionary {
  * teach it nothing a frame could not learn alone).
  */
 #define STORE_DICTIONARY_SAMPLES_MIN 64
+/* A store makes a dictionary at most once in this many seconds: a
+ * small device written fast turns over in a fraction of a second, and
+ * training takes 0.1 s of a core.
+ */
+#define STORE_DICTIONARY_SECONDS 60
 
 /* A decoded unit, or some of its frames, kept for the next read of
  * one of its blocks (the decode cache: decode_cache= bytes of them).
@@ -294,6 +299,9 @@ struct block_store {
                                      STORE_DICTIONARY_SAMPLES_MIN) */
   bool dictionary_unused;         /* the last sweep found the current one
                                      unused (dictionary_sweep) */
+  uint32_t dictionary_trained_at; /* store_clock when the current one
+                                     was trained, + 1 (0: none yet, or it
+                                     was dropped unused) */
   /* Their decoders: this process's (HANDOVER), made on first use by a
    * compare-and-swap, freed with the dictionary.
    */
@@ -690,9 +698,9 @@ extern int unit_decode (struct block_store *store,
 extern int unit_decode_uncached (struct block_store *store,
                                  const struct block_content *content,
                                  unsigned char *block);
-/* Free the decode cache's slots no read is using, and the current
- * dictionary if no unit uses it (dictionary_sweep); returns the slots'
- * bytes.
+/* Free the decode cache's slots no read is using; returns the bytes.
+ * (Not the dictionaries: writes at the limit call it often, and a
+ * dictionary freed there would be trained again by the next run.)
  */
 extern size_t decode_cache_trim (struct block_store *store);
 /* A housekeeping round's (housekeeper.c): free the slots that hold no
@@ -744,8 +752,9 @@ extern void dictionary_encoder_return (struct block_store *store, bool used);
 extern void dictionary_get (struct block_store *store, unsigned number);
 /* Whether a packing run should train a dictionary: as many blocks
  * written since the last one was trained (or tried) as were stored then
- * (at least STORE_DICTIONARY_SAMPLES_MIN); dictionary_tried: one was
- * tried now and not made (too few samples).
+ * (at least STORE_DICTIONARY_SAMPLES_MIN), and STORE_DICTIONARY_SECONDS
+ * gone since the last was made; dictionary_tried: one was tried now and
+ * not made (too few samples: tried again after as many writes).
  */
 extern bool dictionary_wanted (struct block_store *store);
 extern void dictionary_tried (struct block_store *store);

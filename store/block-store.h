@@ -595,8 +595,8 @@ extern int store_set_writeback_limit (struct block_store *store, bool limited,
  * blocks (STORE_PACK_FRAME), each decodable alone, compressed with a
  * dictionary the store trained on its own blocks (pack-dictionary.c: a
  * run trains one from a sample of its candidates when the store has
- * none or has been written over once since; up to 4 live at once, each
- * freed with its last unit): small frames with a dictionary hold a
+ * none or has been written over once since, a minute apart at least;
+ * up to 4 live at once, each freed with its last unit): small frames with a dictionary hold a
  * memory image in as little as 4 times larger frames alone, and a read
  * of a packed block decodes its own frame only, into the decode cache
  * (decode_cache bytes of store-owned slots, made on first use and

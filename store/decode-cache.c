@@ -81,7 +81,6 @@ decode_cache_trim (struct block_store *store)
     freed += decode_cache_slot_free (store, slot);
     pthread_mutex_unlock (&slot->lock);
   }
-  dictionary_sweep (store);
   return freed;
 }
 

@@ -131,7 +131,10 @@ dictionary_wanted (struct block_store *store)
 {
   pthread_mutex_lock (&store->dictionary_lock);
   uint64_t written = atomic_load (&store->writes) - store->dictionary_writes;
-  bool wanted = written >= store->dictionary_stored;
+  uint32_t trained_at = store->dictionary_trained_at;
+  bool wanted = written >= store->dictionary_stored
+    && (trained_at == 0
+        || store_clock (store) + 1 - trained_at >= STORE_DICTIONARY_SECONDS);
   pthread_mutex_unlock (&store->dictionary_lock);
   return wanted;
 }
@@ -182,6 +185,7 @@ dictionary_install (struct block_store *store, const void *bytes, size_t size)
   unsigned old = store->dictionary_current;
   store->dictionary_current = place + 1;
   dictionary_tried_locked (store);
+  store->dictionary_trained_at = store_clock (store) + 1;
   if (store->encoder && store->encoder_users == 0)
     encoder_free_locked (store);        /* for the old one */
   if (old)
@@ -207,6 +211,7 @@ dictionary_sweep (struct block_store *store)
      */
     store->dictionary_current = 0;
     store->dictionary_stored = 0;       /* the next run trains one */
+    store->dictionary_trained_at = 0;
     dictionary_free_locked (store, current - 1);
     unused = false;
   }

@@ -372,6 +372,9 @@ test_pack_dictionaries_beside_io (void **state)
   uint64_t packed = 0;
   for (int round = 0; round < 60 || (most < 2 && round < 600); round++) {
     store_mark_idle (io.store, 0, NULL, NULL);
+    /* A minute a round, as far as training's pace goes. */
+    atomic_fetch_add (&clock_ahead_ns,
+                      (STORE_DICTIONARY_SECONDS + 1) * 1000000000ull);
     assert_int_equal (store_pack (io.store, 0, 0, NULL, NULL, &result), 0);
     packed += result.blocks;
     store_pack_dissolve (io.store, 50, NULL, NULL);
@@ -384,6 +387,7 @@ test_pack_dictionaries_beside_io (void **state)
         store_decode_cache_sweep (io.store);
   }
   atomic_store (&io.stop, true);
+  atomic_store (&clock_ahead_ns, 0);
   for (int t = 0; t < 3; t++) {
     void *failure;
     pthread_join (threads[t], &failure);
@@ -888,7 +892,9 @@ test_pack_dictionaries (void **state)
   assert_int_equal (stats.pack_dictionaries, 1);
 
   /* The second half written twice (as many writes as blocks stored):
-   * the next run trains another; the first half keeps its units.
+   * a run within STORE_DICTIONARY_SECONDS of the last training trains
+   * none; the next run after them trains another; the first half keeps
+   * its units.
    */
   for (unsigned version = 2; version <= 3; version++)
     for (uint64_t b = HALF; b < BLOCKS; b++) {
@@ -896,6 +902,10 @@ test_pack_dictionaries (void **state)
       assert_int_equal (store_write (store, buf, BS, b * BS), 0);
     }
   store_mark_idle (store, 0, NULL, NULL);
+  assert_true (!dictionary_wanted (store));     /* too soon */
+  atomic_store (&clock_ahead_ns,
+                (STORE_DICTIONARY_SECONDS + 1) * 1000000000ull);
+  assert_true (dictionary_wanted (store));
   assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, HALF);
   store_stats (store, &stats);
@@ -940,6 +950,7 @@ test_pack_dictionaries (void **state)
   store_stats (store, &stats);
   assert_int_equal (stats.pack_dictionaries, 1);
   check_texts (store, 0, BLOCKS, 4, "after a new start");
+  atomic_store (&clock_ahead_ns, 0);
   store_destroy (store);
 }
 
