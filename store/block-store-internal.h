@@ -756,14 +756,15 @@ extern void dictionary_get (struct block_store *store, unsigned number);
  * gone since the last was made; dictionary_tried: one was tried now and
  * not made (too few samples: tried again after as many writes).
  */
-extern bool dictionary_wanted (struct block_store *store);
+extern bool dictionary_wanted (struct block_store *store, uint32_t now);
 extern void dictionary_tried (struct block_store *store);
 /* Make bytes (size, at most STORE_DICTIONARY_BYTES) the current
- * dictionary, charged to the pool; the old one goes when its units do.
- * 0, or -1 with errno ENOSPC (no memory, or every place in use).
+ * dictionary, charged to the pool, trained at now (store_clock); the old
+ * one goes when its units do.  0, or -1 with errno ENOSPC (no memory, or
+ * every place in use).
  */
 extern int dictionary_install (struct block_store *store, const void *bytes,
-                               size_t size);
+                               size_t size, uint32_t now);
 /* The encoder freed if no run made a unit with it since the last
  * sweep, and the current dictionary if no unit (nor encoder) used it
  * at this sweep and the last: an empty store keeps none for long (the

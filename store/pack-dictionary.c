@@ -127,14 +127,14 @@ dictionary_get (struct block_store *store, unsigned number)
 }
 
 bool
-dictionary_wanted (struct block_store *store)
+dictionary_wanted (struct block_store *store, uint32_t now)
 {
   pthread_mutex_lock (&store->dictionary_lock);
   uint64_t written = atomic_load (&store->writes) - store->dictionary_writes;
   uint32_t trained_at = store->dictionary_trained_at;
   bool wanted = written >= store->dictionary_stored
     && (trained_at == 0
-        || store_clock (store) + 1 - trained_at >= STORE_DICTIONARY_SECONDS);
+        || now + 1 - trained_at >= STORE_DICTIONARY_SECONDS);
   pthread_mutex_unlock (&store->dictionary_lock);
   return wanted;
 }
@@ -158,7 +158,8 @@ dictionary_tried (struct block_store *store)
 }
 
 int
-dictionary_install (struct block_store *store, const void *bytes, size_t size)
+dictionary_install (struct block_store *store, const void *bytes, size_t size,
+                    uint32_t now)
 {
   size_t total = dictionary_struct_bytes (size);
   pthread_mutex_lock (&store->dictionary_lock);
@@ -185,7 +186,7 @@ dictionary_install (struct block_store *store, const void *bytes, size_t size)
   unsigned old = store->dictionary_current;
   store->dictionary_current = place + 1;
   dictionary_tried_locked (store);
-  store->dictionary_trained_at = store_clock (store) + 1;
+  store->dictionary_trained_at = now + 1;
   if (store->encoder && store->encoder_users == 0)
     encoder_free_locked (store);        /* for the old one */
   if (old)

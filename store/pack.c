@@ -400,7 +400,8 @@ dictionary_train (struct pack_run *run)
    * tables): not in a store kept resident (swap mode), whose memory is
    * made ready before it is needed.
    */
-  if (atomic_load (&store->keep_resident) || !dictionary_wanted (store))
+  if (atomic_load (&store->keep_resident)
+      || !dictionary_wanted (store, run->now))
     return 0;
   struct dictionary_sampling sampling = {
     .run = run, .random = 0x9e3779b97f4a7c15ull,
@@ -424,7 +425,8 @@ dictionary_train (struct pack_run *run)
       size = codec_dictionary_train (dictionary, STORE_DICTIONARY_BYTES,
                                      sampling.samples, sizes, sampling.taken);
     }
-    if (size == 0 || dictionary_install (store, dictionary, size) == -1)
+    if (size == 0
+        || dictionary_install (store, dictionary, size, run->now) == -1)
       dictionary_tried (store);
   }
   free (sampling.samples);

@@ -902,10 +902,10 @@ test_pack_dictionaries (void **state)
       assert_int_equal (store_write (store, buf, BS, b * BS), 0);
     }
   store_mark_idle (store, 0, NULL, NULL);
-  assert_true (!dictionary_wanted (store));     /* too soon */
+  assert_true (!dictionary_wanted (store, store_clock (store))); /* too soon */
   atomic_store (&clock_ahead_ns,
                 (STORE_DICTIONARY_SECONDS + 1) * 1000000000ull);
-  assert_true (dictionary_wanted (store));
+  assert_true (dictionary_wanted (store, store_clock (store)));
   assert_int_equal (store_pack (store, 0, 0, NULL, NULL, &result), 0);
   assert_int_equal (result.blocks, HALF);
   store_stats (store, &stats);
