@@ -354,7 +354,9 @@ codec_encoder_make (struct codec *codec, const void *dictionary, size_t size)
   struct codec_encoder *encoder = malloc (sizeof *encoder);
   if (!encoder)
     return NULL;
-  /* By reference: the dictionary's bytes outlive the run. */
+  /* By reference: the dictionary outlives its encoder (the store keeps
+   * a reference on it for the encoder: pack-dictionary.c).
+   */
   encoder->dictionary = ZSTD_createCDict_advanced
     (dictionary, size, ZSTD_dlm_byRef, ZSTD_dct_fullDict,
      ZSTD_getCParams (codec->level, 0, size), ZSTD_defaultCMem);
