@@ -246,21 +246,110 @@ devices_complete (enum codec_algorithm algorithm, int level,
   return 0;
 }
 
-/* A store for spec on the default store's pool: NULL with errno. */
-static struct block_store *
-device_store_create (const struct device_spec *spec)
+/* The configuration of spec's store: the default store's, on its pool
+ * (and in its region, if it has one).
+ */
+static struct store_config
+device_config (const struct device_spec *spec)
 {
   struct store_config config = base_config;
   config.size = spec->size;
   config.algorithm = spec->algorithm;
   config.level = spec->level;
   config.backing = NULL;
-  config.pool.region = NULL;
   config.shared_pool = store_pool (owner_store);
   config.budget = &budget;
   config.cap = spec->cap;
   config.floor = spec->floor;
-  return store_create (&config);
+  return config;
+}
+
+/* A store for spec on the default store's pool; in a region, published
+ * there (DEVICES IN A REGION in block-store.h: a kill from here on
+ * leaves it whole or gone).  NULL with errno.
+ */
+static struct block_store *
+device_store_create (const struct device_spec *spec)
+{
+  struct store_config config = device_config (spec);
+  struct block_store *store = store_create (&config);
+  if (store && base_config.pool.region
+      && store_device_publish (owner_store, spec, store) == -1) {
+    int saved = errno;
+    store_destroy (store);
+    errno = saved;
+    return NULL;
+  }
+  return store;
+}
+
+/* A device's store destroyed; in a region, unpublished first. */
+static void
+device_store_destroy (struct block_store *store)
+{
+  if (base_config.pool.region)
+    store_device_unpublish (owner_store, store);
+  store_destroy (store);
+}
+
+/* The devices a region kept (a new owner's: handed over or recovered),
+ * each made this process's and put in the table; a declared device of
+ * the same name must be the same device.  0, or -1 after nbdkit_error.
+ */
+static int
+devices_adopt_held (void)
+{
+  struct device_spec specs[DEVICES_MAX];
+  struct block_store *stores[DEVICES_MAX];
+  unsigned held = store_devices_held (owner_store, specs, stores,
+                                      DEVICES_MAX);
+  char why[256];
+  for (unsigned h = 0; h < held; h++) {
+    const struct device_spec *spec = &specs[h];
+    struct store_config config = device_config (spec);
+    if (store_device_adopt (stores[h], &config, why, sizeof why) == -1) {
+      nbdkit_error ("device: %s: kept in the region, cannot be served: %s",
+                    spec->name, why);
+      return -1;
+    }
+    struct device *declared = table_find (spec->name);
+    if (declared && declared->store) {
+      /* A second of one name: an add killed between making its store
+       * and finding the name taken.  Never served: it goes.
+       */
+      nbdkit_debug ("device: %s: a second one in the region, empty: "
+                    "removed", spec->name);
+      device_store_destroy (stores[h]);
+      continue;
+    }
+    if (declared) {
+      const struct device_spec *d = &declared->spec;
+      if (d->size != spec->size || d->algorithm != spec->algorithm
+          || d->cap != spec->cap || d->floor != spec->floor) {
+        nbdkit_error ("device: %s: the region keeps it as %" PRIu64 " bytes, "
+                      "%s, cap %" PRIu64 ", floor %" PRIu64 ": declare it so "
+                      "(or remove it first)", spec->name, spec->size,
+                      codec_name (spec->algorithm), spec->cap, spec->floor);
+        return -1;
+      }
+      declared->spec.level = spec->level;
+      declared->store = stores[h];
+      continue;
+    }
+    struct device *device = calloc (1, sizeof *device);
+    if (!device || count == DEVICES_MAX) {
+      free (device);
+      nbdkit_error ("device: %s: %s", spec->name, error_text (ENOMEM));
+      return -1;
+    }
+    device->spec = *spec;
+    device->store = stores[h];
+    pthread_mutex_lock (&lock);
+    table[count++] = device;
+    named = true;
+    pthread_mutex_unlock (&lock);
+  }
+  return 0;
 }
 
 int
@@ -269,8 +358,13 @@ devices_create (const struct store_config *base, struct block_store *owner)
   base_config = *base;
   base_config.backing = NULL;   /* the default store's own */
   owner_store = owner;
+  if (base_config.pool.region && devices_adopt_held () == -1) {
+    devices_destroy ();
+    return -1;
+  }
   for (unsigned i = 0; i < count; i++)
-    if (!(table[i]->store = device_store_create (&table[i]->spec))) {
+    if (!table[i]->store
+        && !(table[i]->store = device_store_create (&table[i]->spec))) {
       nbdkit_error ("device: %s: cannot create its store: %s",
                     table[i]->spec.name, error_text (errno));
       devices_destroy ();
@@ -285,7 +379,11 @@ devices_destroy (void)
   pthread_mutex_lock (&lock);
   while (count > 0) {
     struct device *device = table[--count];
-    store_destroy (device->store);
+    /* In a region the stores stay: the default store's close hands
+     * them over with it, or the region goes with them.
+     */
+    if (!base_config.pool.region)
+      store_destroy (device->store);
     free (device);
   }
   pthread_mutex_unlock (&lock);
@@ -311,6 +409,16 @@ devices_add (const char *value, char *why, size_t why_size)
       || spec_complete (&spec, zs_pool_mem_limit (store_pool (owner_store)),
                         atomic_load (&budget.floors), why, why_size) == -1)
     return -1;
+  /* Refused before its store is made, so that a region never keeps two
+   * of one name (only this thread adds: the name stays free).
+   */
+  pthread_mutex_lock (&lock);
+  bool known = table_find (spec.name) != NULL;
+  pthread_mutex_unlock (&lock);
+  if (known) {
+    snprintf (why, why_size, "%s is a device already", spec.name);
+    return -1;
+  }
   struct device *device = calloc (1, sizeof *device);
   if (!device || !(device->store = device_store_create (&spec))) {
     snprintf (why, why_size, "%s: cannot create its store: %s", spec.name,
@@ -322,7 +430,7 @@ devices_add (const char *value, char *why, size_t why_size)
       && store_keep_resident (device->store, resident_threads) == -1) {
     snprintf (why, why_size, "%s: cannot make its table and contexts "
               "ready for swap: %s", spec.name, error_text (errno));
-    store_destroy (device->store);
+    device_store_destroy (device->store);
     free (device);
     return -1;
   }
@@ -341,7 +449,7 @@ devices_add (const char *value, char *why, size_t why_size)
     else
       snprintf (why, why_size, "%s: at most %d devices", spec.name,
                 DEVICES_MAX);
-    store_destroy (device->store);
+    device_store_destroy (device->store);
     free (device);
     return -1;
   }
@@ -382,7 +490,7 @@ devices_remove (const char *name, bool force, char *why, size_t why_size)
    */
   while (atomic_load (&device->in_flight) > 0)
     nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
-  store_destroy (device->store);    /* its objects back to the pool */
+  device_store_destroy (device->store); /* its objects back to the pool */
   pthread_mutex_lock (&lock);
   device->store = NULL;
   device->removed = true;
@@ -391,6 +499,17 @@ devices_remove (const char *name, bool force, char *why, size_t why_size)
   if (last)
     free (device);
   return 0;
+}
+
+uint64_t
+devices_declared_bytes (void)
+{
+  uint64_t bytes = 0;
+  pthread_mutex_lock (&lock);
+  for (unsigned i = 0; i < count; i++)
+    bytes += table[i]->spec.size;
+  pthread_mutex_unlock (&lock);
+  return bytes;
 }
 
 unsigned

@@ -59,8 +59,20 @@
  * its full-device watch, and each device's table and contexts are made
  * resident as the default store's (devices_keep_resident).
  *
- * Not yet (issue 44): devices with region=, standby= or backing=
- * (refused at start, naming the parameter).
+ * A REGION (region=, standby=) holds every device with the default
+ * store, on its pool (DEVICES IN A REGION in block-store.h): an add
+ * publishes the device's store there once made, a remove unpublishes
+ * it before destroying it, so a kill leaves each device whole or gone.
+ * A new owner (a restart, a standby's takeover, a recovery) serves the
+ * devices the region keeps, those added while serving too; a device=
+ * of a name the region keeps must declare it as kept (size, algorithm,
+ * cap, floor), and one it does not keep is made.  So with a region the
+ * region, not the command line, says which devices exist: a device
+ * removed stays removed unless a device= names it again.  The stores
+ * are not destroyed at exit: they are handed over with the default
+ * store, or go with the region.
+ *
+ * Not yet: devices with backing= (refused at start, naming it).
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table
@@ -81,22 +93,11 @@
 
 #include "block-store.h"
 
-#define DEVICES_MAX 64
-#define DEVICE_NAME_MAX 64
-
-/* A device as declared (device=NAME:SIZE[:comp=A][:level=N][:cap=SIZE]
- * [:floor=SIZE]): algorithm -1 and level INT32_MIN until
- * the server's comp= and level= fill them in (devices_complete).
+/* struct device_spec, DEVICES_MAX and DEVICE_NAME_MAX: block-store.h
+ * (a region keeps its devices' specs).  The algorithm is -1 and the
+ * level INT32_MIN until the server's comp= and level= fill them in
+ * (devices_complete).
  */
-struct device_spec {
-  char name[DEVICE_NAME_MAX + 1];
-  uint64_t size;
-  int algorithm;                  /* enum codec_algorithm, or -1 */
-  int level;
-  uint64_t cap, floor;            /* bytes of objects (BUDGET in
-                                     block-store.h), 0: none */
-};
-
 struct device {
   struct device_spec spec;
   struct block_store *store;      /* NULL once a forced remove destroyed
@@ -143,6 +144,11 @@ extern int devices_add (const char *value, char *why, size_t why_size);
 extern int devices_remove (const char *name, bool force, char *why,
                            size_t why_size);
 
+/* The sizes of the devices declared (device=), summed: for the room a
+ * region is made with.  A device added while serving takes its room
+ * from what the region has left (mem_limit bounds every device's data).
+ */
+extern uint64_t devices_declared_bytes (void);
 extern unsigned devices_count (void);
 /* Whether a device was ever declared or added: then an export name must
  * be one of them (or the default's, ""); before, any name is the

@@ -11,6 +11,7 @@
 #include <nbdkit-plugin.h>
 
 #include "error-text.h"
+#include "devices.h"
 #include "handover.h"
 #include "monotonic.h"
 #include "region.h"
@@ -50,9 +51,11 @@ static _Atomic uint64_t reported_downtime_ms;
 static uint64_t
 region_bytes_for (const struct store_config *config)
 {
-  uint64_t data = config->pool.mem_limit && config->pool.mem_limit < config->size
-    ? config->pool.mem_limit : config->size;
-  return 2 * data + config->size / STORE_BLOCK_SIZE * 24 + (64u << 20);
+  /* The devices declared are on the same pool, in the same region. */
+  uint64_t size = config->size + devices_declared_bytes ();
+  uint64_t data = config->pool.mem_limit && config->pool.mem_limit < size
+    ? config->pool.mem_limit : size;
+  return 2 * data + size / STORE_BLOCK_SIZE * 24 + (64u << 20);
 }
 
 /* The store made in the region this server owns now: a new one, or one
@@ -156,11 +159,16 @@ handover_store_open (struct store_config *config, const char *path,
     store = store_recover (region, config, &result, why, sizeof why);
     if (store) {
       nbdkit_debug ("region: %s: its last server (pid %" PRIu32 ") died "
-                    "serving it: %" PRIu64 " blocks recovered, %" PRIu64
+                    "serving it: %" PRIu64 " blocks recovered (%" PRIu64
+                    " devices beside the default), %" PRIu64
                     " torn entries put back, %" PRIu64 " pages no block "
                     "reached given back", path, dead_pid,
-                    result.blocks, result.torn_entries,
+                    result.blocks, result.devices, result.torn_entries,
                     result.pages_given_back);
+      if (result.lost_devices)
+        nbdkit_error ("region: %s: recovery found %" PRIu64 " devices whose "
+                      "record was damaged: they are gone", path,
+                      result.lost_devices);
       if (result.lost_blocks || result.lost_units || result.objects_refused)
         nbdkit_error ("region: %s: recovery found %" PRIu64 " blocks and %"
                       PRIu64 " packed units whose content was damaged: they "

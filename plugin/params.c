@@ -724,9 +724,7 @@ params_complete (struct zram_params *params)
     return -1;
   }
   /* What the devices do not go with yet (devices.h). */
-  const char *refused = params->region_path ? "region"
-    : params->standby_path ? "standby"
-    : params->backing_target ? "backing" : NULL;
+  const char *refused = params->backing_target ? "backing" : NULL;
   if (!refused)
     store->budget = devices_budget ();
   return devices_complete (store->algorithm, store->level,

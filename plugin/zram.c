@@ -424,6 +424,12 @@ zram_take_over (void)
     return -1;
   }
   store = taken;
+  if (devices_create (&params.store, store) == -1) {
+    /* The region says "serving": the next server recovers it. */
+    nbdkit_error ("standby: the device was taken over but its devices "
+                  "cannot be served: exiting");
+    _exit (EXIT_FAILURE);
+  }
   if (serve_start () == -1) {
     /* The region says "serving": the next server recovers it. */
     nbdkit_error ("standby: the device was taken over but cannot be "

@@ -225,6 +225,11 @@ struct block_store {
   bool shares_pool;               /* another store's pool (a server's
                                      devices, store_config.shared_pool):
                                      its objects are freed one by one */
+  /* A region's root: the table of the devices it holds (DEVICES IN A
+   * REGION in block-store.h), made at the first publish; NULL: none.
+   * Written by the thread that publishes, atomically, after the table.
+   */
+  struct store_devices *_Atomic devices;
   bool limit_pages_only;          /* how the pool counts mem_limit
                                      (zs_pool_config): a new owner must
                                      count it the same way */
@@ -394,6 +399,14 @@ extern const char *store_config_mismatch (struct region *region,
 extern int store_adopt (struct block_store *store,
                         const struct store_config *config,
                         char *why, size_t why_bytes);
+
+/* quota.c, for a new owner (store_adopt): store's budget, cap and floor
+ * config's (the old process's pointer forgotten), its quota_bytes (kept
+ * by a handover, counted again by a recovery) joining the budget's
+ * unmet floors.  0, or -1 with errno EINVAL.
+ */
+extern int quota_rejoin (struct block_store *store,
+                         const struct store_config *config);
 
 /* quota.c: a store's objects allocated and freed against its cap and
  * the other stores' floors (BUDGET in block-store.h).  object_alloc: 0
@@ -789,6 +802,16 @@ extern uint64_t dictionaries_recover (struct block_store *store,
                                       const uint32_t *units);
 /* A new owner's: the old decoders forgotten, the bytes counted again. */
 extern void dictionaries_adopt (struct block_store *store);
+
+/* store-devices.c, for recover.c: the devices' table of root claimed,
+ * and walk given each published store (a slot whose spec fails its
+ * check, or whose store walk refuses - not where a store can be - is
+ * emptied: that device is lost).  Returns the devices lost.
+ */
+extern unsigned store_devices_recover (struct block_store *root,
+                                       bool (*walk) (struct block_store *store,
+                                                     void *opaque),
+                                       void *opaque);
 /* store_destroy: every dictionary freed and discharged, whatever units
  * still name them (before the pool goes).
  */

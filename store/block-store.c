@@ -164,8 +164,9 @@ store_create (const struct store_config *config)
   store->limit_pages_only = config->pool.limit_pages_only;
   store->blocks = (config->size - 1) / STORE_BLOCK_SIZE + 1;
   store->created_ns = monotonic_ns ();
-  if (config->shared_pool && region) {
-    errno = EINVAL;             /* a region holds one store's pool */
+  if (config->shared_pool && region
+      && !region_contains (region, config->shared_pool, 1)) {
+    errno = EINVAL;             /* a region's stores share its one pool */
     goto fail;
   }
   store->shares_pool = config->shared_pool != NULL;
@@ -207,7 +208,7 @@ store_create (const struct store_config *config)
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool, region);
   backing_map_settle (store, false, true);    /* the empty map's */
-  if (region)
+  if (region && !store->shares_pool)
     region_set_root (region, store, STORE_LAYOUT_VERSION);
   return store;
 
@@ -224,13 +225,10 @@ store_create (const struct store_config *config)
   return NULL;
 }
 
-int
-store_hand_over (struct block_store *store)
+/* One store's process parts given up (HANDOVER in block-store.h). */
+static void
+process_parts_hand_over (struct block_store *store)
 {
-  if (!store->region) {
-    errno = EINVAL;
-    return -1;
-  }
   decode_cache_trim (store);    /* this process's memory, discharged */
   write_scratch_trim (store);
   if (store->backing) {
@@ -240,6 +238,23 @@ store_hand_over (struct block_store *store)
     store->backing = NULL;
   }
   process_parts_free (store);
+}
+
+int
+store_hand_over (struct block_store *store)
+{
+  if (!store->region || store->shares_pool) {
+    errno = EINVAL;
+    return -1;
+  }
+  /* The devices first (DEVICES IN A REGION): their frees drain into
+   * the pool handed over after them.
+   */
+  struct block_store *devices[DEVICES_MAX];
+  unsigned count = store_devices_held (store, NULL, devices, DEVICES_MAX);
+  for (unsigned i = 0; i < count; i++)
+    process_parts_hand_over (devices[i]);
+  process_parts_hand_over (store);
   zs_pool_hand_over (store->pool);
   return 0;
 }
@@ -302,6 +317,10 @@ store_adopt (struct block_store *store, const struct store_config *config,
   store->pack_codec = NULL;
   store->backing = NULL;
   dictionaries_adopt (store);
+  if (quota_rejoin (store, config) == -1) {
+    snprintf (why, why_bytes, "its budget does not fit its cap and floor");
+    return -1;
+  }
   if (process_parts_make (store, config) == -1) {
     snprintf (why, why_bytes, "cannot make the codecs and caches: %m");
     process_parts_free (store);
@@ -315,6 +334,22 @@ store_adopt (struct block_store *store, const struct store_config *config,
   }
   store->raw_threshold = zs_huge_class_size (store->pool);
   return 0;
+}
+
+int
+store_device_adopt (struct block_store *store,
+                    const struct store_config *config, char *why,
+                    size_t why_bytes)
+{
+  if (!store->shares_pool || config->shared_pool != store->pool
+      || config->size != store->size
+      || (int) config->algorithm != (int) store->algorithms[0]) {
+    snprintf (why, why_bytes, "the device kept in the region has another "
+              "size or algorithm");
+    errno = EINVAL;
+    return -1;
+  }
+  return store_adopt (store, config, why, why_bytes);
 }
 
 struct block_store *
@@ -341,6 +376,17 @@ store_destroy (struct block_store *store)
 {
   if (!store)
     return;
+  /* A region's root goes with the devices it holds (DEVICES IN A
+   * REGION), before the pool they are on.
+   */
+  if (store->region && !store->shares_pool) {
+    struct block_store *devices[DEVICES_MAX];
+    unsigned count = store_devices_held (store, NULL, devices, DEVICES_MAX);
+    for (unsigned i = 0; i < count; i++) {
+      store_device_unpublish (store, devices[i]);
+      store_destroy (devices[i]);
+    }
+  }
   /* A pool shared with other stores takes this one's objects back one
    * by one (a trim of the whole device frees each block and unit) and
    * stays; a pool of its own frees every object at once, and the

@@ -171,6 +171,27 @@
  *   the backing store (this process's part); a recovery marks the runs
  *   the entries reach, and quarantines the ones nothing reaches when the
  *   target is an NBD export (the dead server's requests may still land).
+ *
+ * DEVICES IN A REGION (store-devices.c)
+ *   The root store of a region may hold more stores on its pool: a
+ *   server's devices.  Each is made in the region on the root's pool
+ *   (config.shared_pool and config.pool.region) and published in a slot
+ *   of a table the root points to (store_device_publish): its spec
+ *   (name, size, algorithm, level, cap, floor; with a CRC-32C) written
+ *   first, then the slot's store pointer in one atomic store.  Removing
+ *   one unpublishes it (the pointer cleared) before its store is
+ *   destroyed.  So a kill at any point of an add or a remove leaves the
+ *   device whole or gone: recovery walks only published slots, and what
+ *   no walk reaches (a store made but not published, or unpublished but
+ *   not yet destroyed, and its objects) is free after it, as any
+ *   allocation cut short.  A recovery walks every published store with
+ *   the one pool's recovery (store_recover: the pool is rebuilt once,
+ *   from every store's handles); a hand over gives up every store's
+ *   process parts (store_hand_over on the root); a new owner adopts the
+ *   root (store_take_over, store_recover) and then each device
+ *   (store_devices_held, store_device_adopt).  Only the thread that adds
+ *   and removes devices publishes; the table is read by the one thread
+ *   that hands over, takes over or recovers, when no one publishes.
  */
 
 #ifndef ZRAM_BLOCK_STORE_H
@@ -192,7 +213,7 @@
  * a structure the store keeps there (struct block_store, the table, the
  * units), as REGION_LAYOUT_VERSION for the allocator's.
  */
-#define STORE_LAYOUT_VERSION 5
+#define STORE_LAYOUT_VERSION 6
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32
@@ -349,6 +370,45 @@ extern void store_destroy (struct block_store *store);
 /* The store's allocator pool: for store_config.shared_pool. */
 extern struct zs_pool *store_pool (struct block_store *store);
 
+/* A device: a named store on another's pool (DEVICES IN A REGION, and
+ * the plugin's devices).  algorithm is an enum codec_algorithm (-1 and
+ * level INT32_MIN while not yet given); cap and floor are bytes of
+ * objects (BUDGET), 0 for none.  Kept in a region as it is: fixed
+ * sizes only.
+ */
+#define DEVICES_MAX 64
+#define DEVICE_NAME_MAX 64
+struct device_spec {
+  char name[DEVICE_NAME_MAX + 1];
+  uint64_t size;
+  int32_t algorithm;
+  int32_t level;
+  uint64_t cap, floor;
+};
+
+/* DEVICES IN A REGION, above.  store_device_publish: store (made on
+ * root's pool in root's region, not yet used) kept as the device spec
+ * describes: 0, or -1 with errno (ENOSPC: every slot taken; ENOMEM: no
+ * room for the table).  store_device_unpublish: store no longer kept;
+ * the caller then destroys it.  store_devices_held: the devices root
+ * keeps, at most max, into specs and stores; their count.
+ * store_device_adopt: a held store made this process's for a server
+ * configured by config (a new owner's, after store_take_over or
+ * store_recover of the root): 0, or -1 with why[].
+ */
+extern int store_device_publish (struct block_store *root,
+                                 const struct device_spec *spec,
+                                 struct block_store *store);
+extern void store_device_unpublish (struct block_store *root,
+                                    struct block_store *store);
+extern unsigned store_devices_held (struct block_store *root,
+                                    struct device_spec *specs,
+                                    struct block_store **stores,
+                                    unsigned max);
+extern int store_device_adopt (struct block_store *store,
+                               const struct store_config *config,
+                               char *why, size_t why_bytes);
+
 /* HANDOVER, above.  store_hand_over: no call on the store may be
  * running or follow in this process; then hand its region over
  * (region_hand_over).  0, or -1 with errno EINVAL for a store in no
@@ -367,7 +427,9 @@ extern int store_hand_over (struct block_store *store);
  * beyond repair).  One thread, before anything else uses the store.
  */
 struct store_recover_result {
-  uint64_t blocks;                /* blocks kept */
+  uint64_t blocks;                /* blocks kept, in every store */
+  uint64_t devices;               /* devices kept (DEVICES IN A REGION) */
+  uint64_t lost_devices;          /* devices whose slot was damaged */
   uint64_t torn_entries;          /* entries put back to what they held */
   uint64_t lost_blocks;           /* entries whose content was not found */
   uint64_t lost_units;            /* packed units not whole */

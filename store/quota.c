@@ -154,3 +154,17 @@ quota_leave (struct block_store *store)
     atomic_fetch_sub (&store->budget->floors, store->floor);
   }
 }
+
+int
+quota_rejoin (struct block_store *store, const struct store_config *config)
+{
+  store->budget = NULL;
+  store->floor = 0;
+  if (quota_init (store, config) == -1)
+    return -1;
+  if (store->floor)
+    atomic_fetch_add (&store->budget->unmet_floors,
+                      (int64_t) unmet (store, atomic_load (&store->quota_bytes))
+                      - (int64_t) store->floor);
+  return 0;
+}

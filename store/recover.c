@@ -57,6 +57,9 @@ struct recovery_walk {
   size_t unit_capacity, unit_count;
   struct store_recover_result *result;
   uint64_t compr_bytes, same, raw, packed, stored;
+  uint64_t quota_bytes;           /* the objects' rooms (BUDGET) */
+  uint64_t charged;               /* what the stores' units, dictionaries
+                                     and tables charge the pool */
 };
 
 static struct unit_met *
@@ -118,6 +121,7 @@ entry_recover (void *opaque, uint64_t block, struct block_entry *entry)
     keep = zs_recover_handle (walk->pool, value);
     if (keep) {
       walk->compr_bytes += zs_object_size (store->pool, value);
+      walk->quota_bytes += zs_object_room (store->pool, value);
       walk->raw += kind == BLOCK_RAW;
     }
     break;
@@ -198,8 +202,12 @@ units_recover (struct recovery_walk *walk)
       continue;
     }
     bool whole = true;
-    for (unsigned p = 0; p < unit->parts; p++)
-      whole &= zs_recover_handle (walk->pool, unit_parts (unit)[p]);
+    for (unsigned p = 0; p < unit->parts; p++) {
+      bool kept = zs_recover_handle (walk->pool, unit_parts (unit)[p]);
+      if (kept)
+        walk->quota_bytes += zs_object_room (store->pool, unit_parts (unit)[p]);
+      whole &= kept;
+    }
     if (unit->dictionary > STORE_DICTIONARIES)
       unit->dictionary = 0;     /* damaged: its reads fail (EIO) */
     if (!whole || !dictionary_recover_check (store, unit->dictionary))
@@ -219,6 +227,53 @@ units_recover (struct recovery_walk *walk)
   }
   atomic_store (&store->pack_units, units);
   return charged + dictionaries_recover (store, dictionary_units);
+}
+
+/* One store of the region (its struct claimed), its blocks walked into
+ * the pool's recovery (steps 1 to 3) and its counters set from them.
+ */
+static void
+store_walk (struct block_store *store, struct recovery_walk *walk)
+{
+  struct recovery_walk one = {
+    .store = store, .pool = walk->pool, .result = walk->result,
+    .backing_map = store == walk->store ? walk->backing_map : NULL,
+  };
+  intents_undo (store, walk->result);
+  recovery_step ("store: torn entries put back");
+  block_table_recover (&store->table, entry_recover, &one);
+  recovery_step ("store: table walked");
+  walk->charged += units_recover (&one)
+    + (store->table.pool ? atomic_load (&store->table.bytes) : 0);
+  free (one.units);
+  recovery_step ("store: units recovered");
+  atomic_store (&store->stored_blocks, one.stored);
+  atomic_store (&store->compr_bytes, one.compr_bytes);
+  atomic_store (&store->same_blocks, one.same);
+  atomic_store (&store->raw_blocks, one.raw);
+  atomic_store (&store->packed_blocks, one.packed);
+  atomic_store (&store->bd_count, one.backed);
+  atomic_store (&store->bd_bytes, one.backed_bytes);
+  atomic_store (&store->quota_bytes, one.quota_bytes);
+  walk->result->blocks += one.stored;
+}
+
+/* A device's store (store_devices_recover): false if it is not where a
+ * store on the root's pool can be (then nothing of it was touched).
+ */
+static bool
+device_walk (struct block_store *store, void *opaque)
+{
+  struct recovery_walk *walk = opaque;
+  if (store == walk->store
+      || !region_recover_claim (walk->store->region, store,
+                                store_struct_bytes (true),
+                                _Alignof (struct block_store))
+      || !store->shares_pool || store->pool != walk->store->pool)
+    return false;
+  store_walk (store, walk);
+  walk->result->devices++;
+  return true;
 }
 
 struct block_store *
@@ -257,16 +312,14 @@ store_recover (struct region *region, const struct store_config *config,
     errno = EINVAL;
     return NULL;
   }
-  intents_undo (store, result);
-  recovery_step ("store: torn entries put back");
-  block_table_recover (&store->table, entry_recover, &walk);
-  recovery_step ("store: table walked");
-  uint64_t charged = units_recover (&walk)
-    + (store->table.pool ? atomic_load (&store->table.bytes) : 0);
-  free (walk.units);
-  recovery_step ("store: units recovered");
+  store_walk (store, &walk);
+  /* The devices on its pool: their handles into the same recovery, so
+   * that the pool is rebuilt once from them all.
+   */
+  result->lost_devices = store_devices_recover (store, device_walk, &walk);
+  recovery_step ("store: devices walked");
   struct zs_recover_result pool_result;
-  if (zs_recover_end (walk.pool, charged, &pool_result) == -1) {
+  if (zs_recover_end (walk.pool, walk.charged, &pool_result) == -1) {
     space_map_recover_abandon (walk.backing_map);
     snprintf (why, why_bytes, "the allocator's own structures are damaged: "
               "%m");
@@ -280,15 +333,6 @@ store_recover (struct region *region, const struct store_config *config,
                            backing_is_uri (backing_target (config->backing)));
   recovery_step ("store: cold tier's map recovered");
   store->map_charged = 0;       /* charged again once adopted */
-
-  atomic_store (&store->stored_blocks, walk.stored);
-  atomic_store (&store->compr_bytes, walk.compr_bytes);
-  atomic_store (&store->same_blocks, walk.same);
-  atomic_store (&store->raw_blocks, walk.raw);
-  atomic_store (&store->packed_blocks, walk.packed);
-  atomic_store (&store->bd_count, walk.backed);
-  atomic_store (&store->bd_bytes, walk.backed_bytes);
-  result->blocks = walk.stored;
   if (store_adopt (store, config, why, why_bytes) == -1)
     return NULL;
   recovery_step ("store: adopted");
