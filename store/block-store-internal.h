@@ -808,6 +808,8 @@ extern void dictionaries_adopt (struct block_store *store);
  * check, or whose store walk refuses - not where a store can be - is
  * emptied: that device is lost).  Returns the devices lost.
  */
+/* The table given back (store_destroy of the root, its devices gone). */
+extern void store_devices_free (struct block_store *root);
 extern unsigned store_devices_recover (struct block_store *root,
                                        bool (*walk) (struct block_store *store,
                                                      void *opaque),

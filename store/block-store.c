@@ -386,6 +386,7 @@ store_destroy (struct block_store *store)
       store_device_unpublish (store, devices[i]);
       store_destroy (devices[i]);
     }
+    store_devices_free (store);
   }
   /* A pool shared with other stores takes this one's objects back one
    * by one (a trim of the whole device frees each block and unit) and

@@ -147,3 +147,14 @@ store_devices_recover (struct block_store *root,
   }
   return lost;
 }
+
+void
+store_devices_free (struct block_store *root)
+{
+  struct store_devices *table = root->region ? atomic_load (&root->devices)
+    : NULL;
+  if (!table)
+    return;
+  atomic_store (&root->devices, NULL);
+  region_free (root->region, table);
+}

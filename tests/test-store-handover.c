@@ -655,6 +655,230 @@ test_kill_points (void **state)
   munmap (shadow, sizeof *shadow);
 }
 
+/* ---- devices in the region, added and removed under kills ---------------- */
+
+#define DEVICE_SLOTS 4
+#define DEVICE_SLOT_BLOCKS 64
+
+/* What the child did to each device, in memory both processes share:
+ * the state it reached (an add or remove in between: either outcome),
+ * and each block's acknowledged version and the one in flight.
+ */
+enum device_phase { DEVICE_GONE, DEVICE_ADDING, DEVICE_PRESENT,
+                    DEVICE_REMOVING };
+struct devices_shadow {
+  _Atomic int phase[DEVICE_SLOTS];
+  _Atomic uint32_t acked[DEVICE_SLOTS][DEVICE_SLOT_BLOCKS];
+  _Atomic uint32_t inflight[DEVICE_SLOTS][DEVICE_SLOT_BLOCKS];
+  _Atomic uint64_t adds, removes, writes;
+};
+
+static struct device_spec
+device_slot_spec (unsigned d)
+{
+  struct device_spec spec = { .size = DEVICE_SLOT_BLOCKS * BS,
+                              .algorithm = CODEC_LZ4, .level = 1 };
+  snprintf (spec.name, sizeof spec.name, "d%u", d);
+  return spec;
+}
+
+static struct store_config
+device_slot_config (struct region *region, struct block_store *root,
+                    const struct device_spec *spec)
+{
+  struct store_config config = config_for (region, CODEC_LZ4);
+  config.size = spec->size;
+  config.shared_pool = store_pool (root);
+  return config;
+}
+
+static void
+devices_window (uint64_t *seed)
+{
+  struct timespec wait = { 0, (long) (xorshift64 (seed) % 500) * 1000 };
+  nanosleep (&wait, NULL);
+}
+
+/* The child: the root store written, devices added, written and removed
+ * one step at a time, until killed.
+ */
+static void
+devices_child (const char *path, struct devices_shadow *shadow, uint64_t seed)
+{
+  struct region_owner *owner = region_create (path, REGION_BYTES, DEVICE,
+                                              false);
+  if (!owner)
+    _exit (3);
+  struct store_config config = config_for (owner->region, CODEC_LZ4);
+  struct block_store *root = store_create (&config);
+  if (!root)
+    _exit (4);
+  region_start_serving (owner);
+  struct block_store *stores[DEVICE_SLOTS] = { NULL };
+  unsigned char buf[BS];
+  for (uint32_t version = 1;; version++) {
+    unsigned d = xorshift64 (&seed) % DEVICE_SLOTS;
+    struct device_spec spec = device_slot_spec (d);
+    if (!stores[d]) {
+      for (unsigned b = 0; b < DEVICE_SLOT_BLOCKS; b++)
+        atomic_store (&shadow->acked[d][b], 0);
+      atomic_store (&shadow->phase[d], DEVICE_ADDING);
+      struct store_config device_config = device_slot_config (owner->region,
+                                                             root, &spec);
+      stores[d] = store_create (&device_config);
+      /* The windows a kill must find whole or gone held open a while:
+       * made but not published, unpublished but not destroyed.
+       */
+      if (stores[d])
+        devices_window (&seed);
+      if (!stores[d] || store_device_publish (root, &spec, stores[d]) == -1)
+        _exit (5);
+      atomic_store (&shadow->phase[d], DEVICE_PRESENT);
+      atomic_fetch_add (&shadow->adds, 1);
+    }
+    else if (xorshift64 (&seed) % 8 == 0) {
+      atomic_store (&shadow->phase[d], DEVICE_REMOVING);
+      store_device_unpublish (root, stores[d]);
+      devices_window (&seed);
+      store_destroy (stores[d]);
+      stores[d] = NULL;
+      atomic_store (&shadow->phase[d], DEVICE_GONE);
+      atomic_fetch_add (&shadow->removes, 1);
+    }
+    else {
+      unsigned b = xorshift64 (&seed) % DEVICE_SLOT_BLOCKS;
+      atomic_store (&shadow->inflight[d][b], version);
+      kill_content (buf, b + d * 1000, version);
+      if (store_write (stores[d], buf, BS, (uint64_t) b * BS) == -1)
+        _exit (6);
+      atomic_store (&shadow->acked[d][b], version);
+      atomic_store (&shadow->inflight[d][b], 0);
+      /* The root written too: its blocks must come through whatever
+       * its devices did.
+       */
+      kill_content (buf, b, version);
+      if (store_write (root, buf, BS, (uint64_t) b * BS) == -1)
+        _exit (7);
+      atomic_fetch_add (&shadow->writes, 1);
+    }
+  }
+}
+
+/* Recover the child's region: the devices it held as their phases
+ * allow, each block as acknowledged or in flight; then everything
+ * destroyed with no page of the region left taken (nothing a cut add
+ * or remove made stays behind).  Returns the devices kept.
+ */
+static unsigned
+devices_recover_and_check (const char *path, struct devices_shadow *shadow)
+{
+  enum region_attach_result how;
+  char why[256] = "";
+  struct region_owner *owner = region_attach (path, DEVICE, &how, why,
+                                              sizeof why);
+  if (!owner && errno == ENOENT) {
+    unlink (path);
+    return 0;
+  }
+  if (!owner)
+    fail_msg ("region_attach: %s", why);
+  if (how != REGION_ATTACH_CRASHED) {
+    assert_int_equal (shadow->adds, 0);
+    region_destroy (owner);
+    return 0;
+  }
+  struct store_config config = config_for (owner->region, CODEC_LZ4);
+  struct store_recover_result result;
+  struct block_store *root = store_recover (owner->region, &config, &result,
+                                            why, sizeof why);
+  if (!root)
+    fail_msg ("store_recover: %s", why);
+  assert_int_equal (result.lost_blocks, 0);
+  assert_int_equal (result.lost_devices, 0);
+  region_start_serving (owner);
+  struct device_spec specs[DEVICES_MAX];
+  struct block_store *stores[DEVICES_MAX];
+  unsigned held = store_devices_held (root, specs, stores, DEVICES_MAX);
+  assert_int_equal (held, result.devices);
+  bool seen[DEVICE_SLOTS] = { false };
+  static unsigned char got[BS], want[BS], other[BS];
+  for (unsigned i = 0; i < held; i++) {
+    unsigned d = (unsigned) atoi (specs[i].name + 1);
+    assert_true (d < DEVICE_SLOTS && !seen[d]);
+    seen[d] = true;
+    int phase = atomic_load (&shadow->phase[d]);
+    if (phase == DEVICE_GONE)
+      fail_msg ("device d%u: removed, yet recovered", d);
+    struct store_config device_config
+      = device_slot_config (owner->region, root, &specs[i]);
+    if (store_device_adopt (stores[i], &device_config, why, sizeof why) == -1)
+      fail_msg ("store_device_adopt d%u: %s", d, why);
+    for (unsigned b = 0; b < DEVICE_SLOT_BLOCKS; b++) {
+      assert_int_equal (store_read (stores[i], got, BS, (uint64_t) b * BS), 0);
+      uint32_t acked = phase == DEVICE_ADDING ? 0 : shadow->acked[d][b];
+      uint32_t inflight = phase == DEVICE_ADDING ? 0 : shadow->inflight[d][b];
+      kill_content (want, b + d * 1000, acked);
+      bool same = memcmp (got, want, BS) == 0;
+      if (!same && inflight) {
+        kill_content (other, b + d * 1000, inflight);
+        same = memcmp (got, other, BS) == 0;
+      }
+      if (!same)
+        fail_msg ("device d%u block %u: neither version %u nor %u", d, b,
+                  acked, inflight);
+    }
+  }
+  for (unsigned d = 0; d < DEVICE_SLOTS; d++)
+    if (!seen[d] && atomic_load (&shadow->phase[d]) == DEVICE_PRESENT)
+      fail_msg ("device d%u: added, yet not recovered", d);
+  store_destroy (root);           /* its devices with it */
+  assert_int_equal (owner->region->pages_taken, 0);
+  region_destroy (owner);
+  return held;
+}
+
+static void
+test_devices_kill_points (void **state)
+{
+  (void) state;
+  struct devices_shadow *shadow = mmap (NULL, sizeof *shadow,
+                                        PROT_READ | PROT_WRITE,
+                                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true (shadow != MAP_FAILED);
+  const char *path = region_path ("devices-kill-points");
+  unsigned points = 100, kept = 0, cut_adds = 0, cut_removes = 0;
+  uint64_t seed = 44, adds = 0, removes = 0, writes = 0;
+  for (unsigned point = 0; point < points; point++) {
+    memset (shadow, 0, sizeof *shadow);
+    pid_t pid = fork ();
+    assert_true (pid >= 0);
+    if (pid == 0)
+      devices_child (path, shadow, seed + point);
+    usleep (2000 + xorshift64 (&seed) % 30000);
+    kill (pid, SIGKILL);
+    int status;
+    assert_int_equal (waitpid (pid, &status, 0), pid);
+    if (!WIFSIGNALED (status))
+      fail_msg ("the devices' child exited (status %#x)", status);
+    for (unsigned d = 0; d < DEVICE_SLOTS; d++) {
+      cut_adds += atomic_load (&shadow->phase[d]) == DEVICE_ADDING;
+      cut_removes += atomic_load (&shadow->phase[d]) == DEVICE_REMOVING;
+    }
+    adds += shadow->adds;
+    removes += shadow->removes;
+    writes += shadow->writes;
+    kept += devices_recover_and_check (path, shadow);
+  }
+  print_message ("%u kill points among %" PRIu64 " adds, %" PRIu64 " removes "
+                 "and %" PRIu64 " writes (%u inside an add, %u inside a "
+                 "remove): %u devices recovered, each as its phase allows "
+                 "and every block as acknowledged; no page of the region "
+                 "left taken\n", points, adds, removes, writes, cut_adds,
+                 cut_removes, kept);
+  assert_true (adds > 0 && removes > 0);
+  munmap (shadow, sizeof *shadow);
+}
+
 /* ---- kill points inside the recovery ------------------------------------- */
 
 /* Every step a recovery names (recovery_step): the first kill of round r
@@ -665,6 +889,7 @@ static const char *const recovery_steps[] = {
   "state: journal written", "store: recovery marked",
   "region: allocations forgotten", "store: torn entries put back",
   "store: table walk", "store: table walked", "store: units recovered",
+  "store: devices walked",
   "allocator: live objects marked", "allocator: slots emptied",
   "allocator: zspages counted", "allocator: zspages rebuilt",
   "allocator: zspages listed", "allocator: cell blocks rebuilt",
@@ -900,6 +1125,7 @@ main (void)
     cmocka_unit_test (test_take_over_refused),
     cmocka_unit_test (test_cold_map_recovery),
     cmocka_unit_test (test_kill_points),
+    cmocka_unit_test (test_devices_kill_points),
     cmocka_unit_test (test_recovery_kill_points),
   };
   int failed = cmocka_run_group_tests (tests, NULL, NULL);
