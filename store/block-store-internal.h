@@ -4,6 +4,10 @@
  *
  *   the store       block-store.c    create/destroy, limits, memory,
  *                                    statistics (calls any layer)
+ *                   recover.c        a region's stores rebuilt after a
+ *                                    crash
+ *                   store-devices.c  the devices a region's root keeps
+ *                                    (DEVICES IN A REGION)
  *   requests        block-request.c  read, write, patch, trim, zero,
  *                                    extents, making room
  *   movers          block-batch.c    batched writes (returns what it
