@@ -180,6 +180,8 @@ static int
 command_zram_file (struct client *client, int argc, char **argv)
 {
   struct block_store *store = client->store;
+  if (client->all_devices)
+    return stats_print_zram_file_totals (store, argv[0], client->out);
   return stats_print_zram_file (store, argv[0], client->out);
 }
 

@@ -32,6 +32,8 @@ struct client {
                                    default export's store, or the
                                    device= of the line being run */
   struct device *device;  /* that device, or NULL: the default */
+  bool all_devices;       /* device=*: the server's totals (mm_stat,
+                             io_stat, bd_stat) */
   const struct control_info *info;
   bool gone;                    /* hung up, a send failed or timed out */
   bool read_only;               /* came in on ctl_ro=: reads_only commands */

@@ -238,12 +238,15 @@ run_line (struct client *client, char *line, size_t line_bytes)
    */
   client->store = store;
   client->device = NULL;
+  client->all_devices = false;
   for (int k = 0; k < argc && argc < CONTROL_WORDS_MAX; k++)
     if (strncmp (argv[k], "device=", 7) == 0) {
       const char *name = argv[k] + 7;
       memmove (&argv[k], &argv[k + 1], (argc - k - 1) * sizeof *argv);
       argc--;
-      if (*name && !(client->device = device_find (name))) {
+      client->all_devices = strcmp (name, "*") == 0;
+      if (*name && !client->all_devices
+          && !(client->device = device_find (name))) {
         reply_error (client, "unknown device '%s' (devices lists them)", name);
         reply_flush (client);
         return LINE_ANSWERED;
@@ -263,7 +266,11 @@ run_line (struct client *client, char *line, size_t line_bytes)
   for (i = 0; i < control_command_count; i++)
     if (strcmp (argv[0], control_commands[i].name) == 0)
       break;
-  if (argc == CONTROL_WORDS_MAX)
+  if (client->all_devices && strcmp (argv[0], "mm_stat") != 0
+      && strcmp (argv[0], "io_stat") != 0 && strcmp (argv[0], "bd_stat") != 0)
+    reply_error (client, "device=*: only mm_stat, io_stat and bd_stat give "
+                 "the server's totals (the other commands take one device)");
+  else if (argc == CONTROL_WORDS_MAX)
     reply_error (client, "too many words");
   else if (i == control_command_count)
     reply_error (client, "unknown command '%s' (try help)", argv[0]);

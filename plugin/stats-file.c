@@ -44,25 +44,39 @@ print_bd_stat (const struct store_stats *s, FILE *fp)
            s->bd_count, s->bd_reads, s->bd_writes);
 }
 
+/* One of zram's files, of s. */
+static int
+print_zram_file (const struct store_stats *s, const char *name, FILE *fp)
+{
+  if (strcmp (name, "mm_stat") == 0)
+    print_mm_stat (s, fp);
+  else if (strcmp (name, "io_stat") == 0)
+    print_io_stat (s, fp);
+  else if (strcmp (name, "bd_stat") == 0)
+    print_bd_stat (s, fp);
+  else
+    return -1;
+  return 0;
+}
+
 int
 stats_print_zram_file (struct block_store *store, const char *name, FILE *fp)
 {
   struct store_stats s;
-  if (strcmp (name, "mm_stat") == 0) {
-    store_stats (store, &s);
-    print_mm_stat (&s, fp);
-  }
-  else if (strcmp (name, "io_stat") == 0) {
-    store_stats (store, &s);
-    print_io_stat (&s, fp);
-  }
-  else if (strcmp (name, "bd_stat") == 0) {
-    store_stats (store, &s);
-    print_bd_stat (&s, fp);
-  }
-  else
-    return -1;
-  return 0;
+  store_stats (store, &s);
+  return print_zram_file (&s, name, fp);
+}
+
+int
+stats_print_zram_file_totals (struct block_store *store, const char *name,
+                              FILE *fp)
+{
+  struct stats_sample sample;
+  struct store_stats total;
+  stats_sample_take (store, false, &sample);
+  stats_sample_totals (&sample, &total);
+  stats_sample_release (&sample);
+  return print_zram_file (&total, name, fp);
 }
 
 void

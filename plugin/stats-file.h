@@ -26,6 +26,11 @@ extern void stats_print_sample (const struct stats_sample *sample, FILE *fp);
  */
 extern int stats_print_zram_file (struct block_store *store, const char *name,
                                   FILE *fp);
+/* The same of the server's totals (stats_sample_totals): store is the
+ * default export's.
+ */
+extern int stats_print_zram_file_totals (struct block_store *store,
+                                         const char *name, FILE *fp);
 /* Whether a file can be written at path (a file beside it can be
  * created, and what is at path, if anything, is a regular file or a
  * symbolic link): 0, or -1 with errno (EISDIR: a directory; EEXIST:

@@ -102,3 +102,25 @@ stats_sample_release (struct stats_sample *sample)
   sample->devices = NULL;
   sample->device_count = 0;
 }
+
+void
+stats_sample_totals (const struct stats_sample *sample,
+                     struct store_stats *total)
+{
+  *total = sample->store;
+  for (unsigned i = 0; i < sample->device_count; i++) {
+    const struct store_stats *d = &sample->devices[i].store;
+#define ADD(field) total->field += d->field
+    ADD (disk_size); ADD (orig_data_size); ADD (compr_data_size);
+    ADD (same_pages); ADD (huge_pages); ADD (huge_pages_since);
+    ADD (failed_reads); ADD (failed_writes); ADD (invalid_io);
+    ADD (notify_free); ADD (reads); ADD (writes); ADD (table_bytes);
+    ADD (codec_bytes); ADD (recomp_blocks); ADD (recomp_bytes_saved);
+    ADD (packed_blocks); ADD (pack_units); ADD (pack_dictionaries);
+    ADD (pack_dictionary_bytes); ADD (decode_cache_bytes);
+    ADD (decode_cache_hits); ADD (decode_cache_misses);
+    ADD (bd_count); ADD (bd_reads); ADD (bd_writes); ADD (bd_bytes);
+    ADD (bd_failed_reads); ADD (bd_readbacks);
+#undef ADD
+  }
+}

@@ -62,5 +62,13 @@ struct device_figures {
 extern void stats_sample_take (struct block_store *store, bool with_classes,
                                struct stats_sample *sample);
 extern void stats_sample_release (struct stats_sample *sample);
+/* The server's totals (device=* on the control channel): the default
+ * export's figures with every device's added, where they are a store's
+ * own (data, objects, requests, failures, the cold tier's); the pool's
+ * (mem_used_total, mem_limit, limit_used, mem_used_max, compaction,
+ * metadata, the reserve) once, as the devices share the default's pool.
+ */
+extern void stats_sample_totals (const struct stats_sample *sample,
+                                 struct store_stats *total);
 
 #endif /* ZRAM_STATS_SAMPLE_H */

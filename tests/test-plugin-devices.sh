@@ -162,8 +162,20 @@ for name in list(EXPORTS)[1:]:
     assert mm[0] == len(models[name]) * B, (name, mm, len(models[name]))
 mm = [int(x) for x in ctl.ok("mm_stat")[0].split()]
 assert mm[0] == len(models[""]) * B, mm
+# The server's totals: the stores' own figures summed, the pool's once.
+parts = [[int(x) for x in ctl.ok("mm_stat device=%s" % n)[0].split()]
+         for n in EXPORTS]
+total = [int(x) for x in ctl.ok("mm_stat device=*")[0].split()]
+assert total[0] == sum(len(m) for m in models.values()) * B, total
+assert total[0] == sum(p[0] for p in parts) and total[1] == sum(p[1] for p in parts), (total, parts)
+assert total[2:5] == parts[0][2:5], (total, parts[0])    # mem_used_total, limit, max
+io = [[int(x) for x in ctl.ok("io_stat device=%s" % n)[0].split()] for n in EXPORTS]
+io_total = [int(x) for x in ctl.ok("io_stat device=*")[0].split()]
+assert io_total[:3] == [sum(p[k] for p in io) for k in range(3)], (io_total, io)
+ctl.error("info device=*", r"device=\*: only mm_stat, io_stat and bd_stat")
 ctl.error("info device=nope", r"unknown device 'nope'")
-print("control: devices, info and mm_stat per device")
+print("control: devices, info and mm_stat per device; mm_stat and io_stat "
+      "device=* the server's totals (%d bytes stored in all)" % total[0])
 # nbdkit-zramctl lists each device of the server as a row of its own.
 out = subprocess.run([os.environ["ZRAMCTL"], "--raw", "-n", "--bytes", "-o",
                       "NAME,DISKSIZE,ALGORITHM,DATA", sys.argv[2]],
