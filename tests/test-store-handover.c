@@ -506,13 +506,22 @@ kill_child (const char *path, const char *cold_path,
  */
 static void
 kill_child_at (const char *path, const char *cold_path,
-               struct kill_shadow *shadow, uint64_t seed, unsigned delay_us)
+               struct kill_shadow *shadow, uint64_t seed, unsigned delay_us,
+               unsigned movers)
 {
   memset (shadow, 0, sizeof *shadow);
   pid_t pid = fork ();
   assert_true (pid >= 0);
   if (pid == 0)
     kill_child (path, cold_path, shadow, seed);
+  /* At least that many mover rounds first (each writes back), however
+   * slow the machine (a sanitizer's child may do none in the delay).
+   */
+  for (unsigned waited = 0; atomic_load (&shadow->movers) < movers; waited++) {
+    if (waited == 60000)
+      fail_msg ("the writing child did %u mover rounds in 60 s", movers);
+    usleep (1000);
+  }
   usleep (delay_us);
   kill (pid, SIGKILL);
   int status;
@@ -636,7 +645,7 @@ test_kill_points (void **state)
      */
     uint64_t delay_us = point % 10 == 9 ? 200000 + xorshift64 (&seed) % 400000
       : 5000 + xorshift64 (&seed) % 60000;
-    kill_child_at (path, cold_path, shadow, seed + point, delay_us);
+    kill_child_at (path, cold_path, shadow, seed + point, delay_us, 0);
     writes += shadow->writes;
     movers += shadow->movers;
     checked += kill_recover_and_check (path, cold_path, shadow, &torn,
@@ -854,7 +863,19 @@ test_devices_kill_points (void **state)
     assert_true (pid >= 0);
     if (pid == 0)
       devices_child (path, shadow, seed + point);
-    usleep (2000 + xorshift64 (&seed) % 30000);
+    /* Killed after a random number of steps (and a random instant
+     * more), not a random time: a sanitizer's child is too slow for
+     * times to land among its adds and removes.
+     */
+    uint64_t steps = 1 + xorshift64 (&seed) % 40;
+    for (unsigned waited = 0;
+         atomic_load (&shadow->adds) + atomic_load (&shadow->removes)
+           + atomic_load (&shadow->writes) < steps; waited++) {
+      if (waited == 600000)
+        fail_msg ("the devices' child did %" PRIu64 " steps in 60 s", steps);
+      usleep (100);
+    }
+    usleep (xorshift64 (&seed) % 2000);
     kill (pid, SIGKILL);
     int status;
     assert_int_equal (waitpid (pid, &status, 0), pid);
@@ -989,7 +1010,7 @@ test_recovery_kill_points (void **state)
   uint64_t kills = 0, most_calls = 32;
   for (unsigned round = 0; round < rounds; round++) {
     kill_child_at (path, cold_path, shadow, seed + round,
-                   20000 + xorshift64 (&seed) % 50000);
+                   20000 + xorshift64 (&seed) % 50000, 2);
     writes += shadow->writes;
 
     uint64_t restarts = 0;
