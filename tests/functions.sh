@@ -168,7 +168,7 @@ case "$SANITIZERS" in
     thread)
         _nbdkit_env=(
             "LD_PRELOAD=$(_sanitizer_lib libtsan.so)"
-            "TSAN_OPTIONS=halt_on_error=1:exitcode=66:report_signal_unsafe=0:log_path=$tmp/sanitizer"
+            "TSAN_OPTIONS=halt_on_error=1:exitcode=66:report_signal_unsafe=0:log_path=$tmp/sanitizer:suppressions=$SRCDIR/tests/tsan.supp"
         ) ;;
     *)
         _preload=

@@ -358,7 +358,9 @@ def client(seed):
         h.shutdown()
         served[0] += 1
         time.sleep(random.uniform(0, 0.01))
-threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+# Daemons: a server that died must fail the test, not leave it waiting.
+threads = [threading.Thread(target=client, args=(i,), daemon=True)
+           for i in range(4)]
 ctl.ok("add hot 4M")
 for t in threads: t.start()
 removed = busy = parked_removes = 0
