@@ -379,6 +379,7 @@ devices_destroy (void)
   pthread_mutex_lock (&lock);
   while (count > 0) {
     struct device *device = table[--count];
+    table[count] = NULL;
     /* In a region the stores stay: the default store's close hands
      * them over with it, or the region goes with them.
      */
