@@ -10,6 +10,9 @@
 #   memory-zstd     nbdkit memory SIZE allocator=zstd    (the reference)
 #   zram-lz4        nbdkit PLUGIN SIZE comp=lz4  stats=FILE
 #   zram-zstd       nbdkit PLUGIN SIZE comp=zstd stats=FILE
+#   base-lz4        nbdkit BASE_PLUGIN SIZE comp=lz4 stats=FILE  (the
+#   base-zstd       build before, for a change's hot-path check; only
+#                   with BASE_PLUGIN, and only when SERVERS names them)
 #
 # Part "fio", one nbdkit run per server: fill the DEV_SIZE device
 # sequentially (fio, bs=1m, buffer_compress_percentage=65, refill_buffers),
@@ -31,6 +34,8 @@
 #               plugin it is compared with (default: the one BUILD_DIR was
 #               configured with, see setup.sh; else nbdkit on PATH)
 #   PLUGIN      the plugin .so (default: $BUILD_DIR/plugin/.libs/nbdkit-zram-plugin.so)
+#   BASE_PLUGIN another build's .so (the build before a change), served as
+#               base-lz4 / base-zstd: e.g. SERVERS="zram-lz4 base-lz4"
 #   REPEATS     repeats, medians printed (default: 3; QUICK: 1)
 #   RUNTIME     seconds per fio randwrite / randread run (default: 10; QUICK: 2)
 #   DEV_SIZE    device size for part fio (default: 1G; QUICK: 256M)
@@ -245,6 +250,9 @@ for s in $SERVERS; do
         zram-lz4|zram-zstd)
             grep -q "^zram_${s#zram-}=yes" <<<"$dump" ||
                 { warn "$PLUGIN lacks ${s#zram-}: skipping $s"; continue; } ;;
+        base-lz4|base-zstd)
+            [ -f "${BASE_PLUGIN:-}" ] || die "$s needs BASE_PLUGIN, the other build's .so"
+            BASE_PLUGIN=$(readlink -f "$BASE_PLUGIN") ;;
         *) die "unknown server '$s' in SERVERS" ;;
     esac
     servers+=("$s")
@@ -263,6 +271,8 @@ server_args () {
         memory-zstd)   args=(memory "$2" allocator=zstd) ;;
         zram-lz4)      args=("$PLUGIN" "$2" comp=lz4 stats="$3") ;;
         zram-zstd)     args=("$PLUGIN" "$2" comp=zstd stats="$3") ;;
+        base-lz4)      args=("$BASE_PLUGIN" "$2" comp=lz4 stats="$3") ;;
+        base-zstd)     args=("$BASE_PLUGIN" "$2" comp=zstd stats="$3") ;;
     esac
 }
 
@@ -326,7 +336,7 @@ for rep in $(seq "$REPEATS"); do
             out=$res/copy.$s.$rep
             : >"$out"
             st=-
-            [[ $s == zram-* ]] && st=$tmp/stats.$s
+            [[ $s == zram-* || $s == base-* ]] && st=$tmp/stats.$s
             v=0
             { [ "$VERIFY" = all ] || { [ "$VERIFY" = 1 ] && [ "$rep" = 1 ]; }; } && v=1
             serve "$s" "$IMAGE_BYTES" "$tmp/stats.$s" \
