@@ -206,7 +206,7 @@
 #include <sys/types.h>
 
 #define REGION_MAGIC "ZRAMRGN"          /* 8 bytes with its NUL */
-#define REGION_LAYOUT_VERSION 5
+#define REGION_LAYOUT_VERSION 6   /* 6: cells keep descriptor address >> 4 */
 #define REGION_PAGE_SIZE 4096
 
 enum region_state {
