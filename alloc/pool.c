@@ -187,13 +187,35 @@ reserve_open_room (struct zs_pool *pool)
   return (int64_t) ((held < charged ? held : charged) * ZS_PAGE_SIZE);
 }
 
+/* resident_only, the reserve closed: what zspages took of the reserve
+ * and no refill has put back yet, which the data may not count as room
+ * (its room is the limit less the whole reserve).  Without it, each
+ * zspage's settle of the pages it took from the reserve gave the next
+ * zspage their room under the limit, and the data ate the closed reserve
+ * zspage by zspage once it was within a zspage of the limit.  0 where
+ * the reserve is not the data's only pages, or the limit does not count
+ * it.
+ */
+static int64_t
+reserve_missing_room (struct zs_pool *pool)
+{
+  if (!pool->pages.resident_only || pool->config.limit_pages_only)
+    return 0;
+  uint64_t target = (uint64_t) pool->pages.reserve_target * pool->pages.chunk_pages;
+  uint64_t charged = atomic_load (&pool->reserve_charged);
+  return charged < target ? -(int64_t) ((target - charged) * ZS_PAGE_SIZE) : 0;
+}
+
 /* A charge of the data's (a zspage, a block of cells, the caller's own):
- * within the limit, or the whole limit while the reserve is open.
+ * within the limit less the reserve, or the whole limit while the
+ * reserve is open.
  */
 static bool
 limit_add (struct zs_pool *pool, uint64_t add, uint64_t *seen)
 {
-  return limit_add_within (pool, add, reserve_open_room (pool), seen);
+  int64_t room = atomic_load_explicit (&pool->reserve_open, memory_order_relaxed)
+    ? reserve_open_room (pool) : reserve_missing_room (pool);
+  return limit_add_within (pool, add, room, seen);
 }
 
 /* resident_only: the limit has no room for another reserve chunk, so a

@@ -165,7 +165,9 @@
  *   reserve pages: the reserve never costs the data room under the
  *   limit - except in resident_only, where the reserve's pages are the
  *   only ones a write may take: there the data's room is the limit less
- *   the reserve, and a refusal is ENOSPC.  Opened (zs_pool_open_reserve),
+ *   the whole reserve (what zspages took of it and no refill has put
+ *   back yet counts as reserved: reserve_missing_room), and a refusal is
+ *   ENOSPC.  Opened (zs_pool_open_reserve),
  *   the data's charges may also count the reserve's pages they can take
  *   (those still held and charged) as room: the data may fill the whole
  *   limit, taking pages that are resident already, so nothing more is

@@ -759,7 +759,64 @@ fill_keeping_reserve (struct zs_pool *pool, size_t size, zs_handle_t *fill,
   return *n < max ? errno : 0;
 }
 
-/* 15. The open reserve (swap mode's full device on a machine out of      */
+/* 15. A closed reserve stays whole at the limit, whatever the limit and */
+/*     the zspages' length: the data's room is the limit less all of it.  */
+/*     (It was eaten zspage by zspage where the room left at the limit   */
+/*     held one zspage: each took reserve pages, whose settle gave the    */
+/*     next one their room; 6 MiB limits passed or failed by 4 KiB.)      */
+static void
+test_resident_only_reserve_kept_at_limit (void **state)
+{
+  (void) state;
+  enum { RESERVE = 2 << 20, FILL_MAX = 4096 };
+  static const size_t sizes[] = { PAGE, PAGE * 2 / 3, 1000 };
+  zs_handle_t *fill = calloc (FILL_MAX, sizeof *fill);
+  assert_non_null (fill);
+  unsigned cases = 0;
+  for (unsigned s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+    for (uint64_t limit = (6 << 20) - 16 * PAGE; limit <= (6 << 20) + 16 * PAGE;
+         limit += PAGE) {
+      struct zs_pool *pool = make_resident_pool (limit, RESERVE, false);
+      zs_pool_metadata_ready (pool, 16 << 20);
+      unsigned n = 0;
+      assert_int_equal (fill_keeping_reserve (pool, sizes[s], fill, &n, FILL_MAX),
+                        ENOSPC);
+      struct zs_pool_stats st;
+      get_stats (pool, &st);
+      /* The data's pages never reach into the reserve's room, and had
+       * the rest of what the reserve holds: another zspage (8 pages at
+       * most, the default chain, and its descriptor) would not have
+       * fitted.  The reserve may hold more than its target (spare runs of
+       * other lengths count in it), or less by under a chunk: refills add
+       * whole chunks, and where the limit has room for less, that room
+       * stays the reserve's, unused.
+       */
+      uint64_t data = (uint64_t) st.pages_used * PAGE;
+      if (data > limit - RESERVE)
+        fail_msg ("objects of %zu bytes, limit %" PRIu64 ": full at %u objects "
+                  "holding %" PRIu64 " bytes of pages, past the limit less the "
+                  "reserve (%" PRIu64 "); the reserve holds %" PRIu64,
+                  sizes[s], limit, n, data, limit - RESERVE, st.reserve_bytes);
+      if (data + st.metadata_bytes + 8 * PAGE + 4096
+          + (st.reserve_bytes < RESERVE ? PAGE_CHUNK_PAGES_RESIDENT * PAGE : 0)
+          <= limit - st.reserve_bytes)
+        fail_msg ("objects of %zu bytes, limit %" PRIu64 ": full at %u objects, "
+                  "%" PRIu64 " bytes of pages and %" PRIu64 " of metadata, short "
+                  "of the limit less what the reserve holds; limit_used %" PRIu64 ", reserve %" PRIu64,
+                  sizes[s], limit, n, data, st.metadata_bytes, st.limit_used,
+                  st.reserve_bytes);
+      assert_true (st.limit_used <= limit);
+      for (unsigned i = 0; i < n; i++)
+        zs_free (pool, fill[i]);
+      zs_pool_destroy (pool);
+      cases++;
+    }
+  print_message ("closed reserve: out of the data's reach at the limit in %u cases (3 object "
+                 "sizes, 33 limits around 6 MiB)\n", cases);
+  free (fill);
+}
+
+/* 16. The open reserve (swap mode's full device on a machine out of      */
 /*     memory): the data takes the reserve's resident pages, nothing more */
 /*     asked of the system, until a refill makes it whole again.          */
 static void
@@ -767,9 +824,7 @@ test_resident_only_open_reserve (void **state)
 {
   (void) state;
   /* Pages that compress 1.5:1: their class's zspages are several pages
-   * long, so at the limit a new one does not fit in what is left, and
-   * the reserve stays whole (a page-sized object's one-page zspages
-   * would take the reserve page by page, each settling the next's room).
+   * long, so the open reserve is taken a zspage at a time.
    */
   enum { LIMIT = 6 << 20, RESERVE = 2 << 20, FILL_MAX = 4096,
          SIZE = PAGE * 2 / 3 };
@@ -847,6 +902,7 @@ main (void)
     cmocka_unit_test (test_reserve_edges),
     cmocka_unit_test (test_resident_only),
     cmocka_unit_test (test_limit_pages_only),
+    cmocka_unit_test (test_resident_only_reserve_kept_at_limit),
     cmocka_unit_test (test_resident_only_open_reserve),
   };
 
