@@ -175,13 +175,12 @@ limit_add_within (struct zs_pool *pool, uint64_t add, int64_t room,
 
 /* The room an open reserve gives the data's charges: its pages still
  * held and still charged (the data may take those; a page taken but not
- * yet settled is counted by its zspage already).  0 when closed.
+ * yet settled is counted by its zspage already).  limit_add asks it only
+ * while the reserve is open.
  */
 static int64_t
 reserve_open_room (struct zs_pool *pool)
 {
-  if (!atomic_load_explicit (&pool->reserve_open, memory_order_relaxed))
-    return 0;
   uint64_t held = page_source_reserve_pages (&pool->pages);
   uint64_t charged = atomic_load (&pool->reserve_charged);
   return (int64_t) ((held < charged ? held : charged) * ZS_PAGE_SIZE);

@@ -784,8 +784,8 @@ test_resident_only_reserve_kept_at_limit (void **state)
       struct zs_pool_stats st;
       get_stats (pool, &st);
       /* The data's pages never reach into the reserve's room, and had
-       * the rest of what the reserve holds: another zspage (8 pages at
-       * most, the default chain, and its descriptor) would not have
+       * the rest of what the reserve holds: another zspage (the default
+       * chain's pages at most, and its descriptor) would not have
        * fitted.  The reserve may hold more than its target (spare runs of
        * other lengths count in it), or less by under a chunk: refills add
        * whole chunks, and where the limit has room for less, that room
@@ -797,7 +797,7 @@ test_resident_only_reserve_kept_at_limit (void **state)
                   "holding %" PRIu64 " bytes of pages, past the limit less the "
                   "reserve (%" PRIu64 "); the reserve holds %" PRIu64,
                   sizes[s], limit, n, data, limit - RESERVE, st.reserve_bytes);
-      if (data + st.metadata_bytes + 8 * PAGE + 4096
+      if (data + st.metadata_bytes + ZS_CHAIN_DEFAULT * PAGE + 4096
           + (st.reserve_bytes < RESERVE ? PAGE_CHUNK_PAGES_RESIDENT * PAGE : 0)
           <= limit - st.reserve_bytes)
         fail_msg ("objects of %zu bytes, limit %" PRIu64 ": full at %u objects, "
