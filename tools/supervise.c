@@ -392,9 +392,62 @@ note (const char *dir, const char *name, bool append, const char *format, ...)
  * meanwhile, and a standby whose making leaves the server's requests
  * unanswered for standby_starve_s (half the request timeout: before
  * they time out) is given up (standby_starved says so).
+ *
+ * A starved server may answer, too: with its memory short it refuses
+ * writes ("not ready": its reserve keeper finds nothing to make ready),
+ * and every refusal is an answer to the device's counters (seen: a 384
+ * MiB guest under 2.25x its RAM, zstd: a standby's `ready` unanswered
+ * for 64 s while the server refused writes for 38 s and the workload
+ * made no progress, until the full-device watch had a process killed).
+ * So a write the server refused while the standby was made (io_stat's
+ * failed_writes in the stats file the swap tool has it write, each
+ * second) gives the standby up too.  A full device's refusals count as
+ * well: a standby's memory would come out of the same starved machine.
  */
 static bool standby_making, standby_starved;
 static double standby_starve_s;
+static char server_stats_path[4096];    /* DIR/stats */
+static int64_t making_failed_writes;    /* at the making's start; -1: the
+                                           file could not be read */
+
+/* The serving server's failed writes so far, from its stats file's
+ * io_stat line (failed_reads failed_writes invalid_io notify_free), or
+ * -1 when it cannot be read.  Reads into the stack: the supervisor
+ * allocates nothing once started.
+ */
+static int64_t
+server_failed_writes (void)
+{
+  char text[1024];
+  int fd = open (server_stats_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd == -1)
+    return -1;
+  ssize_t got = read (fd, text, sizeof text - 1);
+  close (fd);
+  if (got <= 0)
+    return -1;
+  text[got] = '\0';
+  const char *line = strstr (text, "\nio_stat ");
+  if (!line)
+    return -1;
+  char *end;
+  strtoull (line + strlen ("\nio_stat "), &end, 10);
+  const char *field = end;
+  long long failed = strtoll (field, &end, 10);
+  return end == field || failed < 0 ? -1 : failed;
+}
+
+/* Writes the server refused since the making began (0: none, or not
+ * known).
+ */
+static int64_t
+making_refusals (void)
+{
+  if (making_failed_writes < 0)
+    return 0;
+  int64_t failed = server_failed_writes ();
+  return failed > making_failed_writes ? failed - making_failed_writes : 0;
+}
 
 /* The device has requests waiting and has answered none of them for
  * standby_starve_s (sampled now).
@@ -410,7 +463,7 @@ device_starved (void)
 static bool
 server_starved (void)
 {
-  if (standby_making && device_starved ())
+  if (standby_making && (device_starved () || making_refusals () > 0))
     standby_starved = true;
   return standby_making && standby_starved;
 }
@@ -629,7 +682,7 @@ ask (const char *dir, const char *name, const char *line, char *reply,
     supervise_log ("%s: no answer to '%.*s' after %.3f s%s", name, question,
                    line, now () - asked, watched > 0 && !server_alive (watched)
                    ? " (the server is gone)" : standby_starved
-                   ? " (given up: the server answered nothing meanwhile)" : "");
+                   ? " (given up: the server starved meanwhile)" : "");
   return answered;
 }
 
@@ -768,6 +821,8 @@ standby_prepare (const char *dir, unsigned connections,
   ballast_take ();
   char grace_reply[128];
   ask (dir, "ctl", "grace 60\n", grace_reply, sizeof grace_reply, 5, server);
+  snprintf (server_stats_path, sizeof server_stats_path, "%s/stats", dir);
+  making_failed_writes = server_failed_writes ();
   standby_making = true;
   standby_starved = false;
   bool ready = standby_make_ready (dir, connections, standby, server,
@@ -775,10 +830,17 @@ standby_prepare (const char *dir, unsigned connections,
   standby_making = false;
   if (standby_starved) {
     /* Its memory back to the server at once. */
-    supervise_log ("standby: pid %d given up: the device answered nothing "
-                   "for %.1f s while it was made ready (memory too short "
-                   "for both): SIGKILL", (int) standby->pid,
-                   standby_starve_s);
+    int64_t refused = making_refusals ();
+    if (refused > 0)
+      supervise_log ("standby: pid %d given up: the server refused %lld "
+                     "writes while it was made ready (memory too short "
+                     "for both): SIGKILL", (int) standby->pid,
+                     (long long) refused);
+    else
+      supervise_log ("standby: pid %d given up: the device answered "
+                     "nothing for %.1f s while it was made ready (memory "
+                     "too short for both): SIGKILL", (int) standby->pid,
+                     standby_starve_s);
     if (standby->pid > 0)
       kill (standby->pid, SIGKILL);
   }
