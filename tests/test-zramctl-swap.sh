@@ -10,9 +10,9 @@
 # refused, naming what would fit; status for a user who cannot read the
 # state refused with a non-zero exit; a --restartable device whose
 # supervisor was killed: status says its server serves on unsupervised
-# and its standby is orphaned, exit 1, and off stops both; off refused
-# while the server's other device (device=) has a client, and done once
-# it went.  The real path (the kernel's nbd
+# and its standby is orphaned, exit 1, and off stops both; off (and
+# restart) refused while the server's other device (device=) has a
+# client, and off done once it went.  The real path (the kernel's nbd
 # driver swapping to the server, SIGTERM during swap on, swap off with
 # memory short) is `make check-swap`, in a guest.
 set -euo pipefail
@@ -377,6 +377,20 @@ time.sleep(60)' "$d/sock" "$tmp/client.up" &
     kill -0 "$busy_server" && [ -f "$d/state" ] ||
         fail "swap off refused but stopped the server or removed its state"
     echo "ok: swap off refused: $(cat "$tmp/err")"
+    # swap restart too: the supervisor would reconnect nbd10 alone.  The
+    # state says restartable; a refusal signals nothing (a SIGHUP would
+    # have ended this unsupervised nbdkit).
+    sed -i 's/^phase=on$/phase=on\nsupervised=1/' "$d/state"
+    rc=0
+    "$ZRAMCTL" swap restart /dev/nbd10 > "$tmp/out" 2> "$tmp/err" || rc=$?
+    [ "$rc" = 1 ] || fail "swap restart with another device's client connected: exit status $rc, not 1: $(cat "$tmp/out" "$tmp/err")"
+    grep -q "swap restart /dev/nbd10: refused: its server also serves swap2 (1 client), which a restart would disconnect" "$tmp/err" ||
+        fail "swap restart with another device's client connected: $(cat "$tmp/err")"
+    sleep 0.5
+    kill -0 "$busy_server" && [ -f "$d/state" ] ||
+        fail "swap restart refused but signalled the server or removed its state"
+    echo "ok: swap restart refused: $(cat "$tmp/err")"
+    sed -i '/^supervised=1$/d' "$d/state"
     kill "$client"; wait "$client" 2>/dev/null || :
     for i in $(seq 50); do
         "$ZRAMCTL" devices "$d/ctl" | grep -q "clients=0" && break
