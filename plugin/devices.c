@@ -43,7 +43,7 @@ static int server_level;
 /* Shared by the default store and every device (BUDGET in block-store.h);
  * its floors change only with a device's store made or destroyed.
  */
-static struct store_budget budget;
+static struct store_budget budget = STORE_BUDGET_INIT;
 static const char *refused;
 static struct store_config base_config;
 static struct block_store *owner_store;
@@ -228,9 +228,8 @@ devices_complete (enum codec_algorithm algorithm, int level,
   server_level = level;
   refused = refused_parameter;
   if (count && refused) {
-    nbdkit_error ("device: not with %s= yet: each device would need its "
-                  "share of it (serve those devices from a server of their "
-                  "own)", refused);
+    nbdkit_error ("device: not with %s yet (serve those devices from a "
+                  "server of their own)", refused);
     return -1;
   }
   char why[256];
@@ -257,6 +256,8 @@ device_config (const struct device_spec *spec)
   config.algorithm = spec->algorithm;
   config.level = spec->level;
   config.backing = NULL;
+  /* The default store's cold tier, shared (COLD TIER ACROSS STORES). */
+  config.backing_owner = store_has_backing (owner_store) ? owner_store : NULL;
   config.shared_pool = store_pool (owner_store);
   config.budget = &budget;
   config.cap = spec->cap;
@@ -395,7 +396,7 @@ devices_add (const char *value, char *why, size_t why_size)
 {
   struct device_spec spec;
   if (refused) {
-    snprintf (why, why_size, "not with %s= yet: serve the device from a "
+    snprintf (why, why_size, "not with %s yet: serve the device from a "
               "server of its own", refused);
     return -1;
   }

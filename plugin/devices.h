@@ -72,7 +72,12 @@
  * are not destroyed at exit: they are handed over with the default
  * store, or go with the region.
  *
- * Not yet: devices with backing= (refused at start, naming it).
+ * A COLD TIER (backing=) is the default store's, shared by every device
+ * (COLD TIER ACROSS STORES in block-store.h): one backing store with
+ * room for the default export and every device declared at start, which
+ * devices added later share; a writeback for room picks the coldest
+ * blocks of every device.  Not yet with a region (refused at start,
+ * naming both).
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table

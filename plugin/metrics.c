@@ -272,6 +272,11 @@ per_device (size_t offset)
     STORE (notify_free), STORE (reads), STORE (writes), STORE (table_bytes),
     STORE (cap), STORE (floor), STORE (quota_bytes),
     STORE (refused_for_budget),
+    /* Each device's blocks in the one cold tier; the tier's own figures
+     * (capacity, map, errors) are the server's, once.
+     */
+    STORE (bd_count), STORE (bd_reads), STORE (bd_writes), STORE (bd_bytes),
+    STORE (bd_failed_reads), STORE (bd_readbacks),
   };
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i] == offset)

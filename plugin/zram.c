@@ -106,8 +106,10 @@ backing_start (void)
     if (params.policy.writeback_watermark)
       params.store.readback_below = params.store.pool.mem_limit / 100
         * params.policy.writeback_watermark;
+    /* Room for every device declared (devices.h): one cold tier. */
     params.store.backing = backing_open (params.backing_target,
-                                         params.store.size,
+                                         params.store.size
+                                         + devices_declared_bytes (),
                                          params.backing_direct,
                                          params.backing_timeout, &error);
     if (!params.store.backing) {

@@ -338,7 +338,11 @@ struct block_store {
   uint64_t created_ns;            /* monotonic: block access times count
                                      from here */
   /* Writeback: the backing store (NULL: none), one run at a time. */
-  struct backing *backing;        /* this process's (HANDOVER) */
+  struct backing *backing;        /* this process's (HANDOVER), or the
+                                     owner's (backing_owner) */
+  struct block_store *backing_owner; /* COLD TIER ACROSS STORES: whose
+                                     backing store this is (NULL: its
+                                     own) */
   struct space_map *backing_map;  /* in a region: the backing store's
                                      space map, kept there (NULL: no
                                      region, or no backing store) */
@@ -367,6 +371,11 @@ struct block_store {
    * but for the counters.
    */
   struct store_budget *budget;    /* shared with the pool's other stores */
+  struct block_store *budget_next; /* budget->members, under its
+                                     members_lock */
+  unsigned budget_pins;           /* writebacks of other stores at work
+                                     on this one, under members_lock */
+  bool budget_member;             /* on budget->members */
   uint64_t cap, floor;            /* 0: none */
   bool quota_counted;             /* a cap or a floor: quota_bytes kept */
   _Atomic uint64_t quota_bytes;   /* this store's objects, their classes'
@@ -429,6 +438,23 @@ extern int quota_init (struct block_store *store,
                        const struct store_config *config);
 /* Its floor's unmet room given back to the budget (a store destroyed). */
 extern void quota_leave (struct block_store *store);
+
+/* quota.c, COLD TIER ACROSS STORES (block-store.h): a store with a
+ * budget and a backing store joins the budget's members (at creation),
+ * and leaves them (first thing at its destroy: unlinked, then it waits
+ * until no writeback of another store holds a pin on it).
+ * budget_members_pin: the members that share store's backing store
+ * (store itself among them), up to max of them, each pinned until
+ * budget_members_unpin; 0 when store is no member (its writeback is its
+ * own alone).
+ */
+extern void budget_member_join (struct block_store *store);
+extern void budget_member_leave (struct block_store *store);
+extern unsigned budget_members_pin (struct block_store *store,
+                                    struct block_store **members,
+                                    unsigned max);
+extern void budget_members_unpin (struct block_store *const *members,
+                                  unsigned count);
 
 /* What an entry holds, detached from the table. */
 struct block_content {

@@ -200,14 +200,29 @@ store_create (const struct store_config *config)
   }
   store->writeback_limit = config->writeback_limited ? config->writeback_limit
     : UINT64_MAX;
+  /* Not in a region yet: its recovery would walk only the owner's
+   * entries into the one space map.
+   */
+  if (config->backing_owner
+      && (config->backing || region || !config->backing_owner->backing
+          || config->budget != config->backing_owner->budget
+          || !config->budget)) {
+    errno = EINVAL;             /* a shared cold tier is a budget's */
+    goto fail;
+  }
   if (region && config->backing && backing_map_in_region (store, config) == -1)
     goto fail;
   store->backing = config->backing;   /* the store's from here */
+  if (config->backing_owner) {
+    store->backing = config->backing_owner->backing;
+    store->backing_owner = config->backing_owner;
+  }
   store->readback_below = config->readback_below;
   store->backing_sync = !config->backing_nosync;
   store->raw_threshold = zs_huge_class_size (store->pool);
   block_table_init (&store->table, store->blocks, store->pool, region);
   backing_map_settle (store, false, true);    /* the empty map's */
+  budget_member_join (store);
   if (region && !store->shares_pool)
     region_set_root (region, store, STORE_LAYOUT_VERSION);
   return store;
@@ -220,7 +235,7 @@ store_create (const struct store_config *config)
     zs_pool_destroy (store->pool);
   process_parts_free (store);
   region_memory_free (region, store);
-  backing_close (config->backing);
+  backing_close (config->backing);    /* NULL with backing_owner */
   errno = saved;
   return NULL;
 }
@@ -231,6 +246,8 @@ process_parts_hand_over (struct block_store *store)
 {
   decode_cache_trim (store);    /* this process's memory, discharged */
   write_scratch_trim (store);
+  if (store->backing_owner)
+    store->backing = NULL;      /* the owner's, closed by the owner */
   if (store->backing) {
     /* Runs released while reads were on: no read is on now. */
     backing_map_settle (store, false, true);
@@ -316,6 +333,10 @@ store_adopt (struct block_store *store, const struct store_config *config,
     store->codecs[p] = NULL;
   store->pack_codec = NULL;
   store->backing = NULL;
+  /* The old process's budget membership (COLD TIER ACROSS STORES). */
+  store->budget_member = false;
+  store->budget_next = NULL;
+  store->budget_pins = 0;
   dictionaries_adopt (store);
   if (quota_rejoin (store, config) == -1) {
     snprintf (why, why_bytes, "its budget does not fit its cap and floor");
@@ -331,6 +352,7 @@ store_adopt (struct block_store *store, const struct store_config *config,
     backing_map_adopt (config->backing, store->backing_map);
     store->backing = config->backing;
     backing_map_settle (store, false, true);
+    budget_member_join (store);
   }
   store->raw_threshold = zs_huge_class_size (store->pool);
   return 0;
@@ -376,6 +398,8 @@ store_destroy (struct block_store *store)
 {
   if (!store)
     return;
+  /* Out of the other stores' writebacks first (COLD TIER ACROSS STORES). */
+  budget_member_leave (store);
   /* A region's root goes with the devices it holds (DEVICES IN A
    * REGION), before the pool they are on.
    */
@@ -405,7 +429,8 @@ store_destroy (struct block_store *store)
     zs_pool_destroy (store->pool);
   process_parts_free (store);
   units_free_all (store);      /* their parts went with the pool */
-  backing_close (store->backing);
+  if (!store->backing_owner)
+    backing_close (store->backing);
   backing_map_free (store);
   write_scratch_free (store);
   region_memory_free (store->region, store);

@@ -46,7 +46,15 @@
  *                A dictionary's decoder is made without it (one
  *                compare-and-swap).
  *   writeback_lock  one writeback run at a time, and the writeback
- *                limit's changes; held for a whole run.
+ *                limit's changes; held for a whole run (a pass of a
+ *                writeback for room).  A thread holds one store's at a
+ *                time: a writeback over the stores that share a cold tier
+ *                takes each in turn (COLD TIER ACROSS STORES); the owner's
+ *                is only tried (trylock) for the map's charge under
+ *                another's.
+ *   budget members_lock  the stores on a budget that write back, and
+ *                their pins (COLD TIER ACROSS STORES); a leaf, held for
+ *                a list walk at most.
  *   backing locks  the backing store's space map (its lock,
  *                space-map.h), its queue of released runs (release_lock)
  *                and each NBD connection (backing.h): leaves, never held two at a time; a
@@ -56,7 +64,8 @@
  *
  *   Order: writeback_lock -> stripe lock -> unit cache slot lock ->
  *   allocator locks; stripe lock -> dictionary_lock -> allocator locks;
- *   units_lock and the backing locks are leaves;
+ *   units_lock, the budget's members_lock and the backing locks are
+ *   leaves;
  *   walk_lock is never held with another.
  *   Every thread holds one stripe lock at a time (the table's reclaim
  *   takes each in turn for its grace period).  Full-block writes
@@ -140,6 +149,23 @@
  *   keeps the floor's room free, it does not evict what was there before
  *   the floor was set.  Only atomics: no lock.
  *
+ * COLD TIER ACROSS STORES (writeback.c)
+ *   The stores of one budget may share one backing store: the owner's
+ *   (config.backing), which the others use (config.backing_owner) with
+ *   its one space map, so that each block's run is named by its own
+ *   store's entry alone (a store reads only what its table points to)
+ *   and a store's trim or destroy releases its runs to the map that all
+ *   use.  The map's charge to the pool is the owner's (under the owner's
+ *   writeback_lock).  A writeback that makes room (a write refused for
+ *   memory, store_writeback_until) goes over every store on the budget
+ *   with a backing store, coldest first: its passes (idle blocks, huge
+ *   ones, then by age) each visit every store before the next, so an
+ *   idle device's blocks go before a busy one's recent ones.  It works on
+ *   one store at a time, under that store's writeback_lock alone, and
+ *   pins the store (budget->members_lock) for it: a store leaving the
+ *   budget (store_destroy) is unlinked first and waits until no pin
+ *   holds it.
+ *
  * HANDOVER (a store that outlives its process; alloc/region.h)
  *   With a region (config.pool.region) the store is allocated there with
  *   everything a read needs: the struct, the table's nodes, the units'
@@ -213,7 +239,7 @@
  * a structure the store keeps there (struct block_store, the table, the
  * units), as REGION_LAYOUT_VERSION for the allocator's.
  */
-#define STORE_LAYOUT_VERSION 6
+#define STORE_LAYOUT_VERSION 7
 
 #define STORE_RECOMP_MAX 3
 #define STORE_WRITEBACK_BATCH 32
@@ -227,7 +253,15 @@ struct store_budget {
    */
   _Atomic int64_t unmet_floors;
   _Atomic uint64_t floors;        /* the floors' sum */
+  /* COLD TIER ACROSS STORES: the stores on the budget that have a
+   * backing store, linked through their budget_next, for a writeback
+   * that makes room for any of them.  members_lock guards the list and
+   * the members' pins; a leaf (no other lock is taken while it is held).
+   */
+  pthread_mutex_t members_lock;
+  struct block_store *members;
 };
+#define STORE_BUDGET_INIT { .members_lock = PTHREAD_MUTEX_INITIALIZER }
 
 /* The budget's unmet floors now, clamped at 0 (see above). */
 static inline uint64_t
@@ -275,6 +309,12 @@ struct store_config {
    * owns it from the call on, whether it succeeds or not.
    */
   struct backing *backing;
+  /* Or the backing store of another store, shared (the devices of one
+   * server: the default export's, COLD TIER ACROSS STORES below): used,
+   * not owned, with backing NULL; its space map and the map's charge to
+   * the pool stay the owner's.  The owner is destroyed last.
+   */
+  struct block_store *backing_owner;
   unsigned writeback_batch;       /* blocks per backing write, 1..
                                      STORE_WRITEBACK_BATCH_MAX (0: 32) */
   bool writeback_limited;         /* writeback_limit applies (zram's

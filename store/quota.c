@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "block-store-internal.h"
 
@@ -167,4 +168,77 @@ quota_rejoin (struct block_store *store, const struct store_config *config)
                       (int64_t) unmet (store, atomic_load (&store->quota_bytes))
                       - (int64_t) store->floor);
   return 0;
+}
+
+/* ---- COLD TIER ACROSS STORES (block-store.h) ---------------------------- */
+
+void
+budget_member_join (struct block_store *store)
+{
+  struct store_budget *budget = store->budget;
+  if (!budget || !store->backing)
+    return;
+  pthread_mutex_lock (&budget->members_lock);
+  store->budget_pins = 0;
+  store->budget_next = budget->members;
+  budget->members = store;
+  store->budget_member = true;
+  pthread_mutex_unlock (&budget->members_lock);
+}
+
+void
+budget_member_leave (struct block_store *store)
+{
+  struct store_budget *budget = store->budget;
+  if (!budget)
+    return;
+  pthread_mutex_lock (&budget->members_lock);
+  if (!store->budget_member) {
+    pthread_mutex_unlock (&budget->members_lock);
+    return;
+  }
+  for (struct block_store **at = &budget->members; *at;
+       at = &(*at)->budget_next)
+    if (*at == store) {
+      *at = store->budget_next;
+      break;
+    }
+  store->budget_member = false;
+  /* Unlinked: no new pin.  A writeback at work on it ends its slice. */
+  while (store->budget_pins > 0) {
+    pthread_mutex_unlock (&budget->members_lock);
+    usleep (1000);
+    pthread_mutex_lock (&budget->members_lock);
+  }
+  pthread_mutex_unlock (&budget->members_lock);
+}
+
+unsigned
+budget_members_pin (struct block_store *store, struct block_store **members,
+                    unsigned max)
+{
+  struct store_budget *budget = store->budget;
+  unsigned count = 0;
+  if (!budget)
+    return 0;
+  pthread_mutex_lock (&budget->members_lock);
+  for (struct block_store *member = store->budget_member ? budget->members
+         : NULL; member && count < max; member = member->budget_next)
+    if (member->backing == store->backing) {
+      member->budget_pins++;
+      members[count++] = member;
+    }
+  pthread_mutex_unlock (&budget->members_lock);
+  return count;
+}
+
+void
+budget_members_unpin (struct block_store *const *members, unsigned count)
+{
+  for (unsigned i = 0; i < count; i++) {
+    struct store_budget *budget = members[i]->budget;
+    pthread_mutex_lock (&budget->members_lock);
+    members[i]->budget_pins--;
+    pthread_mutex_unlock (&budget->members_lock);
+  }
 }

@@ -309,6 +309,13 @@ backing_map_settle (struct block_store *store, bool locked,
   /* Runs released while reads were on, freed once those reads are done. */
   if (free_released)
     backing_settle_releases (store->backing);
+  /* A shared map is charged by its owner (COLD TIER ACROSS STORES),
+   * under the owner's writeback_lock: tried, as this store's may be held.
+   */
+  if (store->backing_owner) {
+    store = store->backing_owner;
+    locked = false;
+  }
   if (!locked && pthread_mutex_trylock (&store->writeback_lock) != 0)
     return;
   struct backing_stats backing;
@@ -409,52 +416,67 @@ writeback_until (struct block_store *store, uint64_t target,
     errno = ENODEV;
     return -1;
   }
-  /* Coldest first: idle blocks, then huge ones, then by age. */
+  /* Coldest first: idle blocks, then huge ones, then by age; each pass
+   * over every store that shares this one's backing store (COLD TIER
+   * ACROSS STORES) before the next.
+   */
   static const struct { enum store_writeback_type type; uint32_t min_age; }
   passes[] = {
     { WRITEBACK_IDLE, 0 }, { WRITEBACK_HUGE, 0 },
     { WRITEBACK_ANY, 3600 }, { WRITEBACK_ANY, 600 }, { WRITEBACK_ANY, 60 },
     { WRITEBACK_ANY, 10 }, { WRITEBACK_ANY, 1 }, { WRITEBACK_ANY, 0 },
   };
-  unsigned char *buffer = malloc ((size_t) store->writeback_batch
-                                  * STORE_BLOCK_SIZE);
-  if (!buffer)
-    return -1;
-  int r = 0;
-  if (mutex_lock_until (&store->writeback_lock, deadline_ms) != 0) {
-    free (buffer);
-    errno = ETIMEDOUT;
-    return -1;
+  struct block_store *members[DEVICES_MAX + 1];
+  unsigned count = budget_members_pin (store, members, DEVICES_MAX + 1);
+  bool pinned = count > 0;
+  if (!pinned) {
+    members[0] = store;
+    count = 1;
   }
-  for (unsigned p = 0; p < sizeof passes / sizeof passes[0] && r == 0; p++) {
-    if (pool_bytes (store) <= target
-        || (deadline_ms && monotonic_ms () >= deadline_ms))
-      break;
-    /* The pool gives pages back only as zspages empty: write back a
-     * slice, compact, look again.
-     */
-    uint64_t before;
-    do {
-      before = result->blocks;
-      struct store_writeback_request request = {
-        .type = passes[p].type, .min_age = passes[p].min_age,
-        .first = 0, .last = UINT64_MAX,
-        .max_blocks = result->blocks + slice * store->writeback_batch,
-      };
-      if (max_blocks && request.max_blocks > max_blocks)
-        request.max_blocks = max_blocks;
-      r = writeback_pass (store, &request, keep_going, opaque, deadline_ms,
-                          buffer, result);
-      zs_compact (store->pool);
-    } while (r == 0 && result->blocks > before
-             && (!max_blocks || result->blocks < max_blocks)
-             && pool_bytes (store) > target
-             && !(keep_going && !keep_going (opaque))
-             && !(deadline_ms && monotonic_ms () >= deadline_ms));
-    if (max_blocks && result->blocks >= max_blocks)
-      break;
-  }
-  pthread_mutex_unlock (&store->writeback_lock);
+  unsigned batch = 0;
+  for (unsigned m = 0; m < count; m++)
+    if (members[m]->writeback_batch > batch)
+      batch = members[m]->writeback_batch;
+  unsigned char *buffer = malloc ((size_t) batch * STORE_BLOCK_SIZE);
+  int r = buffer ? 0 : -1;
+  for (unsigned p = 0; p < sizeof passes / sizeof passes[0] && r == 0; p++)
+    for (unsigned m = 0; m < count && r == 0; m++) {
+      struct block_store *member = members[m];
+      if (pool_bytes (store) <= target
+          || (deadline_ms && monotonic_ms () >= deadline_ms)
+          || (max_blocks && result->blocks >= max_blocks))
+        goto done;
+      if (mutex_lock_until (&member->writeback_lock, deadline_ms) != 0) {
+        errno = ETIMEDOUT;
+        r = -1;
+        break;
+      }
+      /* The pool gives pages back only as zspages empty: write back a
+       * slice, compact, look again.
+       */
+      uint64_t before;
+      do {
+        before = result->blocks;
+        struct store_writeback_request request = {
+          .type = passes[p].type, .min_age = passes[p].min_age,
+          .first = 0, .last = UINT64_MAX,
+          .max_blocks = result->blocks + slice * member->writeback_batch,
+        };
+        if (max_blocks && request.max_blocks > max_blocks)
+          request.max_blocks = max_blocks;
+        r = writeback_pass (member, &request, keep_going, opaque,
+                            deadline_ms, buffer, result);
+        zs_compact (member->pool);
+      } while (r == 0 && result->blocks > before
+               && (!max_blocks || result->blocks < max_blocks)
+               && pool_bytes (store) > target
+               && !(keep_going && !keep_going (opaque))
+               && !(deadline_ms && monotonic_ms () >= deadline_ms));
+      pthread_mutex_unlock (&member->writeback_lock);
+    }
+ done:
+  if (pinned)
+    budget_members_unpin (members, count);
   free (buffer);
   return r;
 }

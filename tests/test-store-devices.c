@@ -258,14 +258,20 @@ test_destroy_gives_back (void **state)
 /* A store on a budget: the owner (mem_limit, its own pool) or one on
  * the owner's pool with a cap and a floor.
  */
+/* A store on budget (on owner's pool, if given), with backing, or
+ * using owner's (shares_cold_tier: COLD TIER ACROSS STORES).
+ */
 static struct block_store *
-make_budget_store (struct block_store *owner, struct store_budget *budget,
-                   uint64_t mem_limit, uint64_t cap, uint64_t floor)
+make_cold_store (struct block_store *owner, struct store_budget *budget,
+                 uint64_t mem_limit, uint64_t cap, uint64_t floor,
+                 struct backing *backing, bool shares_cold_tier)
 {
   struct store_config config = { .size = DEVICE_BLOCKS * BS,
                                  .algorithm = CODEC_LZ4, .level = 1,
                                  .budget = budget, .cap = cap,
-                                 .floor = floor };
+                                 .floor = floor, .backing = backing,
+                                 .backing_owner = shares_cold_tier ? owner
+                                 : NULL };
   zs_pool_config_init (&config.pool);
   config.pool.mem_limit = mem_limit;
   if (owner)
@@ -273,6 +279,13 @@ make_budget_store (struct block_store *owner, struct store_budget *budget,
   struct block_store *store = store_create (&config);
   assert_non_null (store);
   return store;
+}
+
+static struct block_store *
+make_budget_store (struct block_store *owner, struct store_budget *budget,
+                   uint64_t mem_limit, uint64_t cap, uint64_t floor)
+{
+  return make_cold_store (owner, budget, mem_limit, cap, floor, NULL, false);
 }
 
 /* Random (incompressible) blocks to store from block first on, until
@@ -301,7 +314,7 @@ fill_random (struct block_store *store, uint64_t first, uint64_t count,
 static void
 test_cap (void **state)
 {
-  struct store_budget budget = { 0 };
+  struct store_budget budget = STORE_BUDGET_INIT;
   struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
                                                  0, 0);
   struct block_store *capped = make_budget_store (owner, &budget, 0, CAP, 0);
@@ -358,7 +371,7 @@ test_cap (void **state)
 static void
 test_floor (void **state)
 {
-  struct store_budget budget = { 0 };
+  struct store_budget budget = STORE_BUDGET_INIT;
   struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
                                                  0, 0);
   struct block_store *floored = make_budget_store (owner, &budget, 0, 0,
@@ -427,7 +440,7 @@ hog_thread (void *arg)
 static void
 test_floor_beside_writers (void **state)
 {
-  struct store_budget budget = { 0 };
+  struct store_budget budget = STORE_BUDGET_INIT;
   struct block_store *owner = make_budget_store (NULL, &budget, BUDGET_LIMIT,
                                                  0, 0);
   struct block_store *floored = make_budget_store (owner, &budget, 0, 0,
@@ -469,6 +482,104 @@ test_floor_beside_writers (void **state)
   store_destroy (owner);
 }
 
+struct destroyer {
+  struct block_store *store;
+  atomic_bool done;
+};
+
+static void *
+destroy_thread (void *arg)
+{
+  struct destroyer *destroyer = arg;
+  store_destroy (destroyer->store);
+  atomic_store (&destroyer->done, true);
+  return NULL;
+}
+
+/* Random blocks from seed on read back from store's blocks 0..count-1. */
+static void
+check_random (struct block_store *store, uint64_t count, uint64_t seed)
+{
+  unsigned char want[BS], got[BS];
+  for (uint64_t i = 0; i < count; i++) {
+    random_fill (want, seed + i);
+    assert_int_equal (store_read (store, got, BS, i * BS), 0);
+    assert_memory_equal (got, want, BS);
+  }
+}
+
+/* One cold tier for the stores of a budget: a write of the owner's that
+ * finds the budget full writes back the device's idle blocks, none of
+ * its own, and both read back; a device pinned by another store's
+ * writeback (budget_members_pin) is taken off the members at once by its
+ * destroy, which then waits for the pin to go; its runs come back to
+ * the one space map.
+ */
+static void
+test_shared_cold_tier (void **state)
+{
+  struct store_budget budget = STORE_BUDGET_INIT;
+  char *error = NULL;
+  struct backing *backing = backing_open (backing_file_create (),
+                                          2 * DEVICE_BLOCKS * BS, false, 30,
+                                          &error);
+  if (!backing)
+    fail_msg ("backing_open: %s", error);
+  struct block_store *owner = make_cold_store (NULL, &budget, BUDGET_LIMIT,
+                                               0, 0, backing, false);
+  struct block_store *device = make_cold_store (owner, &budget, 0, 0, 0,
+                                                NULL, true);
+  /* A store sharing a cold tier: the owner's, on its budget. */
+  struct store_config bad = { .size = BS, .algorithm = CODEC_LZ4,
+                              .level = 1, .backing_owner = owner,
+                              .shared_pool = store_pool (owner) };
+  zs_pool_config_init (&bad.pool);
+  assert_null (store_create (&bad));
+  assert_int_equal (errno, EINVAL);
+
+  /* The device takes 1.5 MiB of the 2 MiB budget, the owner 0.75. */
+  const uint64_t blocks = 384, owner_blocks = 192;
+  assert_int_equal (fill_random (device, 0, blocks, 0), blocks);
+  store_mark_idle (device, 0, NULL, NULL);
+  assert_int_equal (fill_random (owner, 0, owner_blocks, 1 << 20),
+                    owner_blocks);
+  struct store_stats d, o;
+  store_stats (device, &d);
+  store_stats (owner, &o);
+  assert_true (d.bd_count > 0);
+  assert_int_equal (o.bd_count, 0);
+  assert_true (o.backing_used >= d.bd_count * BS);
+  check_random (device, blocks, 0);
+  check_random (owner, owner_blocks, 1 << 20);
+
+  struct block_store *members[4], *again[4];
+  assert_int_equal (budget_members_pin (owner, members, 4), 2);
+  struct destroyer destroyer = { .store = device };
+  pthread_t thread;
+  assert_int_equal (pthread_create (&thread, NULL, destroy_thread,
+                                    &destroyer), 0);
+  /* Off the members at once, while the destroy waits for the pin. */
+  unsigned count;
+  do {
+    count = budget_members_pin (owner, again, 4);
+    budget_members_unpin (again, count);
+  } while (count != 1);
+  usleep (100000);
+  assert_false (atomic_load (&destroyer.done));
+  budget_members_unpin (members, 2);
+  assert_int_equal (pthread_join (thread, NULL), 0);
+  assert_true (atomic_load (&destroyer.done));
+  store_flush (owner);
+  store_stats (owner, &o);
+  assert_int_equal (o.backing_used, 0);
+  check_random (owner, owner_blocks, 1 << 20);
+  print_message ("shared cold tier: the owner's writes wrote back %" PRIu64
+                 " of the device's idle blocks and none of its own; the "
+                 "device's destroy waited for the pin, its runs came "
+                 "back\n", d.bd_count);
+  store_destroy (owner);
+}
+
 int
 main (void)
 {
@@ -479,6 +590,7 @@ main (void)
     cmocka_unit_test (test_cap),
     cmocka_unit_test (test_floor),
     cmocka_unit_test (test_floor_beside_writers),
+    cmocka_unit_test (test_shared_cold_tier),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
