@@ -93,7 +93,7 @@
 #                        (vmtouch -o), twice; default 0 (not run)
 #   ZRAM_VM_RESTARTS     server restarts in the middle of the workload:
 #                        KIND@MIB words (restart, kill, kill2,
-#                        standbykill, killrestart, stop) done once MIB
+#                        standbykill, killrestart, cut, stop) done once MIB
 #                        are swapped out (tests/vm-nbd/init)
 #   ZRAM_VM_STANDBYS     with restarts: swap on's --standbys (default:
 #                        the tool's: 2, 1 below 300 MiB of RAM)
@@ -226,7 +226,7 @@ esac
 # The workload and the real-time wrapper, static: the guest has no libc
 # of its own beyond what nbdkit and nbd-client bring.
 command -v cc >/dev/null 2>&1 || skip "no C compiler (cc)"
-for prog in touch rt watchdog; do
+for prog in touch rt watchdog conncut; do
     cc -static -O2 -o "$tmp/$prog" "$SRCDIR/tests/vm-nbd/$prog.c" 2>"$tmp/cc.log" ||
         { cat "$tmp/cc.log" >&2; skip "cc -static fails (apt-get install libc6-dev)"; }
 done
@@ -270,6 +270,7 @@ bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "/bin/vmtouch=$tmp/touch" \
     "/bin/watchdog=$tmp/watchdog" \
     "/bin/rt=$tmp/rt" \
+    "/bin/conncut=$tmp/conncut" \
     "/bin/nbdkit-zramctl=$BUILDDIR/tools/nbdkit-zramctl" \
     "/bin/nbdkit-zram-swap=$BUILDDIR/tools/nbdkit-zram-swap"
 

@@ -117,6 +117,7 @@
 #define PR_SET_IO_FLUSHER 57    /* Linux 5.6 */
 #endif
 
+#include "kernel-log.h"
 #include "nbd-attach.h"
 #include "supervise.h"
 #include "supervise-log.h"
@@ -313,6 +314,25 @@ device_kernel_name (const char *device)
   return slash ? slash + 1 : device;
 }
 
+/* A small file (/proc's, /sys's, the server's stats) read into the
+ * caller's buffer, NUL-terminated - the supervisor allocates nothing
+ * after its start: its length, or -1.  flags: added to O_RDONLY (as
+ * O_NOFOLLOW for a file in the run directory).
+ */
+static ssize_t
+small_file_read (const char *path, int flags, char *text, size_t size)
+{
+  int fd = open (path, O_RDONLY | O_CLOEXEC | flags);
+  if (fd == -1)
+    return -1;
+  ssize_t got = read (fd, text, size - 1);
+  close (fd);
+  if (got < 0)
+    return -1;
+  text[got] = '\0';
+  return got;
+}
+
 static void
 device_activity_init (struct device_activity *activity, const char *device)
 {
@@ -330,16 +350,9 @@ static void
 device_activity_sample (struct device_activity *activity)
 {
   char text[512];
-  if (!activity->stat_path[0])
-    return;                     /* before the attach */
-  int fd = open (activity->stat_path, O_RDONLY | O_CLOEXEC);
-  if (fd == -1)
-    return;
-  ssize_t got = read (fd, text, sizeof text - 1);
-  close (fd);
-  if (got <= 0)
-    return;
-  text[got] = '\0';
+  if (!activity->stat_path[0]
+      || small_file_read (activity->stat_path, 0, text, sizeof text) <= 0)
+    return;                     /* before the attach, or unreadable */
   uint64_t field[18] = { 0 }, answered;
   char *at = text;
   for (int i = 1; i < 18; i++) {
@@ -419,14 +432,8 @@ static int64_t
 server_failed_writes (void)
 {
   char text[1024];
-  int fd = open (server_stats_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd == -1)
+  if (small_file_read (server_stats_path, O_NOFOLLOW, text, sizeof text) <= 0)
     return -1;
-  ssize_t got = read (fd, text, sizeof text - 1);
-  close (fd);
-  if (got <= 0)
-    return -1;
-  text[got] = '\0';
   const char *line = strstr (text, "\nio_stat ");
   if (!line)
     return -1;
@@ -781,14 +788,8 @@ status_field_kib (pid_t pid, const char *field)
 {
   char path[64], text[4096];
   snprintf (path, sizeof path, "/proc/%d/status", (int) pid);
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-  if (fd == -1)
+  if (small_file_read (path, 0, text, sizeof text) <= 0)
     return -1;
-  ssize_t got = read (fd, text, sizeof text - 1);
-  close (fd);
-  if (got <= 0)
-    return -1;
-  text[got] = '\0';
   const char *at = strstr (text, field);
   return at ? strtol (at + strlen (field), NULL, 10) : -1;
 }
@@ -906,86 +907,10 @@ standby_take_over (const char *dir, struct standby *standby,
   return pid;
 }
 
-/* The kernel's log (/dev/kmsg, opened at the start and read from its
- * end then; -1: none), for two of the driver's lines about the device:
- *   - "Connection timed out, retrying": the moment it sent again a
- *     request the old server never answered (a restart's downtime);
- *   - "Dead connection" or "(0/N alive)": no connection of the device is
- *     alive.  While the server runs and is not being stopped, that is a
- *     request of the live server's that met the request timeout, as
- *     the driver's link-dead notice says - but the notice is sent from
- *     a kernel worker that allocates, and with the machine's memory used
- *     up it never came (seen in a 256 MiB guest: the workers waited in
- *     reclaim, the device answered nothing until the dead-connection
- *     timeout failed its requests).  A line of the log costs the kernel
- *     no allocation.
- * kernel_log_read takes what was logged since its last call (read into
- * the stack: nothing allocated) into the state below.
+/* The driver's lines in the kernel's log (kernel-log.h): opened at the
+ * start, for the device it attaches.
  */
-static int kernel_log = -1;
-#define KERNEL_RESENDS_KEPT 256
-static struct {
-  double resend_at[KERNEL_RESENDS_KEPT];  /* a ring: resends % KEPT */
-  unsigned resends;                       /* every one seen */
-  unsigned resends_reported;              /* up to here in a report */
-  double link_dead_at;                    /* the last such line, or 0 */
-} kernel_lines;
-
-/* The log's clock is the kernel's, which is the monotonic clock give or
- * take its drift: its times compare with now ().
- */
-static void
-kernel_log_read (const char *device_name)
-{
-  char key[64];                 /* "block nbd0: ...": not nbd01's */
-  snprintf (key, sizeof key, "%s:", device_name);
-  for (;;) {
-    char record[1024];
-    ssize_t got = kernel_log >= 0
-      ? read (kernel_log, record, sizeof record - 1) : -1;
-    if (got == -1 && errno == EPIPE)
-      continue;                 /* overwritten meanwhile: the next */
-    if (got <= 0)
-      return;
-    record[got] = '\0';
-    /* "PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;TEXT" */
-    unsigned long long microseconds;
-    int text = 0;
-    if (sscanf (record, "%*u,%*u,%llu,%*[^;];%n", &microseconds, &text) < 1
-        || text == 0 || !strstr (record + text, key))
-      continue;
-    double at = microseconds / 1e6;
-    if (strstr (record + text, "timed out, retrying"))
-      kernel_lines.resend_at[kernel_lines.resends++ % KERNEL_RESENDS_KEPT]
-        = at;
-    if (strstr (record + text, "Dead connection")
-        || strstr (record + text, "(0/"))
-      kernel_lines.link_dead_at = at;
-  }
-}
-
-/* Of the resends logged since the last call, how many came no later
- * than until, and when the last of them came (0: none).
- */
-static double
-kernel_log_resends (const char *device_name, double until, unsigned *count)
-{
-  kernel_log_read (device_name);
-  double last = 0;
-  *count = 0;
-  unsigned first = kernel_lines.resends_reported;
-  if (kernel_lines.resends - first > KERNEL_RESENDS_KEPT)
-    first = kernel_lines.resends - KERNEL_RESENDS_KEPT;
-  for (unsigned i = first; i < kernel_lines.resends; i++) {
-    double at = kernel_lines.resend_at[i % KERNEL_RESENDS_KEPT];
-    if (at <= until) {
-      last = at;
-      ++*count;
-    }
-  }
-  kernel_lines.resends_reported = kernel_lines.resends;
-  return last;
-}
+static struct kernel_log kernel_log = { .fd = -1 };
 
 /* A restart whose downtime is not known yet (see above): it is when the
  * driver has sent the old requests again, which it does within the
@@ -1019,13 +944,13 @@ restart_report_finish (struct restart_report *report, const char *dir,
     return;
   report->pending = false;
   unsigned resends;
-  double last_resend = kernel_log_resends (device_kernel_name (device),
-                                           report->due, &resends);
+  double last_resend = kernel_log_resends (&kernel_log, report->due,
+                                           &resends);
   double answered = report->reconnected;
   char how[160];
   if (!report->waiting)
     snprintf (how, sizeof how, "no request waiting");
-  else if (kernel_log >= 0) {
+  else if (kernel_log.fd >= 0) {
     if (last_resend > answered)
       answered = last_resend;
     snprintf (how, sizeof how, "%llu requests waiting, %u sent again by the "
@@ -1241,10 +1166,11 @@ run_supervise (int argc, char **argv)
   if (!ballast_start ())
     supervise_log ("ballast: no thread: the reconnect's kernel memory is not "
                    "kept free");
-  kernel_log = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (kernel_log >= 0)
-    lseek (kernel_log, 0, SEEK_END);
-  else
+  int kmsg = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (kmsg >= 0)
+    lseek (kmsg, 0, SEEK_END);
+  kernel_log_init (&kernel_log, kmsg, device_kernel_name (device));
+  if (kmsg == -1)
     supervise_log ("/dev/kmsg: %s: a restart's downtime is the bound of the "
                    "request timeout", strerror (errno));
   int oom = open ("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -1334,12 +1260,11 @@ run_supervise (int argc, char **argv)
   else if (!(watch = nbd_watch_open (device)))
     supervise_log ("cannot watch the driver's notices: a live server "
                    "whose request timed out is known from the kernel's "
-                   "log alone%s", kernel_log >= 0 ? "" : ", and there is "
+                   "log alone%s", kernel_log.fd >= 0 ? "" : ", and there is "
                    "none: it is not restarted, and the request waits for "
                    "the dead-connection timeout");
-  double quiet_until = 0, link_dead_handled = 0;
+  double quiet_until = 0, restart_began = 0;
   unsigned restarts = 0;
-  const char *device_name = device_kernel_name (device);
   device_activity_init (&device_activity, device);
   standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
@@ -1349,26 +1274,38 @@ run_supervise (int argc, char **argv)
     /* Wait for the server's end or a signal. */
     int status;
     double stopped = 0, next_exit_note = 5, timed_out_at = 0;
-    bool terminated = false, timed_out = false;
+    bool terminated = false, timed_out = false, link_died = false;
     while (waitpid (server, &status, WNOHANG) != server) {
       device_activity_sample (&device_activity);
       if (report.pending && now () >= report.due)
         restart_report_finish (&report, dir, device, request_timeout, server);
       /* The driver's notice, or its line in the kernel's log (see
-       * kernel_log_read: the notice may never come).
+       * kernel-log.h: the notice may never come).  Inside a restart's
+       * quiet window the notices are the old connection's, but a line
+       * logged after the driver took the new sockets is the new one's.
        */
-      kernel_log_read (device_name);
-      bool notice = watch && nbd_watch_link_dead (watch);
-      bool logged = kernel_lines.link_dead_at > link_dead_handled;
-      link_dead_handled = kernel_lines.link_dead_at;
-      if ((notice || (logged && kernel_lines.link_dead_at > quiet_until))
-          && now () > quiet_until && !stopped) {
+      bool notice = watch && nbd_watch_link_dead (watch)
+        && now () > quiet_until;
+      enum kernel_log_dead logged
+        = kernel_log_link_dead (&kernel_log, quiet_until, restart_began);
+      if ((notice || logged != KERNEL_LOG_DEAD_OLD) && !stopped) {
         /* A server that is going ends this wait at the next round: only
          * a live one's is news.  One that is being stopped or restarted
          * is reaped before anything is sent again anyway.
          */
         usleep (100000);
-        if (server_alive (server)) {
+        if (server_alive (server) && logged == KERNEL_LOG_DEAD_NEW) {
+          /* The requests it was given may be at work in it, as below. */
+          supervise_log ("the connection restart %u gave %s died at once "
+                         "(the kernel's log: dead after it reconnected): "
+                         "server pid %d is killed and the device "
+                         "reconnected again", restarts, device,
+                         (int) server);
+          kill (server, SIGKILL);
+          stopped = now ();
+          link_died = terminated = true;
+        }
+        else if (server_alive (server)) {
           supervise_log ("the driver marked a connection of %s to the live "
                          "server pid %d dead (%s): a request met the %u s "
                          "request timeout, and its first copy may still be "
@@ -1517,6 +1454,7 @@ run_supervise (int argc, char **argv)
       return EXIT_SUCCESS;
     }
     const char *why = timed_out ? "a request timed out"
+      : link_died ? "its new connection died"
       : restart_asked ? "restart asked"
       : WIFSIGNALED (status) ? strsignal (WTERMSIG (status)) : "exited";
     bool asked = restart_asked;
@@ -1583,6 +1521,7 @@ run_supervise (int argc, char **argv)
                    "waited are sent again", restarts, why, device,
                    report.reconnected - exited);
     quiet_until = now () + QUIET_AFTER_RESTART_S;
+    restart_began = stopped;
     /* The next standby once the old requests are answered (see the
      * standby's start above) - and after a server started with the
      * device down, once that server has faulted its own memory in: a
