@@ -44,7 +44,6 @@ static int server_level;
  * its floors change only with a device's store made or destroyed.
  */
 static struct store_budget budget = STORE_BUDGET_INIT;
-static const char *refused;
 static struct store_config base_config;
 static struct block_store *owner_store;
 /* Swap mode: the threads each device's contexts are made for (0: not in
@@ -222,16 +221,10 @@ devices_budget (void)
 
 int
 devices_complete (enum codec_algorithm algorithm, int level,
-                  uint64_t mem_limit, const char *refused_parameter)
+                  uint64_t mem_limit)
 {
   server_algorithm = algorithm;
   server_level = level;
-  refused = refused_parameter;
-  if (count && refused) {
-    nbdkit_error ("device: not with %s yet (serve those devices from a "
-                  "server of their own)", refused);
-    return -1;
-  }
   char why[256];
   uint64_t floors = 0;
   for (unsigned i = 0; i < count; i++) {
@@ -395,11 +388,6 @@ int
 devices_add (const char *value, char *why, size_t why_size)
 {
   struct device_spec spec;
-  if (refused) {
-    snprintf (why, why_size, "not with %s yet: serve the device from a "
-              "server of its own", refused);
-    return -1;
-  }
   if (!owner_store) {
     snprintf (why, why_size, "the server is not serving yet");
     return -1;

@@ -76,8 +76,10 @@
  * (COLD TIER ACROSS STORES in block-store.h): one backing store with
  * room for the default export and every device declared at start, which
  * devices added later share; a writeback for room picks the coldest
- * blocks of every device.  Not yet with a region (refused at start,
- * naming both).
+ * blocks of every device.  In a region the tier's space map is the
+ * root's, and a recovery walks every device's entries into it; its
+ * capacity is the one it was made with, whatever the devices declared
+ * at a later start.
  *
  * Threads: declared and made alone (.config, .get_ready); then nbdkit's
  * threads open and close connections, the housekeeper walks the table
@@ -121,13 +123,11 @@ struct device {
  */
 extern int devices_declare (const char *value);
 /* After every parameter: the server's algorithm (and its level, for
- * the same algorithm) for the devices that gave none, levels checked;
- * refused_parameter, if not NULL, is one that devices do not go with
- * yet (named in the error).  0, or -1 after nbdkit_error.
+ * the same algorithm) for the devices that gave none, levels, caps and
+ * floors checked.  0, or -1 after nbdkit_error.
  */
 extern int devices_complete (enum codec_algorithm algorithm, int level,
-                             uint64_t mem_limit,
-                             const char *refused_parameter);
+                             uint64_t mem_limit);
 /* The budget the default store and every device share (BUDGET in
  * block-store.h): the floors' room.
  */

@@ -723,15 +723,9 @@ params_complete (struct zram_params *params)
                   store->algorithm == CODEC_ZSTD ? ", not 0" : "");
     return -1;
   }
-  /* What the devices do not go with yet (devices.h): a cold tier in a
-   * region (its recovery walks the default export's entries alone).
-   */
-  const char *refused = params->backing_target && params->region_path
-    ? "backing= with region=" : NULL;
-  if (!refused)
-    store->budget = devices_budget ();
+  store->budget = devices_budget ();
   return devices_complete (store->algorithm, store->level,
-                           store->pool.mem_limit, refused);
+                           store->pool.mem_limit);
 }
 
 /* ---- --help and --dump-plugin ------------------------------------------ */

@@ -129,16 +129,26 @@ backing_file_open (struct backing *backing, const char *path, uint64_t capacity,
   }
   if (lock_file (backing->fd, path, error) == -1)
     return -1;
-  struct stat st;
-  if (fstat (backing->fd, &st) == 0 && S_ISREG (st.st_mode)
-      && (uint64_t) st.st_size < capacity
-      && ftruncate (backing->fd, capacity) == -1) {
+  if (backing_file_extend (backing, capacity) == -1) {
     *error = backing_message ("backing: %s: cannot extend it to %" PRIu64 " bytes: %s",
                       path, capacity, strerror (errno));
     return -1;
   }
   backing->can_trim = true;     /* punching holes, where the fs can */
   return 0;
+}
+
+int
+backing_file_extend (struct backing *backing, uint64_t bytes)
+{
+  struct stat st;
+  if (backing->fd == -1)
+    return 0;
+  if (fstat (backing->fd, &st) == -1)
+    return -1;
+  if (!S_ISREG (st.st_mode) || (uint64_t) st.st_size >= bytes)
+    return 0;
+  return ftruncate (backing->fd, bytes);
 }
 
 /* pread, pwrite (in full) or fdatasync on the file (through an aligned

@@ -40,6 +40,8 @@ struct backing {
   struct connection connections[BACKING_CONNECTIONS];
   _Atomic unsigned next_connection;
   atomic_bool can_trim;         /* cleared when the store cannot */
+  uint64_t export_bytes;        /* an NBD export's size; 0: a file's room
+                                   is made as needed (backing_map_adopt) */
   unsigned timeout_ms;          /* each NBD request or connection */
 
   struct space_map own_map;     /* its own lock (space-map.h) */
@@ -119,6 +121,10 @@ extern void backing_nbd_close (struct backing *backing);
  */
 extern int backing_file_open (struct backing *backing, const char *path,
                               uint64_t capacity, char **error);
+/* A regular file extended to bytes if shorter (a block device, an NBD
+ * export: nothing done): 0, or -1 with errno.
+ */
+extern int backing_file_extend (struct backing *backing, uint64_t bytes);
 extern int backing_file_request (struct backing *backing, char op, void *buf,
                                  size_t bytes, uint64_t offset);
 

@@ -107,6 +107,7 @@ backing_nbd_open (struct backing *backing, uint64_t *capacity, char **error)
   }
   if ((uint64_t) size < *capacity)
     *capacity = size;
+  backing->export_bytes = size;
   backing->can_trim = libnbd->can_trim (first) == 1;
   backing->connections[0].handle = first;
   backing->connection_count = 1;

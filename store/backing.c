@@ -110,13 +110,23 @@ backing_sectors (const struct backing *backing)
   return backing->map->sectors;
 }
 
+bool
+backing_can_hold (const struct backing *backing, uint64_t sectors)
+{
+  return !backing->export_bytes
+    || sectors <= backing->export_bytes / BACKING_SECTOR;
+}
+
 int
 backing_map_adopt (struct backing *backing, struct space_map *map)
 {
-  if (map->sectors != backing_sectors (backing)) {
+  if (!backing_can_hold (backing, map->sectors)) {
     errno = EINVAL;
     return -1;
   }
+  if (map->sectors > backing_sectors (backing)
+      && backing_file_extend (backing, map->sectors * BACKING_SECTOR) == -1)
+    return -1;
   if (backing->own_map_ready)
     space_map_destroy (&backing->own_map);
   backing->own_map_ready = false;

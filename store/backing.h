@@ -117,12 +117,22 @@ extern bool backing_is_uri (const char *target);
 extern const char *backing_target (const struct backing *backing);
 extern uint64_t backing_sectors (const struct backing *backing);
 
-/* Use map - a space map of a region, made there or taken over with the
- * store (space-map.h, IN A REGION) - instead of the backing store's own
- * (which goes), from before its first request: 0, or -1 with errno
- * EINVAL if map covers another capacity.  backing_close leaves it.
+/* Whether the target can hold a space map of sectors (a map taken over
+ * with a region keeps the capacity it was made with, whatever the
+ * capacity asked of backing_open now): an NBD export must be that
+ * large; a file is extended by backing_map_adopt.
  */
 struct space_map;
+extern bool backing_can_hold (const struct backing *backing,
+                              uint64_t sectors);
+
+/* Use map - a space map of a region, made there or taken over with the
+ * store (space-map.h, IN A REGION) - instead of the backing store's own
+ * (which goes), from before its first request; the capacity is then the
+ * map's, a regular file extended to it if shorter: 0, or -1 with errno
+ * (EINVAL: the target cannot hold it; ftruncate's).  backing_close
+ * leaves the map.
+ */
 extern int backing_map_adopt (struct backing *backing, struct space_map *map);
 
 /* A run of sectors for bytes (rounded up to sectors, at most

@@ -6,6 +6,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,11 +201,12 @@ store_create (const struct store_config *config)
   }
   store->writeback_limit = config->writeback_limited ? config->writeback_limit
     : UINT64_MAX;
-  /* Not in a region yet: its recovery would walk only the owner's
-   * entries into the one space map.
+  /* In a region, the owner is the region's root: its recovery walks
+   * every device's entries into the one space map.
    */
   if (config->backing_owner
-      && (config->backing || region || !config->backing_owner->backing
+      && (config->backing || !config->backing_owner->backing
+          || (region && config->backing_owner->region != region)
           || config->budget != config->backing_owner->budget
           || !config->budget)) {
     errno = EINVAL;             /* a shared cold tier is a budget's */
@@ -305,9 +307,12 @@ store_config_mismatch (struct region *region, const struct store_config *config)
       return "the cold tier's space map is not in the region: it is damaged";
     if (target_checksum (config->backing) != store->backing_target_crc)
       return "the cold tier (backing=) is not the stored device's";
-    if (backing_sectors (config->backing) != store->backing_map->sectors)
-      return "the cold tier (backing=) has another capacity than the "
-        "stored device's";
+    /* The map's capacity stays: the one asked now counts the devices
+     * declared now, which may differ (a file is extended to it).
+     */
+    if (!backing_can_hold (config->backing, store->backing_map->sectors))
+      return "the cold tier (backing=) is smaller than the stored "
+        "device's";
   }
   for (unsigned p = 1; p <= store->recomp_count; p++)
     if (store->algorithms[p] != config->recomp[p - 1].algorithm)
@@ -333,6 +338,7 @@ store_adopt (struct block_store *store, const struct store_config *config,
     store->codecs[p] = NULL;
   store->pack_codec = NULL;
   store->backing = NULL;
+  store->backing_owner = NULL;  /* set again below, from config */
   /* The old process's budget membership (COLD TIER ACROSS STORES). */
   store->budget_member = false;
   store->budget_next = NULL;
@@ -348,10 +354,26 @@ store_adopt (struct block_store *store, const struct store_config *config,
     return -1;
   }
   if (config->backing) {
-    /* The sizes were checked (store_config_mismatch). */
-    backing_map_adopt (config->backing, store->backing_map);
+    /* The sizes were checked (store_config_mismatch); a file may still
+     * fail to grow.
+     */
+    if (backing_map_adopt (config->backing, store->backing_map) == -1) {
+      snprintf (why, why_bytes, "cannot give the cold tier (backing=) the "
+                "stored device's capacity (%" PRIu64 " bytes): %m",
+                store->backing_map->sectors * BACKING_SECTOR);
+      process_parts_free (store);
+      return -1;
+    }
     store->backing = config->backing;
     backing_map_settle (store, false, true);
+    budget_member_join (store);
+  }
+  else if (config->backing_owner) {
+    /* A device of a region whose default store has a cold tier
+     * (COLD TIER ACROSS STORES): its runs are in the owner's map.
+     */
+    store->backing_owner = config->backing_owner;
+    store->backing = config->backing_owner->backing;
     budget_member_join (store);
   }
   store->raw_threshold = zs_huge_class_size (store->pool);

@@ -164,7 +164,13 @@
  *   one store at a time, under that store's writeback_lock alone, and
  *   pins the store (budget->members_lock) for it: a store leaving the
  *   budget (store_destroy) is unlinked first and waits until no pin
- *   holds it.
+ *   holds it.  In a region the owner is the region's root and the map
+ *   is in the region (HANDOVER): a recovery walks every device's table
+ *   into the map's recovery (store_recover), and a device taken over
+ *   uses the adopted owner's backing store again (store_adopt).  The map
+ *   keeps the capacity it was made with: the backing store opened by a
+ *   later process (asked for the room of the devices declared then) is
+ *   extended to it if shorter, refused if it cannot hold it.
  *
  * HANDOVER (a store that outlives its process; alloc/region.h)
  *   With a region (config.pool.region) the store is allocated there with

@@ -237,7 +237,8 @@ store_walk (struct block_store *store, struct recovery_walk *walk)
 {
   struct recovery_walk one = {
     .store = store, .pool = walk->pool, .result = walk->result,
-    .backing_map = store == walk->store ? walk->backing_map : NULL,
+    /* The devices' runs are in the root's map (COLD TIER ACROSS STORES). */
+    .backing_map = walk->backing_map,
   };
   intents_undo (store, walk->result);
   recovery_step ("store: torn entries put back");

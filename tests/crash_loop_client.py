@@ -21,9 +21,20 @@
 # channel for the movers meanwhile, then SIGKILL the server with its
 # requests in flight, wait for the connection to drop, and save what was
 # acknowledged.  Prints one line "result: key=value ..." for the test.
+# MODE follow-write: the same on another export of the server, without
+# the kill: it writes until the connection drops (the verify-write
+# client of the default export kills the server), the movers asked for
+# that export.
+#
+# The environment: CRASH_LOOP_EXPORT, the export's name (default "", the
+# default export); CRASH_LOOP_READY, a file made once this client has
+# checked (and, fresh, filled) its export - or has failed; CRASH_LOOP_WAIT_FOR,
+# such a file waited for (up to 120 s) before the writes that end in the
+# kill, so that the kill never lands in another client's check.
 # Exits 10 on a mismatch (the shadow is then left as it was), 2 when the
 # server is unusable, 3 when it failed a request while serving (what the
 # request did is still recorded as possible).
+import errno
 import json
 import os
 import random
@@ -188,8 +199,9 @@ class Control:
                 "writeback idle max_pages=1024", "writeback huge max_pages=256",
                 "compact", "dissolve 60"]
 
-    def __init__(self, path, rnd):
+    def __init__(self, path, rnd, export=""):
         self.rnd = rnd
+        self.suffix = " device=%s" % export if export else ""
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
         self.sock.setblocking(False)
@@ -267,7 +279,7 @@ class Control:
                         self.answered += 1
                         break
         if self.pending is None and now >= self.next_at:
-            line = self.rnd.choice(self.COMMANDS)
+            line = self.rnd.choice(self.COMMANDS) + self.suffix
             try:
                 self.sock.send(line.encode() + b"\n")
             except OSError:
@@ -354,7 +366,10 @@ class Writer:
                 good = True
             except nbd.Error as e:
                 good = False
-                if serving:
+                # Cut off by the kill (another client's): not a failure
+                # of the serving server's.
+                if serving and e.errno not in (errno.ENOTCONN, errno.ESHUTDOWN,
+                                               errno.EPIPE, errno.ECONNRESET):
                     self.failed_while_serving.append(
                         "%d+%d (%s): %s" % (first, count, KIND_NAMES[v & 7], e))
             del self.inflight[cookie]
@@ -377,9 +392,10 @@ class Writer:
         return not (self.h.aio_is_dead() or self.h.aio_is_closed())
 
 
-def fill(writer):
+def fill(writer, follower=False):
     """Every block written once, in order, mixed kinds, so that the
-    region holds the whole device."""
+    region holds the whole device.  False if the connection dropped
+    (a follower's: the other client killed the server)."""
     first = 0
     blocks = writer.shadow.blocks
     while first < blocks or writer.inflight:
@@ -390,9 +406,55 @@ def fill(writer):
             writer.issue(first, count, kind)
             first += count
         if not writer.poll(1000):
+            if follower:
+                return False
             raise SystemExit("the server went away while the device was "
                              "being filled")
         writer.reap(serving=True)
+    return True
+
+
+def follow_write(writer, ctl, ready):
+    """Write until the connection drops.  Returns False if it did not
+    within 120 s."""
+    alive = fill(writer, follower=True) if writer.shadow.fresh else True
+    ready()
+    deadline = time.monotonic() + 120
+    while alive:
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        while len(writer.inflight) < QUEUE_DEPTH:
+            if not writer.issue_random():
+                break
+        ctl.tick(now)
+        alive = writer.poll(20)
+        writer.reap(serving=alive)
+    writer.reap(serving=False)
+    return True
+
+
+def writer_result(writer, ctl, result):
+    """What the writes and the movers did, into result; the requests
+    acknowledged.  What never completed stays possible (shadow.maybe)."""
+    result["unanswered"] = writer.failed_requests + len(writer.inflight)
+    result["ctl_answered"] = ctl.answered
+    result.update(ctl.moved)
+    if writer.failed_while_serving:
+        for line in writer.failed_while_serving[:10]:
+            print("failed while serving: %s" % line, flush=True)
+        result["failed_while_serving"] = len(writer.failed_while_serving)
+    return writer.acked_requests
+
+
+def wait_for(path):
+    """False if path did not appear within 120 s."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def main():
@@ -403,8 +465,24 @@ def main():
     server_pid = int(pid)
     rnd = random.Random(seed)
     shadow = Shadow(shadow_path, blocks)
+    export = os.environ.get("CRASH_LOOP_EXPORT", "")
+    ready_path = os.environ.get("CRASH_LOOP_READY")
 
+    def ready():
+        if ready_path:
+            open(ready_path, "w").close()
+
+    try:
+        return run(sock_path, ctl_path, stats_path, server_pid, shadow,
+                   blocks, rnd, mode, write_seconds, export, ready)
+    finally:
+        ready()
+
+
+def run(sock_path, ctl_path, stats_path, server_pid, shadow, blocks, rnd,
+        mode, write_seconds, export, ready):
     h = nbd.NBD()
+    h.set_export_name(export)
     try:
         h.connect_unix(sock_path)
     except nbd.Error as e:
@@ -413,7 +491,7 @@ def main():
     if h.get_size() != blocks * BS:
         print("the server serves %d bytes, not %d" % (h.get_size(), blocks * BS))
         return 2
-    ctl = Control(ctl_path, rnd)
+    ctl = Control(ctl_path, rnd, export)
     taken_over = ctl.stats()
 
     try:
@@ -431,10 +509,21 @@ def main():
         return MISMATCH
 
     acked = 0
+    if mode == "follow-write":
+        writer = Writer(h, shadow, rnd)
+        if not follow_write(writer, ctl, ready):
+            print("the connection did not drop within 120 s", flush=True)
+            shadow.save()
+            return 2
+        acked = writer_result(writer, ctl, result)
     if mode == "verify-write":
         writer = Writer(h, shadow, rnd)
         if shadow.fresh:
             fill(writer)
+        wait_for_path = os.environ.get("CRASH_LOOP_WAIT_FOR")
+        if wait_for_path and not wait_for(wait_for_path):
+            print("%s did not appear within 120 s" % wait_for_path, flush=True)
+            return 2
         start = time.monotonic()
         kill_at = start + write_seconds
         killed_at = None
@@ -474,15 +563,7 @@ def main():
                 return 2
             writer.reap(serving=killed_at is None)
         writer.reap(serving=False)
-        # What never completed stays possible (shadow.maybe).
-        result["unanswered"] = writer.failed_requests + len(writer.inflight)
-        result["ctl_answered"] = ctl.answered
-        result.update(ctl.moved)
-        acked = writer.acked_requests
-        if writer.failed_while_serving:
-            for line in writer.failed_while_serving[:10]:
-                print("failed while serving: %s" % line, flush=True)
-            result["failed_while_serving"] = len(writer.failed_while_serving)
+        acked = writer_result(writer, ctl, result)
     result["acked"] = acked
     shadow.save()
     print("result: " + " ".join("%s=%s" % kv for kv in result.items()),

@@ -13,7 +13,7 @@
 #   - removes (forced) while another device's writes write back the
 #     removed device's blocks: the writer's blocks read back, the server
 #     lives (a store leaves the budget only once no writeback holds it);
-#   - with region= as well: refused at start (test-plugin-devices).
+#   - with region= as well: test-plugin-region-cold-devices.
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"

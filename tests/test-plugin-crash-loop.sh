@@ -20,6 +20,12 @@
 #      requests, 4 KiB to 256 KiB, 16 in flight - asking the control
 #      channel for the movers meanwhile, and kills the server (SIGKILL)
 #      with its requests in flight.  What was acknowledged is recorded.
+# With CRASH_LOOP_DEVICE (default 1), the server serves a device "a" as
+# well (a quarter of the size, on the same pool, budget, region and cold
+# tier): a second client (MODE follow-write) checks it, writes to it and
+# asks the movers for it until the first one's kill drops its connection,
+# with its own shadow, so each kill lands with both exports' requests in
+# flight and each recovery walks both into the one pool and space map.
 # The loop runs CRASH_LOOP_SECONDS (default 60; .ci/run gives it 300),
 # split between the algorithms of CRASH_LOOP_COMP (default "lz4 zstd"),
 # each on a fresh region (a region's algorithm is fixed); then a last
@@ -38,7 +44,8 @@
 # recovery of tens of ms), CRASH_LOOP_KILL_MS (the first window of the
 # kills in a recovery, default 40; it then follows where they land),
 # CRASH_LOOP_SEED (the shell's and the client's choices; the instants
-# depend on the machine as well).
+# depend on the machine as well), CRASH_LOOP_DEVICE (0: the default
+# export alone).
 set -euo pipefail
 # shellcheck source=tests/functions.sh
 source "$(dirname "$0")/functions.sh"
@@ -48,6 +55,7 @@ seconds=${CRASH_LOOP_SECONDS:-60}
 comps=${CRASH_LOOP_COMP:-lz4 zstd}
 size=${CRASH_LOOP_SIZE:-128M}
 kill_ms=${CRASH_LOOP_KILL_MS:-40}
+with_device=${CRASH_LOOP_DEVICE:-1}
 window=$kill_ms
 seed=${CRASH_LOOP_SEED:-$(( $(date +%s) % 1000000 ))}
 RANDOM=$seed
@@ -67,7 +75,9 @@ units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 n = int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
 assert n % 4096 == 0 and n > 0, s
 print(n // 4096)' "$size") || fail "CRASH_LOOP_SIZE: '$size' is not a whole number of 4 KiB blocks"
-echo "crash loop: ${seconds}s over '$comps', a device of $size ($blocks blocks), kills inside recovery within ${kill_ms} ms at first, seed $seed"
+device_blocks=$((blocks / 4))
+[ "$with_device" = 0 ] || [ "$device_blocks" -ge 64 ] || fail "CRASH_LOOP_SIZE: too small for a device of a quarter of it"
+echo "crash loop: ${seconds}s over '$comps', a device of $size ($blocks blocks)$([ "$with_device" = 0 ] || echo " and device a of $device_blocks blocks"), kills inside recovery within ${kill_ms} ms at first, seed $seed"
 
 region="$tmp/region"
 sock="$tmp/sock"
@@ -90,7 +100,8 @@ server_args () {   # COMP
     echo "$size comp=$1 region=$region backing=$tmp/cold ctl=$ctl stats=$stats" \
         "mem_limit=$((blocks * 4096 / 3)) writeback_watermark=70" \
         "idle_after=1 pack_after=1 recompress_after=1" \
-        "recomp_algorithm=$recompress compact_threshold=1"
+        "recomp_algorithm=$recompress compact_threshold=1" \
+        "$([ "$with_device" = 0 ] || echo "device=a:$((device_blocks * 4096))")"
 }
 
 # start_server LOG COMP [NBDKIT OPTION...]: nbdkit in the foreground of a
@@ -173,11 +184,23 @@ total_cycles=0 total_inside=0 total_acked=0 total_checked=0 total_recovery_kills
 declare -A most=() moved=()
 
 run_client () {   # LOG MODE [WRITE_SECONDS]
+    local rc=0 wait=
+    [ "$with_device" = 0 ] || [ "$2" != verify-write ] ||
+        wait="CRASH_LOOP_WAIT_FOR=$tmp/device-ready"
+    # shellcheck disable=SC2086
+    timeout 180 env $NO_PRELOAD_ENV $wait /usr/bin/python3 "$client" "$sock" \
+        "$ctl" "$stats" "$server_pid" "$shadow" "$blocks" "$RANDOM$RANDOM" \
+        "$2" ${3:-} > "$1" 2>&1 || rc=$?
+    return "$rc"
+}
+# The client of device a (CRASH_LOOP_DEVICE), its own shadow.
+run_device_client () {   # LOG MODE
     local rc=0
     # shellcheck disable=SC2086
-    timeout 180 env $NO_PRELOAD_ENV /usr/bin/python3 "$client" "$sock" "$ctl" \
-        "$stats" "$server_pid" "$shadow" "$blocks" "$RANDOM$RANDOM" "$2" ${3:-} \
-        > "$1" 2>&1 || rc=$?
+    timeout 180 env $NO_PRELOAD_ENV CRASH_LOOP_EXPORT=a \
+        CRASH_LOOP_READY="$tmp/device-ready" /usr/bin/python3 "$client" \
+        "$sock" "$ctl" "$stats" "$server_pid" "$device_shadow" \
+        "$device_blocks" "$RANDOM$RANDOM" "$2" > "$1" 2>&1 || rc=$?
     return "$rc"
 }
 # The client without the sanitizer runtime.
@@ -198,13 +221,13 @@ summary () {   # MISMATCHES
 }
 
 # The client's exit status (and a recovery's log) judged.
-client_verdict () {   # STATUS WHAT
-    local mismatches
+client_verdict () {   # STATUS WHAT [CLIENT_LOG]
+    local mismatches client_log=${3:-$tmp/client.log}
     case "$1" in
         0) ;;
         10)
-            mismatches=$(result_of "$tmp/client.log" mismatches)
-            checked=$((checked + $(result_of "$tmp/client.log" checked)))
+            mismatches=$(result_of "$client_log" mismatches)
+            checked=$((checked + $(result_of "$client_log" checked)))
             summary "$mismatches"
             fail "$2: $mismatches blocks read as neither their acknowledged version nor the one in flight (the first listed above: block, versions expected, what was read)${damaged:+; recoveries that said content was damaged: $damaged}" ;;
         2)
@@ -223,6 +246,7 @@ per_comp=$((seconds / comps_count))
 [ "$per_comp" -ge 1 ] || per_comp=1
 for comp in $comps; do
     shadow="$tmp/shadow-$comp.json"
+    device_shadow="$tmp/shadow-$comp-a.json"
     rm -f "$tmp/cold"
     cycles=0 inside=0 before=0 after=0 acked=0 checked=0 inflight=0 recovery_max=0
     start=$SECONDS
@@ -290,14 +314,29 @@ for comp in $comps; do
         start_server "$log" "$comp"
         wait_serving "$log" "$cycle" "$comp"
         write_ms=$((200 + RANDOM % 1801))
-        rc=0
+        rc=0 device_rc=0 device_job=
+        if [ "$with_device" != 0 ]; then
+            rm -f "$tmp/device-ready"
+            run_device_client "$tmp/device.log" follow-write &
+            device_job=$!
+        fi
         run_client "$tmp/client.log" verify-write "$(ms "$write_ms")" || rc=$?
         kill -9 "$server_pid" 2>/dev/null || :
         server_rc=0
         reap_server || server_rc=$?
+        [ -z "$device_job" ] || wait "$device_job" || device_rc=$?
         cat "$tmp/client.log"
         check_log "$log" "$cycle"
         client_verdict "$rc" "$cycle"
+        if [ -n "$device_job" ]; then
+            sed 's/^/device a: /' "$tmp/device.log"
+            client_verdict "$device_rc" "$cycle, device a" "$tmp/device.log"
+            acked=$((acked + $(result_of "$tmp/device.log" acked)))
+            checked=$((checked + $(result_of "$tmp/device.log" checked)))
+            for key in ctl_packed ctl_written_back ctl_recompressed ctl_compacted ctl_dissolved; do
+                moved[$key]=$((${moved[$key]:-0} + $(result_of "$tmp/device.log" "$key")))
+            done
+        fi
         [ "$server_rc" = 137 ] || {
             cat "$log" >&2
             fail "$cycle: the server exited by itself (status $server_rc), not by our SIGKILL"
@@ -323,9 +362,13 @@ for comp in $comps; do
         log="$tmp/server.log"
         start_server "$log" "$comp"
         wait_serving "$log" "$comp, the last check" "$comp"
-        rc=0
+        rc=0 device_rc=0
         run_client "$tmp/client.log" verify || rc=$?
         cat "$tmp/client.log"
+        if [ "$with_device" != 0 ]; then
+            run_device_client "$tmp/device.log" verify || device_rc=$?
+            sed 's/^/device a: /' "$tmp/device.log"
+        fi
         kill "$server_pid"
         for ((i = 0; i < 600; i++)); do
             _alive "$server_pid" || break
@@ -339,6 +382,10 @@ for comp in $comps; do
         reap_server || server_rc=$?
         check_log "$log" "$comp, the last check"
         client_verdict "$rc" "$comp, the device $how"
+        if [ "$with_device" != 0 ]; then
+            client_verdict "$device_rc" "$comp, device a $how" "$tmp/device.log"
+            checked=$((checked + $(result_of "$tmp/device.log" checked)))
+        fi
         [ "$server_rc" = 0 ] || { cat "$log" >&2; fail "$comp: the server exited with status $server_rc after SIGTERM"; }
         checked=$((checked + $(result_of "$tmp/client.log" checked)))
         echo "ok: $comp: every block whole, $how"

@@ -55,7 +55,6 @@ expect_refusal "device: d1: floor=2097152 is above cap=1048576" device=d1:1M:cap
 expect_refusal "device: d2: floor=4194304 and the other floors (4194304) do not fit in mem_limit (6291456)" device=d1:8M:floor=4M device=d2:8M:floor=4M mem_limit=6M
 expect_refusal "device: d1: level 99 is not a valid zstd level" device=d1:1M:comp=zstd:level=99
 expect_refusal "device: d1 is declared twice" device=d1:1M device=d1:2M
-expect_refusal "device: not with backing= with region= yet" device=d1:1M backing="$tmp/cold" region="$tmp/region-refused"
 
 cat > "$tmp/devices.py" <<'EOF'
 import os, random, subprocess, sys, threading, nbd
