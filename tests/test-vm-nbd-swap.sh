@@ -124,6 +124,9 @@
 #                        server (device=), attached as /dev/nbd1 and
 #                        swapped on after nbd0 (a lower priority); the
 #                        run fails unless it took writes
+#   ZRAM_VM_ADD_DEVICE   1: that device set up by swap on itself
+#                        (add-device in swap.conf: attached, supervised
+#                        and restarted with nbd0), not nbd-client
 #   VM_REQUIRED          a missing tool fails instead of skipping
 set -euo pipefail
 # shellcheck source=tests/functions.sh
@@ -260,6 +263,7 @@ RESTARTS='${ZRAM_VM_RESTARTS:-}'
 STANDBYS='${ZRAM_VM_STANDBYS:-}'
 NO_NOTICE='${ZRAM_VM_NO_NOTICE:-}'
 SECOND_DEVICE='${ZRAM_VM_SECOND_DEVICE:-}'
+ADD_DEVICE='${ZRAM_VM_ADD_DEVICE:-}'
 EOF
 bash "$SRCDIR/tests/make-initramfs.sh" "$tmp/initramfs.cpio" "$modules" \
     "$busybox" "$SRCDIR/tests/vm-nbd/init" "$guest_modules" \

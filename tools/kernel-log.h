@@ -35,9 +35,10 @@
 #include <stdbool.h>
 
 #define KERNEL_LOG_RESENDS_KEPT 256
+#define KERNEL_LOG_DEVICES_MAX 8
 
-struct kernel_log {
-  int fd;                                 /* -1: none */
+/* One device's lines. */
+struct kernel_log_device {
   char key[64];                           /* "nbd0:": not nbd01's lines */
   double resend_at[KERNEL_LOG_RESENDS_KEPT]; /* a ring: resends % KEPT */
   unsigned resends;                       /* every one seen */
@@ -47,23 +48,31 @@ struct kernel_log {
   double reconnected_at;                  /* the last reconnect, or 0 */
 };
 
+struct kernel_log {
+  int fd;                                 /* -1: none */
+  unsigned count;                         /* devices[] in use */
+  struct kernel_log_device devices[KERNEL_LOG_DEVICES_MAX];
+};
+
 /* Its state emptied, reading fd (/dev/kmsg from its end; -1: none) for
- * device_name's lines ("nbd0").
+ * the lines of the count devices named in names ("nbd0", "nbd1"; at most
+ * KERNEL_LOG_DEVICES_MAX).  Each function below takes a device by its
+ * index in names.
  */
 extern void kernel_log_init (struct kernel_log *log, int fd,
-                             const char *device_name);
+                             const char *const *names, unsigned count);
 
 /* What was logged since the last call, into the state. */
 extern void kernel_log_read (struct kernel_log *log);
 
-/* Of the resends logged since the last call, how many came no later
- * than until, and when the last of them came (0: none).
+/* Of device's resends logged since the last call, how many came no
+ * later than until, and when the last of them came (0: none).
  */
-extern double kernel_log_resends (struct kernel_log *log, double until,
-                                  unsigned *count);
+extern double kernel_log_resends (struct kernel_log *log, unsigned device,
+                                  double until, unsigned *count);
 
-/* Whether a dead-connection line logged since the last call is news of
- * a live server's connection (each line is judged once):
+/* Whether a dead-connection line of device logged since the last call
+ * is news of a live server's connection (each line is judged once):
  *   - KERNEL_LOG_DEAD_OLD: none, or one the restart begun at
  *     restart_began expects (the old server's connection, logged before
  *     quiet_until and before the driver took the restart's sockets);
@@ -79,6 +88,7 @@ enum kernel_log_dead {
   KERNEL_LOG_DEAD_NEW,
 };
 extern enum kernel_log_dead kernel_log_link_dead (struct kernel_log *log,
+                                                  unsigned device,
                                                   double quiet_until,
                                                   double restart_began);
 

@@ -89,13 +89,21 @@ write_all (int fd, const void *buf, size_t length)
   return 0;
 }
 
-/* Connect to the server at path and negotiate the default export: the
- * socket, in the transmission phase, with its size and flags; -1 after a
- * message.
+/* Connect to the server at path and negotiate export (NULL or "": the
+ * default export): the socket, in the transmission phase, with its size
+ * and flags; -1 after a message.
  */
 static int
-server_handshake (const char *path, uint64_t *size, uint16_t *flags)
+server_handshake (const char *path, const char *export, uint64_t *size,
+                  uint16_t *flags)
 {
+  if (!export)
+    export = "";
+  size_t name_length = strlen (export);
+  if (name_length > NBD_EXPORT_NAME_MAX) {
+    fprintf (stderr, "%s: nbd: export name '%s' too long\n", program, export);
+    return -1;
+  }
   struct sockaddr_un address = { .sun_family = AF_UNIX };
   if (strlen (path) >= sizeof address.sun_path) {
     fprintf (stderr, "%s: nbd: %s: socket path too long\n", program, path);
@@ -116,13 +124,15 @@ server_handshake (const char *path, uint64_t *size, uint16_t *flags)
     uint16_t flags;
   } __attribute__ ((packed)) greeting;
   uint32_t client_flags = htobe32 (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+  /* NBD_OPT_GO: the name's length, the name, no information asked. */
   struct {
     uint64_t magic;
     uint32_t option, length, name_length;
-    uint16_t requests;
   } __attribute__ ((packed)) go = {
-    htobe64 (NBD_OPTS_MAGIC), htobe32 (NBD_OPT_GO), htobe32 (4 + 2), 0, 0,
+    htobe64 (NBD_OPTS_MAGIC), htobe32 (NBD_OPT_GO),
+    htobe32 (4 + name_length + 2), htobe32 (name_length),
   };
+  uint16_t requests = 0;
   if (read_all (sock, &greeting, sizeof greeting) == -1
       || be64toh (greeting.magic) != NBD_MAGIC
       || be64toh (greeting.opts_magic) != NBD_OPTS_MAGIC
@@ -132,7 +142,9 @@ server_handshake (const char *path, uint64_t *size, uint16_t *flags)
     goto fail;
   }
   if (write_all (sock, &client_flags, sizeof client_flags) == -1
-      || write_all (sock, &go, sizeof go) == -1)
+      || write_all (sock, &go, sizeof go) == -1
+      || write_all (sock, export, name_length) == -1
+      || write_all (sock, &requests, sizeof requests) == -1)
     goto io_failed;
   bool have_export = false;
   for (;;) {
@@ -251,8 +263,9 @@ put_sockets (struct nl_msg *msg, const int *socks, unsigned n)
 }
 
 int
-nbd_connect (const char *socket_path, unsigned connections, int *socks,
-             uint64_t *size, uint16_t *flags)
+nbd_connect (const char *socket_path, const char *export,
+             unsigned connections, int *socks, uint64_t *size,
+             uint16_t *flags)
 {
   if (connections < 1 || connections > NBD_CONNECTIONS_MAX) {
     fprintf (stderr, "%s: nbd: connections: 1 to %d\n", program,
@@ -260,7 +273,8 @@ nbd_connect (const char *socket_path, unsigned connections, int *socks,
     return -1;
   }
   for (unsigned made = 0; made < connections; made++)
-    if ((socks[made] = server_handshake (socket_path, size, flags)) == -1) {
+    if ((socks[made] = server_handshake (socket_path, export, size,
+                                         flags)) == -1) {
       nbd_close (socks, made);
       return -1;
     }
@@ -308,15 +322,16 @@ nbd_attach_sockets (const char *device, const int *socks, unsigned count,
 }
 
 int
-nbd_attach (const char *device, const char *socket_path, bool reconnect,
-            unsigned connections, unsigned dead_conn_timeout,
+nbd_attach (const char *device, const char *socket_path, const char *export,
+            bool reconnect, unsigned connections, unsigned dead_conn_timeout,
             unsigned block_size)
 {
   uint64_t size = 0;
   uint16_t flags = 0;
   int socks[NBD_CONNECTIONS_MAX];
   if (device_index (device) < 0
-      || nbd_connect (socket_path, connections, socks, &size, &flags) == -1)
+      || nbd_connect (socket_path, export, connections, socks, &size,
+                      &flags) == -1)
     return -1;
   int r = nbd_attach_sockets (device, socks, connections, reconnect, size,
                               flags, dead_conn_timeout, block_size);
@@ -441,13 +456,20 @@ int
 run_nbd (int argc, char **argv)
 {
   static const char usage[] =
-    "nbd connect|reconnect /dev/nbdN SOCKET [CONNECTIONS [DEAD_CONN_TIMEOUT]]\n"
+    "nbd connect|reconnect [-N EXPORT] /dev/nbdN SOCKET [CONNECTIONS "
+    "[DEAD_CONN_TIMEOUT]]\n"
     "       nbd disconnect /dev/nbdN";
   if (argc == 2 && strcmp (argv[0], "disconnect") == 0)
     return nbd_detach (argv[1]) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
   bool connect = argc >= 3 && strcmp (argv[0], "connect") == 0;
   bool reconnect = argc >= 3 && strcmp (argv[0], "reconnect") == 0;
-  if ((!connect && !reconnect) || argc > 5) {
+  const char *export = NULL;
+  if ((connect || reconnect) && argc >= 5 && strcmp (argv[1], "-N") == 0) {
+    export = argv[2];
+    argv += 2;
+    argc -= 2;
+  }
+  if ((!connect && !reconnect) || argc < 3 || argc > 5) {
     fprintf (stderr, "usage: %s %s\n", program, usage);
     return EXIT_FAILURE;
   }
@@ -463,6 +485,7 @@ run_nbd (int argc, char **argv)
              "seconds above 0\n", program, argv[4]);
     return EXIT_FAILURE;
   }
-  return nbd_attach (argv[1], argv[2], reconnect, connections, timeout, 4096)
+  return nbd_attach (argv[1], argv[2], export, reconnect, connections,
+                     timeout, 4096)
     == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -11,14 +11,18 @@
 #define NBD_DEAD_CONN_TIMEOUT_DEFAULT 120
 
 #define NBD_CONNECTIONS_MAX 16
+/* The longest export name asked for (the protocol's bound is 4096). */
+#define NBD_EXPORT_NAME_MAX 4096
 
-/* Attach device (/dev/nbdN) to the server at socket_path with
- * connections sockets (reconnect: give an attached device whose server
- * died the new server's sockets).  0, or -1 after a message.
+/* Attach device (/dev/nbdN) to export (NULL or "": the default) of the
+ * server at socket_path with connections sockets (reconnect: give an
+ * attached device whose server died the new server's sockets).  0, or
+ * -1 after a message.
  */
 extern int nbd_attach (const char *device, const char *socket_path,
-                       bool reconnect, unsigned connections,
-                       unsigned dead_conn_timeout, unsigned block_size);
+                       const char *export, bool reconnect,
+                       unsigned connections, unsigned dead_conn_timeout,
+                       unsigned block_size);
 /* nbd_attach in two steps, so that the sockets can be made ahead (a
  * standby server's: tools/supervise.c).  nbd_connect: connections
  * sockets to the server at socket_path, each through the handshake
@@ -27,8 +31,9 @@ extern int nbd_attach (const char *device, const char *socket_path,
  * give them to device (the caller closes its own copies after: the
  * kernel holds references of its own); 0, or -1 after a message.
  */
-extern int nbd_connect (const char *socket_path, unsigned connections,
-                        int *socks, uint64_t *size, uint16_t *flags);
+extern int nbd_connect (const char *socket_path, const char *export,
+                        unsigned connections, int *socks, uint64_t *size,
+                        uint16_t *flags);
 extern int nbd_attach_sockets (const char *device, const int *socks,
                                unsigned count, bool reconnect, uint64_t size,
                                uint16_t flags, unsigned dead_conn_timeout,

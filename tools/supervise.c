@@ -2,7 +2,16 @@
  * swap tool starts it; tools/nbdkit-zram-swap.in).
  *
  *   nbdkit-zramctl supervise DIR DEVICE CONNECTIONS DEAD_CONN_TIMEOUT
- *                            [--standby | --standbys N] -- NBDKIT ARGUMENT...
+ *                            [--standby | --standbys N]
+ *                            [--device /dev/nbdM=EXPORT]...
+ *                            -- NBDKIT ARGUMENT...
+ *
+ * Each --device is another device of the same server (the plugin's
+ * device=EXPORT:SIZE), attached to the server's export EXPORT and
+ * handled as DEVICE is below: every restart reconnects all of them (the
+ * server is one), a standby keeps connections ready for each, a request
+ * of any that meets its timeout has the server killed (struct
+ * supervised).
  *
  * It goes to the background (its pid in DIR/supervisor.pid), runs the
  * server in the foreground (NBDKIT ARGUMENT... with -f among them; it
@@ -243,9 +252,14 @@ ballast_start (void)
  * "standby2.ready"; and so on.
  */
 #define STANDBYS_MAX 3
+/* The devices one supervisor attaches (struct supervised, below). */
+#define SUPERVISED_MAX KERNEL_LOG_DEVICES_MAX
 struct standby {
   pid_t pid;                            /* 0: none */
-  int socks[NBD_CONNECTIONS_MAX];       /* connected to it: count */
+  /* Connected to it, through the handshake of each supervised device's
+   * export: count each (0: none).
+   */
+  int socks[SUPERVISED_MAX][NBD_CONNECTIONS_MAX];
   unsigned count;
   double next_try;                      /* after a failure: not before */
   char suffix[16];                      /* ".standby", ".standby2", ... */
@@ -271,22 +285,6 @@ now (void)
   return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* Wait up to seconds, or until a signal or a notice of the driver
- * (watch, if not NULL) comes: signals are blocked but here (none: the
- * mask with them unblocked), so one that comes while the supervisor acts
- * is acted on at the next wait, never lost.
- */
-static void
-wait_for (double seconds, const sigset_t *none, const struct nbd_watch *watch)
-{
-  struct pollfd notice = { .fd = watch ? nbd_watch_fd (watch) : -1,
-                           .events = POLLIN };
-  struct timespec span = { .tv_sec = (time_t) seconds,
-                           .tv_nsec = (long) ((seconds - (time_t) seconds)
-                                              * 1e9) };
-  ppoll (&notice, 1, &span, none);
-}
-
 /* What the device answers, from its counters (/sys/block/NAME/stat), for
  * the downtime (see above).
  */
@@ -297,12 +295,25 @@ struct device_activity {
   double last_answer;           /* when answered last grew, or none waited */
 };
 
-/* The supervised device's (set at the attach), sampled in every wait:
- * the main loop's and those of the steps that take long (ask,
- * server_start), so that the last answer before a server's end is
- * known within a sample wherever the supervisor was then.
+/* The devices supervised: the first is DEVICE, on the server's default
+ * export; the others (--device PATH=EXPORT) are other exports of the
+ * same server (its devices, device= of the plugin).  Each is attached,
+ * watched and reconnected the same way, and a restart gives every one
+ * of them its sockets: the server is one, so is its end.
  */
-static struct device_activity device_activity;
+struct supervised {
+  const char *path;                     /* "/dev/nbdN" */
+  const char *export;                   /* "": the default export */
+  /* Sampled in every wait (set at the attach): the main loop's and
+   * those of the steps that take long (ask, server_start), so that the
+   * last answer before a server's end is known within a sample
+   * wherever the supervisor was then.
+   */
+  struct device_activity activity;
+  struct nbd_watch *watch;              /* its notices; NULL: none */
+};
+static struct supervised supervised[SUPERVISED_MAX];
+static unsigned supervised_count;
 
 /* The device's name in the kernel's files and log: "nbd0" of
  * "/dev/nbd0".
@@ -367,6 +378,52 @@ device_activity_sample (struct device_activity *activity)
     activity->last_answer = now ();
   activity->answered = answered;
   activity->waiting = field[9];
+}
+
+/* Every supervised device's counters read. */
+static void
+devices_activity_sample (void)
+{
+  for (unsigned i = 0; i < supervised_count; i++)
+    device_activity_sample (&supervised[i].activity);
+}
+
+/* Of every supervised device (as last sampled): the earliest last answer
+ * - a device with nothing waiting answered just now - and the requests
+ * in flight, together.
+ */
+static double
+devices_last_answer (uint64_t *waiting)
+{
+  double earliest = now ();
+  *waiting = 0;
+  for (unsigned i = 0; i < supervised_count; i++) {
+    const struct device_activity *activity = &supervised[i].activity;
+    if (activity->last_answer < earliest)
+      earliest = activity->last_answer;
+    *waiting += activity->waiting;
+  }
+  return earliest;
+}
+
+/* Wait up to seconds, or until a signal or a notice of the driver (for
+ * a supervised device watched) comes: signals are blocked but here
+ * (none: the mask with them unblocked), so one that comes while the
+ * supervisor acts is acted on at the next wait, never lost.
+ */
+static void
+wait_for (double seconds, const sigset_t *none)
+{
+  struct pollfd notices[SUPERVISED_MAX];
+  for (unsigned i = 0; i < supervised_count; i++)
+    notices[i] = (struct pollfd) {
+      .fd = supervised[i].watch ? nbd_watch_fd (supervised[i].watch) : -1,
+      .events = POLLIN,
+    };
+  struct timespec span = { .tv_sec = (time_t) seconds,
+                           .tv_nsec = (long) ((seconds - (time_t) seconds)
+                                              * 1e9) };
+  ppoll (notices, supervised_count, &span, none);
 }
 
 /* The server runs (it has not exited; its status is left to waitpid). */
@@ -456,15 +513,16 @@ making_refusals (void)
   return failed > making_failed_writes ? failed - making_failed_writes : 0;
 }
 
-/* The device has requests waiting and has answered none of them for
+/* A device has requests waiting and has answered none of them for
  * standby_starve_s (sampled now).
  */
 static bool
 device_starved (void)
 {
-  device_activity_sample (&device_activity);
-  return device_activity.waiting
-    && now () - device_activity.last_answer > standby_starve_s;
+  devices_activity_sample ();
+  uint64_t waiting;
+  return now () - devices_last_answer (&waiting) > standby_starve_s
+    && waiting;
 }
 
 static bool
@@ -587,7 +645,7 @@ server_start (const char *dir, char **argv, const char *suffix,
       return -1;
     }
     if (i % 25 == 0)
-      device_activity_sample (&device_activity);
+      devices_activity_sample ();
     if (i > 0 && i % 500 == 0)
       supervise_log ("%s: pid %d has no socket yet after %.3f s", role,
                      (int) pid, now () - started);
@@ -661,7 +719,7 @@ ask (const char *dir, const char *name, const char *line, char *reply,
         next_note += 5;
       }
       struct pollfd readable = { .fd = fd, .events = POLLIN };
-      device_activity_sample (&device_activity);
+      devices_activity_sample ();
       if (poll (&readable, 1, 100) == 0)
         continue;
       ssize_t r = read (fd, reply + used, 1);
@@ -713,6 +771,18 @@ ask_handover (const char *dir, pid_t server)
   return !server_alive (server);
 }
 
+/* The standby's sockets closed (the kernel keeps its own references to
+ * those it was given).
+ */
+static void
+standby_sockets_close (struct standby *standby)
+{
+  if (standby->count)
+    for (unsigned i = 0; i < supervised_count; i++)
+      nbd_close (standby->socks[i], standby->count);
+  standby->count = 0;
+}
+
 /* The standby gone: its sockets closed, the process stopped (SIGTERM,
  * SIGKILL after 5 s) unless it has been waited for already (pid 0).
  */
@@ -722,8 +792,7 @@ standby_discard (const char *dir, struct standby *standby)
   char path[4096];
   snprintf (path, sizeof path, "%s/%s", dir, standby->ready_note);
   unlink (path);
-  nbd_close (standby->socks, standby->count);
-  standby->count = 0;
+  standby_sockets_close (standby);
   if (standby->pid > 0)
     child_stop (standby->pid, true);
   standby->pid = 0;
@@ -763,14 +832,18 @@ standby_make_ready (const char *dir, unsigned connections,
             STANDBY_START_TIMEOUT_S, server) || strncmp (reply, "ok", 2) != 0)
     return false;
   double connecting = now ();
-  if (nbd_connect (sock_path, connections, standby->socks, &size,
-                   &flags) == -1) {
-    supervise_log ("standby: pid %d: its %u connections could not be made",
-                   (int) pid, connections);
-    return false;
-  }
-  supervise_log ("standby: pid %d: %u connections through the handshake in "
-                 "%.3f s", (int) pid, connections, now () - connecting);
+  for (unsigned i = 0; i < supervised_count; i++)
+    if (nbd_connect (sock_path, supervised[i].export, connections,
+                     standby->socks[i], &size, &flags) == -1) {
+      supervise_log ("standby: pid %d: its %u connections for %s could not "
+                     "be made", (int) pid, connections, supervised[i].path);
+      for (unsigned made = 0; made < i; made++)
+        nbd_close (standby->socks[made], connections);
+      return false;
+    }
+  supervise_log ("standby: pid %d: %u connections through the handshake "
+                 "for each of %u devices in %.3f s", (int) pid, connections,
+                 supervised_count, now () - connecting);
   standby->count = connections;
   /* nbdkit starts a connection's workers after its handshake: a moment
    * for them to start, then their stacks made ready.
@@ -812,9 +885,10 @@ standby_prepare (const char *dir, unsigned connections,
    * with the server for the memory it waits for.
    */
   if (device_starved ()) {
+    uint64_t waiting;
     supervise_log ("standby: not made now: the device has answered nothing "
                    "for %.1f s (tried again in %d s)",
-                   now () - device_activity.last_answer, STANDBY_RETRY_S);
+                   now () - devices_last_answer (&waiting), STANDBY_RETRY_S);
     standby->next_try = now () + STANDBY_RETRY_S;
     standby_starved = true;
     return false;
@@ -870,7 +944,7 @@ standby_prepare (const char *dir, unsigned connections,
  */
 static pid_t
 standby_take_over (const char *dir, struct standby *standby,
-                   const char *device, unsigned timeout)
+                   unsigned timeout)
 {
   char reply[256] = "", from[4096], to[4096];
   snprintf (from, sizeof from, "%s/%s", dir, standby->ready_note);
@@ -884,18 +958,24 @@ standby_take_over (const char *dir, struct standby *standby,
   }
   ballast_give_back ();
   double giving = now ();
-  if (nbd_attach_sockets (device, standby->socks, standby->count, true, 0, 0,
-                          timeout, 4096) == -1) {
-    supervise_log ("standby: pid %d took the device over, but %s could not "
-                   "be given its sockets", (int) standby->pid, device);
-    standby_discard (dir, standby);
-    return -1;
-  }
-  supervise_log ("standby: pid %d: %s given its %u sockets in %.3f s",
-                 (int) standby->pid, device, standby->count,
+  for (unsigned i = 0; i < supervised_count; i++)
+    if (nbd_attach_sockets (supervised[i].path, standby->socks[i],
+                            standby->count, true, 0, 0, timeout,
+                            4096) == -1) {
+      /* The devices given the standby's sockets before lose them with
+       * it: a server is started and every device reconnected.
+       */
+      supervise_log ("standby: pid %d took the device over, but %s could "
+                     "not be given its sockets", (int) standby->pid,
+                     supervised[i].path);
+      standby_discard (dir, standby);
+      return -1;
+    }
+  supervise_log ("standby: pid %d: %u device%s given %u sockets each in "
+                 "%.3f s", (int) standby->pid, supervised_count,
+                 supervised_count == 1 ? "" : "s", standby->count,
                  now () - giving);
-  nbd_close (standby->socks, standby->count);
-  standby->count = 0;
+  standby_sockets_close (standby);
   pid_t pid = standby->pid;
   standby->pid = 0;
   const char *const names[] = { "sock", "pid" };
@@ -937,15 +1017,20 @@ struct restart_report {
  */
 static void
 restart_report_finish (struct restart_report *report, const char *dir,
-                       const char *device, unsigned request_timeout,
-                       pid_t server)
+                       unsigned request_timeout, pid_t server)
 {
   if (!report->pending)
     return;
   report->pending = false;
-  unsigned resends;
-  double last_resend = kernel_log_resends (&kernel_log, report->due,
-                                           &resends);
+  unsigned resends = 0;
+  double last_resend = 0;
+  for (unsigned i = 0; i < supervised_count; i++) {
+    unsigned count;
+    double last = kernel_log_resends (&kernel_log, i, report->due, &count);
+    resends += count;
+    if (last > last_resend)
+      last_resend = last;
+  }
   double answered = report->reconnected;
   char how[160];
   if (!report->waiting)
@@ -968,10 +1053,12 @@ restart_report_finish (struct restart_report *report, const char *dir,
               "say when", (unsigned long long) report->waiting);
   }
   double downtime = answered - report->stall_from;
-  supervise_log ("restart %u (%s): %s reconnected, down %.3f s%s (the "
+  supervise_log ("restart %u (%s): %s%s reconnected, down %.3f s%s (the "
                  "device's last answer %.3f s before the server's end; "
                  "reconnected %.3f s after it; %s)", report->number,
-                 report->why, device, downtime,
+                 report->why, supervised[0].path,
+                 supervised_count > 1 ? " and the server's other devices"
+                 : "", downtime,
                  report->by_standby ? ", taken over by the standby" : "",
                  report->exited - report->stall_from,
                  report->reconnected - report->exited, how);
@@ -1009,7 +1096,7 @@ guardian_stop (void)
 }
 
 static void
-guardian_start (const char *device)
+guardian_start (void)
 {
   pid_t supervisor = getpid ();
   sigset_t term;
@@ -1018,11 +1105,11 @@ guardian_start (const char *device)
   pid_t pid = fork ();
   if (pid != 0) {
     if (pid == -1)
-      supervise_log ("guardian: fork: %s: a killed supervisor leaves %s its "
-                     "request timeout", strerror (errno), device);
+      supervise_log ("guardian: fork: %s: a killed supervisor leaves the "
+                     "devices their request timeout", strerror (errno));
     else
-      supervise_log ("guardian: pid %d takes %s's request timeout away if "
-                     "the supervisor is killed", (int) pid, device);
+      supervise_log ("guardian: pid %d takes the devices' request timeout "
+                     "away if the supervisor is killed", (int) pid);
     guardian = pid;
     return;
   }
@@ -1038,13 +1125,16 @@ guardian_start (const char *device)
   int kernel = open ("/dev/kmsg", O_WRONLY);
   if (kernel >= 0)
     dup2 (kernel, 2);
-  bool removed = nbd_set_request_timeout (device, 0) == 0;
-  if (kernel >= 0)
-    dprintf (kernel, "nbdkit-zramctl: the supervisor of %s (pid %d) is "
-             "gone: %s\n", device, (int) supervisor, removed
-             ? "its request timeout removed, the server is waited for"
-             : "its request timeout could not be removed: a request the "
-             "server leaves unanswered that long drops its connection");
+  for (unsigned i = 0; i < supervised_count; i++) {
+    const char *device = supervised[i].path;
+    bool removed = nbd_set_request_timeout (device, 0) == 0;
+    if (kernel >= 0)
+      dprintf (kernel, "nbdkit-zramctl: the supervisor of %s (pid %d) is "
+               "gone: %s\n", device, (int) supervisor, removed
+               ? "its request timeout removed, the server is waited for"
+               : "its request timeout could not be removed: a request the "
+               "server leaves unanswered that long drops its connection");
+  }
   _exit (0);
 }
 
@@ -1053,6 +1143,10 @@ run_supervise (int argc, char **argv)
 {
   unsigned standbys = 0;
   bool usage = argc < 4;
+  if (!usage)
+    supervised[supervised_count++] = (struct supervised) {
+      .path = argv[1], .export = "",
+    };
   unsigned request_timeout = REQUEST_TIMEOUT_DEFAULT_S;
   int dashes = 4;
   for (; !usage && dashes < argc && strcmp (argv[dashes], "--") != 0;
@@ -1083,13 +1177,27 @@ run_supervise (int argc, char **argv)
       }
       request_timeout = seconds;
     }
+    else if (strcmp (argv[dashes], "--device") == 0 && dashes + 1 < argc) {
+      char *path = argv[++dashes], *equals = strchr (path, '=');
+      if (!equals || equals == path || !equals[1]
+          || supervised_count == SUPERVISED_MAX) {
+        fprintf (stderr, "nbdkit-zramctl: supervise: --device: '%s' is not "
+                 "/dev/nbdN=EXPORT (at most %d devices)\n", path,
+                 SUPERVISED_MAX - 1);
+        return EXIT_FAILURE;
+      }
+      *equals = '\0';
+      supervised[supervised_count++] = (struct supervised) {
+        .path = path, .export = equals + 1,
+      };
+    }
     else
       usage = true;
   }
   if (usage || dashes + 1 >= argc) {
     fprintf (stderr, "usage: nbdkit-zramctl supervise DIR DEVICE CONNECTIONS "
              "DEAD_CONN_TIMEOUT [--standby | --standbys N] [--request-timeout "
-             "SECONDS] -- "
+             "SECONDS] [--device /dev/nbdN=EXPORT]... -- "
              "NBDKIT ARGUMENT...\n");
     return EXIT_FAILURE;
   }
@@ -1169,7 +1277,10 @@ run_supervise (int argc, char **argv)
   int kmsg = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (kmsg >= 0)
     lseek (kmsg, 0, SEEK_END);
-  kernel_log_init (&kernel_log, kmsg, device_kernel_name (device));
+  const char *names[SUPERVISED_MAX];
+  for (unsigned i = 0; i < supervised_count; i++)
+    names[i] = device_kernel_name (supervised[i].path);
+  kernel_log_init (&kernel_log, kmsg, names, supervised_count);
   if (kmsg == -1)
     supervise_log ("/dev/kmsg: %s: a restart's downtime is the bound of the "
                    "request timeout", strerror (errno));
@@ -1183,6 +1294,9 @@ run_supervise (int argc, char **argv)
                  "timeout %u s, %u standby%s kept ready)", (int) getpid (),
                  device, connections, timeout, standbys,
                  standbys == 1 ? "" : "s");
+  for (unsigned i = 1; i < supervised_count; i++)
+    supervise_log ("and %s, the server's export '%s'", supervised[i].path,
+                   supervised[i].export);
   note (dir, "supervisor.pid", false, "%d\n", (int) getpid ());
   sigset_t blocked, none;
   sigemptyset (&blocked);
@@ -1207,18 +1321,21 @@ run_supervise (int argc, char **argv)
   char sock_path[4096];
   snprintf (sock_path, sizeof sock_path, "%s/sock", dir);
   pid_t server = server_start (dir, server_argv, "", 0);
-  if (server == -1
-      || nbd_attach (device, sock_path, false, connections, timeout, 4096) == -1) {
-    note (dir, "supervisor.err", false, "the server did not start, or %s "
-          "could not be attached to it\n", device);
-    if (server > 0) {
-      kill (server, SIGTERM);
-      waitpid (server, NULL, 0);
+  for (unsigned i = 0; i < supervised_count; i++)
+    if (server == -1
+        || nbd_attach (supervised[i].path, sock_path, supervised[i].export,
+                       false, connections, timeout, 4096) == -1) {
+      note (dir, "supervisor.err", false, "the server did not start, or %s "
+            "could not be attached to it\n", supervised[i].path);
+      for (unsigned attached = 0; attached < i; attached++)
+        nbd_detach_quietly (supervised[attached].path);
+      if (server > 0) {
+        kill (server, SIGTERM);
+        waitpid (server, NULL, 0);
+      }
+      supervise_log_flush ();
+      return EXIT_FAILURE;
     }
-    guardian_stop ();
-    supervise_log_flush ();
-    return EXIT_FAILURE;
-  }
   /* The region file (on /run, a tmpfs: swappable) is what the next
    * server reads first: kept in memory, mapped and locked here, or a
    * server starting while the device is down would wait for its page to
@@ -1234,38 +1351,44 @@ run_supervise (int argc, char **argv)
             region_path, strerror (errno));
     close (region_fd);
   }
-  note (dir, "attached", false, "%s\n", device);
+  for (unsigned i = 0; i < supervised_count; i++)
+    note (dir, "attached", i > 0, "%s\n", supervised[i].path);
   /* The request timeout, from now on (see above). */
-  if (nbd_set_request_timeout (device, request_timeout) == 0)
-    supervise_log ("%s attached to server pid %d, request timeout %u s",
-                   device, (int) server, request_timeout);
-  else
-    supervise_log ("%s attached to server pid %d, but its request timeout "
-                   "could not be set: a request the server never answers "
-                   "(it crashed) waits for good", device, (int) server);
+  for (unsigned i = 0; i < supervised_count; i++)
+    if (nbd_set_request_timeout (supervised[i].path, request_timeout) == 0)
+      supervise_log ("%s attached to server pid %d, request timeout %u s",
+                     supervised[i].path, (int) server, request_timeout);
+    else
+      supervise_log ("%s attached to server pid %d, but its request timeout "
+                     "could not be set: a request the server never answers "
+                     "(it crashed) waits for good", supervised[i].path,
+                     (int) server);
   /* A live server's request that met the request timeout (see above):
    * the driver's link-dead notice says so.  Its notices for a server
    * that went are the restart's business: ignored until
    * QUIET_AFTER_RESTART_S after.
    */
-  guardian_start (device);
+  guardian_start ();
   /* NBDKIT_ZRAM_SUPERVISE_NO_NOTICE: the notices not watched, as when
    * they never come - for the tests of the kernel log's way.
    */
-  struct nbd_watch *watch = NULL;
   if (getenv ("NBDKIT_ZRAM_SUPERVISE_NO_NOTICE"))
     supervise_log ("the driver's notices not watched "
                    "(NBDKIT_ZRAM_SUPERVISE_NO_NOTICE): a live server's "
                    "timed-out request is known from the kernel's log alone");
-  else if (!(watch = nbd_watch_open (device)))
-    supervise_log ("cannot watch the driver's notices: a live server "
-                   "whose request timed out is known from the kernel's "
-                   "log alone%s", kernel_log.fd >= 0 ? "" : ", and there is "
-                   "none: it is not restarted, and the request waits for "
-                   "the dead-connection timeout");
+  else
+    for (unsigned i = 0; i < supervised_count; i++)
+      if (!(supervised[i].watch = nbd_watch_open (supervised[i].path)))
+        supervise_log ("cannot watch the driver's notices for %s: a live "
+                       "server whose request timed out is known from the "
+                       "kernel's log alone%s", supervised[i].path,
+                       kernel_log.fd >= 0 ? "" : ", and there is none: it "
+                       "is not restarted, and the request waits for the "
+                       "dead-connection timeout");
   double quiet_until = 0, restart_began = 0;
   unsigned restarts = 0;
-  device_activity_init (&device_activity, device);
+  for (unsigned i = 0; i < supervised_count; i++)
+    device_activity_init (&supervised[i].activity, supervised[i].path);
   standby_starve_s = request_timeout / 2.0;
   struct restart_report report = { .pending = false };
   unsigned restart_waits = 0;
@@ -1276,19 +1399,24 @@ run_supervise (int argc, char **argv)
     double stopped = 0, next_exit_note = 5, timed_out_at = 0;
     bool terminated = false, timed_out = false, link_died = false;
     while (waitpid (server, &status, WNOHANG) != server) {
-      device_activity_sample (&device_activity);
+      devices_activity_sample ();
       if (report.pending && now () >= report.due)
-        restart_report_finish (&report, dir, device, request_timeout, server);
-      /* The driver's notice, or its line in the kernel's log (see
-       * kernel-log.h: the notice may never come).  Inside a restart's
-       * quiet window the notices are the old connection's, but a line
-       * logged after the driver took the new sockets is the new one's.
+        restart_report_finish (&report, dir, request_timeout, server);
+      /* For each device, the driver's notice or its line in the
+       * kernel's log (see kernel-log.h: the notice may never come).
+       * Inside a restart's quiet window the notices are the old
+       * connection's, but a line logged after the driver took the new
+       * sockets is the new one's.
        */
-      bool notice = watch && nbd_watch_link_dead (watch)
-        && now () > quiet_until;
-      enum kernel_log_dead logged
-        = kernel_log_link_dead (&kernel_log, quiet_until, restart_began);
-      if ((notice || logged != KERNEL_LOG_DEAD_OLD) && !stopped) {
+      for (unsigned i = 0; i < supervised_count && !stopped; i++) {
+        const char *path = supervised[i].path;
+        bool notice = supervised[i].watch
+          && nbd_watch_link_dead (supervised[i].watch)
+          && now () > quiet_until;
+        enum kernel_log_dead logged
+          = kernel_log_link_dead (&kernel_log, i, quiet_until, restart_began);
+        if (!notice && logged == KERNEL_LOG_DEAD_OLD)
+          continue;
         /* A server that is going ends this wait at the next round: only
          * a live one's is news.  One that is being stopped or restarted
          * is reaped before anything is sent again anyway.
@@ -1298,8 +1426,8 @@ run_supervise (int argc, char **argv)
           /* The requests it was given may be at work in it, as below. */
           supervise_log ("the connection restart %u gave %s died at once "
                          "(the kernel's log: dead after it reconnected): "
-                         "server pid %d is killed and the device "
-                         "reconnected again", restarts, device,
+                         "server pid %d is killed and the devices "
+                         "reconnected again", restarts, path,
                          (int) server);
           kill (server, SIGKILL);
           stopped = now ();
@@ -1310,7 +1438,7 @@ run_supervise (int argc, char **argv)
                          "server pid %d dead (%s): a request met the %u s "
                          "request timeout, and its first copy may still be "
                          "at work in the server: the server is killed "
-                         "before the request is sent again", device,
+                         "before the request is sent again", path,
                          (int) server, notice ? "its notice"
                          : "the kernel's log; its notice did not come",
                          request_timeout);
@@ -1416,25 +1544,25 @@ run_supervise (int argc, char **argv)
         next_exit_note += 5;
       }
       /* Woken by a signal, or each second (the 40 s above). */
-      wait_for (STALL_SAMPLE_S, &none, watch);
+      wait_for (STALL_SAMPLE_S, &none);
     }
     if (!stopped)
       stopped = now ();
     /* The last restart's line first (its server is the one that ended). */
-    restart_report_finish (&report, dir, device, request_timeout, server);
+    restart_report_finish (&report, dir, request_timeout, server);
     /* Requests waiting now wait for the request timeout: sent before the
      * end, they are sent again at most that long (and the driver's
      * second) after it.
      */
-    device_activity_sample (&device_activity);
-    double exited = now (), stall_from = device_activity.last_answer;
+    devices_activity_sample ();
+    uint64_t waiting;
+    double exited = now (), stall_from = devices_last_answer (&waiting);
     /* A timed-out request is back in the driver's queue, which the
      * device's in-flight counter does not count: it waited the whole
      * request timeout before the notice, whatever the counter says.
      */
     if (timed_out && timed_out_at - request_timeout < stall_from)
       stall_from = timed_out_at - request_timeout;
-    uint64_t waiting = device_activity.waiting;
     supervise_log ("server pid %d %s %d, %.3f s after %s", (int) server,
                    WIFSIGNALED (status) ? "killed by signal"
                    : "exited with status", WIFSIGNALED (status)
@@ -1448,7 +1576,8 @@ run_supervise (int argc, char **argv)
        * the loop that discards it).
        */
       standbys_discard (dir, standby_list, standbys);
-      nbd_detach_quietly (device);
+      for (unsigned i = 0; i < supervised_count; i++)
+        nbd_detach_quietly (supervised[i].path);
       guardian_stop ();
       supervise_log_flush ();
       return EXIT_SUCCESS;
@@ -1482,28 +1611,36 @@ run_supervise (int argc, char **argv)
     supervise_log ("restart %u (%s) begins: %s", restarts + 1, why, ready
                    ? "a standby takes the device over"
                    : "no standby ready: a server is started");
-    server = ready ? standby_take_over (dir, ready, device, timeout) : -1;
+    server = ready ? standby_take_over (dir, ready, timeout) : -1;
     bool by_standby = server != -1;
     for (unsigned attempt = 1; server == -1; attempt++) {
       if (attempt == 1)
         ballast_give_back ();
       server = server_start (dir, server_argv, "", 0);
-      if (server != -1
-          && nbd_attach (device, sock_path, true, connections, timeout,
-                         4096) == 0)
+      /* Every device reconnected, or the attempt fails (those that were
+       * lose this server with it, and are reconnected at the next).
+       */
+      const char *failed = server == -1 ? "" : NULL;
+      for (unsigned i = 0; i < supervised_count && !failed; i++)
+        if (nbd_attach (supervised[i].path, sock_path, supervised[i].export,
+                        true, connections, timeout, 4096) == -1)
+          failed = supervised[i].path;
+      if (!failed)
         break;
-      supervise_log ("restart %u (%s), attempt %u: "
-            "the server did not start again, or %s could not be "
-            "reconnected\n", restarts + 1, why, attempt, device);
+      supervise_log ("restart %u (%s), attempt %u: %s%s%s", restarts + 1,
+                     why, attempt, *failed ? "" : "the server did not start "
+                     "again", failed, *failed ? " could not be reconnected"
+                     : "");
       if (server > 0)
         child_stop (server, false);
       server = -1;
-      wait_for (1, &none, NULL);   /* swap off meanwhile stops the tries */
+      wait_for (1, &none);   /* swap off meanwhile stops the tries */
       if (stop_asked || now () - stopped > timeout) {
         supervise_log ("restart %u: given up after %u "
               "attempts (%s)\n", restarts + 1, attempt, stop_asked
               ? "stopped" : "the device's dead-connection timeout passed");
-        nbd_detach_quietly (device);
+        for (unsigned i = 0; i < supervised_count; i++)
+          nbd_detach_quietly (supervised[i].path);
         guardian_stop ();
         supervise_log_flush ();
         return EXIT_FAILURE;
