@@ -62,12 +62,24 @@ refused "--page-cluster: 11 is above 10" on --page-cluster 11
 refused "--standbys: '4' is not a number from 0 to 3" on --restartable --standbys 4
 refused "--standbys: 'two' is not a number from 0 to 3" on --restartable --standbys two
 refused "swap on: unknown argument '--bogus'" on --bogus
+refused "--add-device: '/dev/sda:s:1G' is not /dev/nbdN:NAME:SIZE" on --add-device /dev/sda:s:1G
+refused "--add-device: '/dev/nbd1' is not /dev/nbdN:NAME:SIZE" on --add-device /dev/nbd1
+refused "--add-device: 'a/b' is not a device name" on --add-device /dev/nbd1:a/b:1G
+refused "--add-device: 'lots' is not a size" on --add-device /dev/nbd1:s:lots
+refused "--add-device: priority 'hi' is not a number from 0 to 32767" on --add-device /dev/nbd1:s:1G:hi
+refused "--add-device: priority 40000 is above 32767" on --add-device /dev/nbd1:s:1G:40000
+refused "--add-device: /dev/nbd1 is named twice" on --add-device /dev/nbd1:s:1G --add-device /dev/nbd1:t:1G
 # The supervisor itself (what swap on runs) refuses a bad --standbys too.
 rc=0
 "$ZRAMCTL" supervise "$tmp/nowhere" /dev/nbd9 1 120 --standbys 9 -- /bin/true > "$tmp/out" 2>&1 || rc=$?
 [ "$rc" = 1 ] && grep -q "supervise: --standbys: '9' is not a number from 0 to 3" "$tmp/out" ||
     fail "supervise --standbys 9: exit status $rc: $(cat "$tmp/out")"
 [ ! -e "$tmp/nowhere" ] || fail "supervise --standbys 9 made its directory"
+rc=0
+"$ZRAMCTL" supervise "$tmp/nowhere" /dev/nbd9 1 120 --device /dev/nbd8 -- /bin/true > "$tmp/out" 2>&1 || rc=$?
+[ "$rc" = 1 ] && grep -q "supervise: --device: '/dev/nbd8' is not /dev/nbdN=EXPORT" "$tmp/out" ||
+    fail "supervise --device /dev/nbd8: exit status $rc: $(cat "$tmp/out")"
+[ ! -e "$tmp/nowhere" ] || fail "supervise --device /dev/nbd8 made its directory"
 refused "'sideways' is none of on, off, restart, status" sideways
 
 # The configuration file (swap config prints what swap on would take
@@ -116,6 +128,11 @@ got=$("$ZRAMCTL" swap config --priority 10 --size 1G)
     fail "swap config with options: $got"
 [ "$(NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/none.conf" "$ZRAMCTL" swap config --size 1G)" = "swap on --size 1G" ] ||
     fail "no file: not the options alone"
+# add-device: one line a device, each kept.
+printf 'add-device = /dev/nbd1:swap2:1G:5\nadd-device = /dev/nbd2:swap3:512M\n' > "$tmp/conf/add.conf"
+got=$(NBDKIT_ZRAM_SWAP_CONF="$tmp/conf/add.conf" "$ZRAMCTL" swap config)
+[ "$got" = "swap on --add-device /dev/nbd1:swap2:1G:5 --add-device /dev/nbd2:swap3:512M" ] ||
+    fail "swap config with add-device lines: $got"
 unset NBDKIT_ZRAM_SWAP_CONF
 refused "usage:" off /dev/nbd0 /dev/nbd1
 if [ "$(id -u)" != 0 ]; then
