@@ -1408,14 +1408,17 @@ run_supervise (int argc, char **argv)
        * connection's, but a line logged after the driver took the new
        * sockets is the new one's.
        */
-      for (unsigned i = 0; i < supervised_count && !stopped; i++) {
+      /* Every device's notices read each round, acted on or not: one
+       * left unread keeps the wait below from waiting.
+       */
+      for (unsigned i = 0; i < supervised_count; i++) {
         const char *path = supervised[i].path;
         bool notice = supervised[i].watch
           && nbd_watch_link_dead (supervised[i].watch)
           && now () > quiet_until;
         enum kernel_log_dead logged
           = kernel_log_link_dead (&kernel_log, i, quiet_until, restart_began);
-        if (!notice && logged == KERNEL_LOG_DEAD_OLD)
+        if (stopped || (!notice && logged == KERNEL_LOG_DEAD_OLD))
           continue;
         /* A server that is going ends this wait at the next round: only
          * a live one's is news.  One that is being stopped or restarted
