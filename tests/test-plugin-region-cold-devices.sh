@@ -59,10 +59,7 @@ def bd(name):
     return int(ctl.ok("bd_stat" + on(name))[0].split()[0])
 
 def stat(key):
-    for line in ctl.ok("stats"):
-        if line.startswith(key + ": "):
-            return int(line.split()[1])
-    raise KeyError(key)
+    return int(ctl.stats()[key])
 
 def write_back(name):
     ctl.ok("idle all" + on(name))
@@ -136,6 +133,8 @@ elif step == "remove":
     del WRITTEN["b"]
     check(True)
     print("remove: b's %d bytes of runs given back" % (used - after))
+elif step == "stat":
+    print(stat(sys.argv[4]))
 elif step == "after-remove":
     del WRITTEN["b"]
     assert stat("backing_used") == int(sys.argv[4]), \
@@ -145,13 +144,6 @@ elif step == "after-remove":
           "export read back" % sys.argv[4])
 EOF
 cold () { /usr/bin/python3 "$tmp/cold.py" "$tmp/sock$1" "$tmp/ctl$1" "${@:2}"; }
-used () {
-    /usr/bin/python3 -c '
-import os, sys
-sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
-from ctl_client import Ctl
-print([l for l in Ctl(sys.argv[1]).ok("stats") if l.startswith("backing_used: ")][0].split()[1])' "$tmp/ctl$1"
-}
 
 start 1 || fail "the first server"
 cold 1 fill || fail "fill"
@@ -169,7 +161,7 @@ zram_nbdkit -U "$tmp/sock4" -P "$tmp/pid4" "$PLUGIN" 4M region="$region" \
 cold 4 restarted-with-fewer || fail "a restart with fewer devices"
 [ "$(stat -c %s "$cold")" -ge $((12 << 20)) ] || fail "the tier's file is $(stat -c %s "$cold") bytes"
 cold 4 remove || fail "remove b"
-used=$(used 4)
+used=$(cold 4 stat backing_used)
 kill -9 "$(cat "$tmp/pid4")"; gone "$tmp/pid4"
 start 5 || fail "the recovery after the remove"
 cold 5 after-remove "$used" || fail "after the remove and a crash"
@@ -177,25 +169,14 @@ kill "$(cat "$tmp/pid5")"; gone "$tmp/pid5"
 
 # ---- an NBD export too small for the region's room ------------------------
 "$ZRAMCTL" region remove "$region" || fail "region remove"
-remote () {   # SIZE: an export on remote.sock
-    rm -f "$tmp/remote.sock"
-    env -u LD_PRELOAD "$NBDKIT" -U "$tmp/remote.sock" -P "$tmp/remote.pid" memory "$1"
-    for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && return 0; sleep 0.1; done
-    fail "the remote did not start"
-}
-cleanup_add '[ ! -e "$tmp/remote.pid" ] || kill "$(cat "$tmp/remote.pid")" 2>/dev/null'
-remote 64M
+remote_start memory 64M
 cold="nbd+unix:///?socket=$tmp/remote.sock"
 start 6 || fail "a server with an NBD export as its tier"
-[ "$(/usr/bin/python3 -c '
-import os, sys
-sys.path.insert(0, os.path.join(os.environ["SRCDIR"], "tests"))
-from ctl_client import Ctl
-print([l for l in Ctl(sys.argv[1]).ok("stats") if l.startswith("backing_capacity: ")][0].split()[1])' "$tmp/ctl6")" = $((12 << 20)) ] ||
+[ "$(cold 6 stat backing_capacity)" = $((12 << 20)) ] ||
     fail "the export's room is not the 12M asked"
 kill "$(cat "$tmp/pid6")"; gone "$tmp/pid6"
-kill -9 "$(cat "$tmp/remote.pid")"; gone "$tmp/remote.pid"
-remote 8M
+remote_stop
+remote_start memory 8M
 id=$(segment)
 if start 7 2>"$tmp/small.err"; then fail "an export smaller than the region's room was taken"; fi
 grep -q "the cold tier (backing=) is smaller than the stored device's" "$tmp/small.err" ||
