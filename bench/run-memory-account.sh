@@ -66,7 +66,9 @@ for round in $(seq "$REPEATS"); do
     nbdcopy "$IMAGE" "nbd+unix:///?socket=$tmp/sock"
     if [ "$PACK" = 1 ]; then
         ask "idle all" > /dev/null
+        start=$(date +%s.%N)
         ask "pack type=idle" > /dev/null
+        echo "pack_seconds $(awk "BEGIN { print $(date +%s.%N) - $start }")" >> "$tmp/results"
     fi
     ask compact > /dev/null
     sleep 2
@@ -84,8 +86,9 @@ done
 import statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    name, kib = line.split()
-    runs.setdefault(name, []).append(int(kib) * 1024)
+    name, value = line.split()
+    runs.setdefault(name, []).append(float(value) if name == "pack_seconds"
+                                     else int(value) * 1024)
 image = int(sys.argv[3])
 print("%.1f MiB image, comp=%s%s, median of %d runs" % (
     image / 2**20, sys.argv[4], ", after idle all + pack type=idle" if sys.argv[5] == "1" else "",
@@ -96,6 +99,8 @@ for name in ("zram", "memory-zstd"):
     ratio[name] = image / rss
     print("  %-12s RSS %8.1f MiB  ratio %.2fx" % (name, rss / 2**20, ratio[name]))
 print("  ours / nbdkit memory allocator=zstd: %.3fx" % (ratio["zram"] / ratio["memory-zstd"]))
+if "pack_seconds" in runs:
+    print("  pack type=idle took %.1f s" % statistics.median(runs["pack_seconds"]))
 print("where our RSS goes (the last run's `memory`), MiB:")
 for line in open(sys.argv[2]):
     name, value = line.split()

@@ -117,7 +117,7 @@ static const struct param params_table[PARAM_COUNT] = {
     "Policy: pack idle blocks after this (off).",
     AT (policy.pack_after), 0, BLOCK_ATIME_MAX, .what = "seconds" },
   [P_PACK_LEVEL] = { "pack_level", KIND_INT, "N",
-    "zstd level of packed units (default 6).", AT (store.pack_level),
+    "zstd level of packed units (default 14).", AT (store.pack_level),
     .set = check_pack_level },
   [P_PACK_BLOCKS] = { "pack_blocks", KIND_UNSIGNED, "N",
     "Blocks per packed unit, 2..64 (default 16).", AT (store.pack_blocks),

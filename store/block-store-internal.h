@@ -315,7 +315,7 @@ struct block_store {
    * compare-and-swap, freed with the dictionary.
    */
   _Atomic (struct codec_decoder *) decoders[STORE_DICTIONARIES];
-  /* Packing's encoder (about 800 KiB of zstd's tables at level 6, a
+  /* Packing's encoder (about 1.5 MiB of zstd's tables at level 14, a
    * few milliseconds to make: more than a policy round's share), made
    * by the first run that compresses with the current dictionary and
    * kept for the next runs; it holds a reference on its dictionary.
