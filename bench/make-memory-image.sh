@@ -12,7 +12,14 @@
 #   - perl: hashes of words, arrays of lines, nested structures, sprintf'd
 #     records and pack'd binary records, from the perl modules;
 #   - sort: a sort of a text file (man pages and sources), stopped while its
-#     output is blocked, so its buffers hold the sorted lines.
+#     output is blocked, so its buffers hold the sorted lines;
+#   - node (only when PROGRAMS names it): V8's heap of maps, objects of
+#     one shape linked together, small integers and doubles, typed arrays,
+#     strings of the same Python sources, parsed JSON, and Buffers of
+#     random bytes and of zeros, part of it dropped again.
+# PROGRAMS (default "python3 perl sort") chooses the processes, e.g.
+# PROGRAMS="python3 node" for a Python and a Node heap, as issue 42's
+# first image was.
 # While they wait, the reader (this script's python3, their parent, so
 # ptrace restrictions allow it) goes through /proc/PID/maps, keeps the
 # private anonymous mappings ([heap], [stack] and mappings without a file),
@@ -38,8 +45,15 @@ die () { echo "make-memory-image: $*" >&2; exit 1; }
 out=$1
 mib=${2:-256}
 [[ $mib =~ ^[0-9]+$ ]] && [ "$mib" -ge 1 ] || die "MiB must be a positive integer, not '$mib'"
-command -v perl >/dev/null || die "perl not found"
-command -v sort >/dev/null || die "sort not found"
+PROGRAMS=${PROGRAMS:-python3 perl sort}
+for program in $PROGRAMS; do
+    case $program in
+        python3|perl|sort|node) command -v "$program" >/dev/null ||
+            die "$program not found (PROGRAMS)" ;;
+        *) die "PROGRAMS: '$program' is not one of python3, perl, sort, node" ;;
+    esac
+done
+export PROGRAMS
 [ -x /usr/bin/python3 ] || die "/usr/bin/python3 not found"
 
 exec /usr/bin/python3 - "$out" "$mib" <<'PYEOF'
@@ -210,6 +224,108 @@ print "ready\n";
 sleep 100000;
 '''
 
+NODE_BUILDER = r'''
+const fs = require("fs"), path = require("path");
+const targetKib = parseInt(process.argv[process.argv.length - 1], 10);
+let seed = 12345;
+function rand() {             // xorshift32: the same heap on every run
+  seed ^= seed << 13; seed >>>= 0; seed ^= seed >>> 17; seed ^= seed << 5;
+  seed >>>= 0;
+  return seed / 4294967296;
+}
+const pick = (a) => a[Math.floor(rand() * a.length)];
+// Anonymous memory only: node's own binary is most of its VmRSS.
+const rssKib = () =>
+  parseInt((fs.readFileSync("/proc/self/status", "utf8").match(/RssAnon:\s+(\d+)/) || [0, 0])[1], 10);
+
+// Real text: lines and identifiers from the Python standard library
+// sources, as the python3 builder takes them.
+const lines = [];
+function walk(dir, files) {
+  let entries;
+  try { entries = fs.readdirSync(dir, { withFileTypes: true }); }
+  catch (e) { return; }
+  entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  for (const e of entries) {
+    if (files.length >= 900) return;
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) walk(p, files);
+    else if (e.name.endsWith(".py")) files.push(p);
+  }
+}
+const files = [];
+for (const d of fs.readdirSync("/usr/lib").sort())
+  if (/^python3/.test(d)) walk(path.join("/usr/lib", d), files);
+for (const f of files) {
+  lines.push(...fs.readFileSync(f, "utf8").split("\n"));
+  if (lines.length > Math.max(20000, targetKib)) break;
+}
+if (lines.length === 0)
+  for (let i = 0; i < 100000; i++) lines.push("line " + i + " of some text");
+const words = [...new Set(lines.slice(0, 200000).join(" ")
+                          .match(/[A-Za-z_][A-Za-z0-9_]{2,}/g) || ["w1", "w2"])].sort();
+
+class Record {
+  constructor(i) {
+    this.id = i;
+    this.name = pick(words);
+    this.path = "/srv/" + pick(words) + "/" + pick(words) + ".dat";
+    this.score = rand() * 1000;
+    this.tags = [pick(words), pick(words), pick(words)];
+    this.created = new Date(1.6e12 + Math.floor(rand() * 1e11));
+    this.parent = null;
+  }
+}
+
+const keep = [];
+let n = 0;
+while (rssKib() < targetKib) {
+  const r = {};
+  // maps of string -> number and number -> string
+  r.index = new Map();
+  for (let i = 0; i < 5000; i++) r.index.set(pick(words) + "_" + (n * 5000 + i), i);
+  r.rev = {};
+  for (let i = 0; i < 3000; i++) r.rev[n * 3000 + i] = pick(lines);
+  // small integers, doubles (boxed and unboxed), typed arrays
+  r.small = Array.from({ length: 8000 }, () => Math.floor(rand() * 300));
+  r.mixed = Array.from({ length: 6000 }, (_, i) => (i % 3 ? rand() * 1e3 : "k" + i));
+  r.doubles = new Float64Array(6000);
+  for (let i = 1; i < 6000; i++) r.doubles[i] = r.doubles[i - 1] + rand() - 0.5;
+  // objects of one shape, linked
+  const recs = [];
+  for (let i = 0; i < 2000; i++) {
+    const o = new Record(n * 2000 + i);
+    if (i) o.parent = recs[Math.floor(rand() * i)];
+    recs.push(o);
+  }
+  r.recs = recs;
+  // text: lines, joined blocks, template strings, some non-ASCII
+  const start = Math.floor(rand() * Math.max(1, lines.length - 2000));
+  r.lines = lines.slice(start, start + 2000).map((l) => (" " + l).slice(1));
+  r.blob = lines.slice(start, start + 1500).join("\n");
+  r.fmt = Array.from({ length: 3000 }, (_, i) =>
+    `${pick(words)}=${i};${rand().toFixed(3)};${pick(["été", "Straße", "日本語", "naïve", "ok"])}`);
+  // JSON documents, parsed
+  r.docs = JSON.parse(JSON.stringify(recs.slice(0, 500).map((o) =>
+    ({ id: o.id, name: o.name, tags: o.tags, score: o.score, path: o.path }))));
+  // some random bytes (compressed or encrypted data) and zeroed buffers
+  if (n % 4 === 0) {
+    r.random = Buffer.alloc(16384);
+    for (let i = 0; i < r.random.length; i += 4) r.random.writeUInt32LE((rand() * 4294967296) >>> 0, i);
+  }
+  if (n % 8 === 0) r.zeros = Buffer.alloc(32768);
+  keep.push(r);
+  // drop part of an older round: holes with stale data
+  if (n > 2 && n % 3 === 0) {
+    const o = keep[Math.floor(rand() * (keep.length - 1))];
+    delete o.fmt; delete o.small;
+  }
+  n++;
+}
+process.stdout.write("ready\n");
+setInterval(() => {}, 1 << 30);
+'''
+
 def text_for_sort(path, size):
     """Lines from man pages and sources, in file order, up to size bytes."""
     written = 0
@@ -323,28 +439,40 @@ signal.signal(signal.SIGTERM, handler)
 signal.signal(signal.SIGINT, handler)
 
 try:
-    # Shares of the image: 50 % python, 30 % perl, 20 % sort, with some
-    # headroom so that padding is rarely needed.
+    # Shares of the image in proportion to these weights (by default 50 %
+    # python, 30 % perl, 20 % sort), with some headroom so that padding
+    # is rarely needed.
+    programs = os.environ["PROGRAMS"].split()
+    weights = {"python3": 0.55, "perl": 0.33, "sort": 0.16, "node": 0.5}
+    scale = 1.04 / sum(weights[p] for p in programs)
+    share = {p: weights[p] * scale for p in programs}
     kib = target // 1024
-    py_kib, pl_kib = int(kib * 0.55) + 8192, int(kib * 0.33) + 8192
-    sort_bytes = int(target * 0.16) + MiB
 
     t0 = time.monotonic()
-    txt = os.path.join(tmpdir, "sort-input.txt")
-    text_for_sort(txt, sort_bytes)
-
     env = dict(os.environ, LC_ALL="C", PYTHONHASHSEED="0")
-    procs.append(("python3", subprocess.Popen(
-        ["/usr/bin/python3", "-c", PY_BUILDER, str(py_kib)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
-    procs.append(("perl", subprocess.Popen(
-        ["perl", "-e", PERL_BUILDER, str(pl_kib)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
-    # sort writes nothing until it has sorted everything; nobody reads its
-    # output, so it blocks with its buffers full once the pipe is full.
-    procs.append(("sort", subprocess.Popen(
-        ["sort", "-S", "%dM" % (sort_bytes * 2 // MiB + 4), txt],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
+    if "python3" in programs:
+        procs.append(("python3", subprocess.Popen(
+            ["/usr/bin/python3", "-c", PY_BUILDER,
+             str(int(kib * share["python3"]) + 8192)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
+    if "perl" in programs:
+        procs.append(("perl", subprocess.Popen(
+            ["perl", "-e", PERL_BUILDER, str(int(kib * share["perl"]) + 8192)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
+    if "node" in programs:
+        procs.append(("node", subprocess.Popen(
+            ["node", "-e", NODE_BUILDER, str(int(kib * share["node"]) + 8192)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
+    if "sort" in programs:
+        sort_bytes = int(target * share["sort"]) + MiB
+        txt = os.path.join(tmpdir, "sort-input.txt")
+        text_for_sort(txt, sort_bytes)
+        # sort writes nothing until it has sorted everything; nobody
+        # reads its output, so it blocks with its buffers full once the
+        # pipe is full.
+        procs.append(("sort", subprocess.Popen(
+            ["sort", "-S", "%dM" % (sort_bytes * 2 // MiB + 4), txt],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
 
     waiting = {p.stdout.fileno(): (name, p) for name, p in procs}
     deadline = time.monotonic() + READY_TIMEOUT
