@@ -450,29 +450,22 @@ try:
 
     t0 = time.monotonic()
     env = dict(os.environ, LC_ALL="C", PYTHONHASHSEED="0")
-    if "python3" in programs:
-        procs.append(("python3", subprocess.Popen(
-            ["/usr/bin/python3", "-c", PY_BUILDER,
-             str(int(kib * share["python3"]) + 8192)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
-    if "perl" in programs:
-        procs.append(("perl", subprocess.Popen(
-            ["perl", "-e", PERL_BUILDER, str(int(kib * share["perl"]) + 8192)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
-    if "node" in programs:
-        procs.append(("node", subprocess.Popen(
-            ["node", "-e", NODE_BUILDER, str(int(kib * share["node"]) + 8192)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
-    if "sort" in programs:
-        sort_bytes = int(target * share["sort"]) + MiB
-        txt = os.path.join(tmpdir, "sort-input.txt")
-        text_for_sort(txt, sort_bytes)
-        # sort writes nothing until it has sorted everything; nobody
-        # reads its output, so it blocks with its buffers full once the
-        # pipe is full.
-        procs.append(("sort", subprocess.Popen(
-            ["sort", "-S", "%dM" % (sort_bytes * 2 // MiB + 4), txt],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
+    builders = {"python3": ["/usr/bin/python3", "-c", PY_BUILDER],
+                "perl": ["perl", "-e", PERL_BUILDER],
+                "node": ["node", "-e", NODE_BUILDER]}
+    for name in programs:
+        if name != "sort":
+            argv = builders[name] + [str(int(kib * share[name]) + 8192)]
+        else:
+            sort_bytes = int(target * share["sort"]) + MiB
+            txt = os.path.join(tmpdir, "sort-input.txt")
+            text_for_sort(txt, sort_bytes)
+            # sort writes nothing until it has sorted everything; nobody
+            # reads its output, so it blocks with its buffers full once
+            # the pipe is full.
+            argv = ["sort", "-S", "%dM" % (sort_bytes * 2 // MiB + 4), txt]
+        procs.append((name, subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)))
 
     waiting = {p.stdout.fileno(): (name, p) for name, p in procs}
     deadline = time.monotonic() + READY_TIMEOUT
