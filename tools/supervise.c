@@ -1406,10 +1406,9 @@ run_supervise (int argc, char **argv)
        * kernel's log (see kernel-log.h: the notice may never come).
        * Inside a restart's quiet window the notices are the old
        * connection's, but a line logged after the driver took the new
-       * sockets is the new one's.
-       */
-      /* Every device's notices read each round, acted on or not: one
-       * left unread keeps the wait below from waiting.
+       * sockets is the new one's.  Every device's notices are read each
+       * round, acted on or not: one left unread keeps the wait below
+       * from waiting.
        */
       for (unsigned i = 0; i < supervised_count; i++) {
         const char *path = supervised[i].path;
